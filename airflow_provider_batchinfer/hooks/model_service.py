@@ -1,0 +1,142 @@
+"""ModelServiceHook: the model registry and the compute, behind one Airflow connection.
+
+The connection (type ``batchinfer``) says where stages and the registry live and how jobs are
+launched. ``batchinfer_default`` need not exist: without it the hook uses the embedded default
+(``$BATCHINFER_HOME``, else ``$AIRFLOW_HOME/batchinfer``, with a local Ray), so a new user's first
+DAG runs with zero set-up.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from airflow_provider_batchinfer.launchers.local import LocalLauncher
+from airflow_provider_batchinfer.registry import ModelRegistry, ModelVersion, verify_local_copy
+from airflow_provider_batchinfer.stage import Stage, resolve_location
+
+LAUNCHERS = ("local",)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """What a connection resolves to; never holds secrets, so it may be logged."""
+
+    stage_root: str
+    registry_root: str
+    launcher: str = "local"
+    ray_address: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage_root": self.stage_root, "registry_root": self.registry_root,
+                "launcher": self.launcher, "ray_address": self.ray_address}
+
+
+def embedded_home() -> str:
+    home = os.environ.get("BATCHINFER_HOME")
+    if home:
+        return home
+    airflow_home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
+    return os.path.join(airflow_home, "batchinfer")
+
+
+class ModelServiceHook(BaseHook):
+    """Registry (log, resolve and verify model versions) and launcher for batch inference jobs.
+
+    :param model_service_conn_id: a ``batchinfer`` connection. Host: an existing Ray cluster's
+        address for the local launcher to attach to (empty: a local Ray per job). Extras:
+        ``stage_root``, ``registry_root``, ``launcher``.
+    """
+
+    conn_name_attr = "model_service_conn_id"
+    default_conn_name = "batchinfer_default"
+    conn_type = "batchinfer"
+    hook_name = "Batch Inference Model Service"
+
+    def __init__(self, model_service_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.model_service_conn_id = model_service_conn_id
+
+    @cached_property
+    def config(self) -> ServiceConfig:
+        try:
+            conn = self.get_connection(self.model_service_conn_id)
+        except AirflowNotFoundException:
+            if self.model_service_conn_id != self.default_conn_name:
+                raise
+            home = embedded_home()
+            self.log.info("No %s connection: using the embedded default under %s with a local Ray",
+                          self.default_conn_name, home)
+            return ServiceConfig(stage_root=os.path.join(home, "stage"), registry_root=os.path.join(home, "registry"))
+        extra = conn.extra_dejson
+        home = embedded_home()
+        launcher = extra.get("launcher") or "local"
+        if launcher not in LAUNCHERS:
+            raise ValueError(
+                f"connection {self.model_service_conn_id!r}: launcher {launcher!r} is not available; use one of {LAUNCHERS}"
+            )
+        return ServiceConfig(
+            stage_root=str(extra.get("stage_root") or os.path.join(home, "stage")),
+            registry_root=str(extra.get("registry_root") or os.path.join(home, "registry")),
+            launcher=launcher,
+            ray_address=conn.host or extra.get("ray_address") or None,
+        )
+
+    @cached_property
+    def registry(self) -> ModelRegistry:
+        return ModelRegistry(self.config.registry_root)
+
+    # --- models ----------------------------------------------------------------------------------------
+    def log_model(self, name: str, version: str | None, flavor: str, artifact: Any = None, **kwargs: Any) -> ModelVersion:
+        """Log an immutable model version; see :meth:`ModelRegistry.log_model` for the arguments."""
+        mv = self.registry.log_model(name, version, flavor, artifact, **kwargs)
+        self.log.info("Model %s/%s (%s) is in the registry at %s, sha256 %s", mv.name, mv.version, mv.flavor, mv.uri, mv.sha256)
+        return mv
+
+    def get_model(self, name: str, version: str, verify: bool = True) -> ModelVersion:
+        """Resolve a version and (by default) re-hash its files, so a tampered model fails the task
+        before any compute is requested."""
+        mv = self.registry.get(name, version)
+        if verify:
+            verify_local_copy(self.registry.local_copy(name, version), mv.sha256)
+        return mv
+
+    # --- stages and compute ------------------------------------------------------------------------------
+    def resolve_location(self, location: str) -> str:
+        return resolve_location(location, self.config.stage_root)
+
+    def get_launcher(self) -> LocalLauncher:
+        return LocalLauncher(ray_address=self.config.ray_address)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Used by the UI's Test button: the stage and registry roots must be reachable and writable."""
+        try:
+            cfg = self.config
+            for what, root in (("stage_root", cfg.stage_root), ("registry_root", cfg.registry_root)):
+                probe = Stage.open(root).child(".batchinfer-connection-test")
+                probe.write_bytes(b"ok")
+                probe.delete()
+            return True, f"stage_root {cfg.stage_root} and registry_root {cfg.registry_root} are writable"
+        except Exception as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": ["schema", "port", "login", "password"],
+            "relabeling": {"host": "Ray address (empty: local Ray per job)"},
+            "placeholders": {"host": "empty, auto, or 127.0.0.1:6379"},
+        }
+
+
+def local_path(location: str) -> Path | None:
+    """The local path of a location, or None for an object-store URI."""
+    if "://" in location and not location.startswith("file://"):
+        return None
+    return Path(location.removeprefix("file://"))

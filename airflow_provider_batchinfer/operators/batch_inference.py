@@ -1,0 +1,316 @@
+"""BatchInferenceOperator: score a table with a registered model, into a per-run directory.
+
+The flow is the commit protocol, in an order that never loses or half-commits data:
+
+1. resolve and verify the model, resolve the input and the run directory (no side effects);
+2. apply the save mode: ``ERROR`` refuses a non-empty directory before any work; ``OVERWRITE``
+   removes ``_SUCCESS`` first, then the rest; a directory owned by another dag/task is refused;
+3. materialize a SQL input to Parquet in chunks, write the job spec (``_job.json``) naming this
+   attempt, launch the Ray runtime;
+4. read back the ``_SUCCESS`` manifest the runtime committed and return its summary as XCom.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import closing
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
+from airflow_provider_batchinfer.launchers.local import LaunchError
+from airflow_provider_batchinfer.registry import RegistryError
+from airflow_provider_batchinfer.runtime.io import InputError, list_input_files
+from airflow_provider_batchinfer.runtime.job import JOB_FORMAT
+from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
+from airflow_provider_batchinfer.stage import (
+    INPUT_DIR,
+    JOB_SPEC_FILE,
+    SUCCESS_MARKER,
+    ManifestError,
+    Stage,
+    StageError,
+    join,
+    new_attempt_id,
+    read_valid_manifest,
+    sanitize_run_key,
+)
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class BatchInferenceOperator(BaseOperator):
+    """Run a registered model over every row of a table and commit the predictions with ``_SUCCESS``.
+
+    :param model: registered model name. :param version: its version (immutable, pinned by sha256).
+    :param input: Parquet file or directory (or a list of them); relative paths are under the
+        connection's stage root. Or give ``sql`` with ``conn_id`` (any Airflow SQL connection):
+        the query result is materialized to Parquet in chunks of ``materialize_chunk_rows`` rows.
+    :param input_spec: columns, passthrough columns, mapping and model params.
+    :param output_spec: ``stage_location`` or ``base_stage_location`` and the ``SaveMode``.
+    :param job_spec: replicas, CPUs/GPUs per replica, batch size.
+    :param model_service_conn_id: the ``batchinfer`` connection (absent: the embedded default).
+
+    Returns (and pushes as separate XCom keys) ``output_location``, ``manifest_location``,
+    ``rows``, ``input_rows``, ``error_rows``, ``files``, ``model``, ``model_version``, ``sha256``,
+    ``job_id`` and ``attempt``.
+    """
+
+    template_fields: Sequence[str] = (
+        "model",
+        "version",
+        "input",
+        "sql",
+        "conn_id",
+        "stage_location",
+        "base_stage_location",
+        "model_service_conn_id",
+    )
+    template_fields_renderers = {"sql": "sql"}
+    ui_color = "#e8d9ff"
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        version: str,
+        input: str | list[str] | None = None,
+        sql: str | None = None,
+        conn_id: str | None = None,
+        input_spec: InputSpec | None = None,
+        output_spec: OutputSpec,
+        job_spec: JobSpec | None = None,
+        model_service_conn_id: str = ModelServiceHook.default_conn_name,
+        materialize_chunk_rows: int = 100_000,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("multiple_outputs", True)
+        super().__init__(**kwargs)
+        if (input is None) == (sql is None):
+            raise SpecError(
+                f"{kwargs.get('task_id')}: give exactly one of input=<Parquet path> or sql=<query> (with conn_id)"
+            )
+        if sql is not None and not conn_id:
+            raise SpecError(f"{kwargs.get('task_id')}: sql= needs conn_id=<an Airflow SQL connection id>")
+        if not isinstance(output_spec, OutputSpec):
+            raise SpecError(f"{kwargs.get('task_id')}: output_spec must be an OutputSpec, got {type(output_spec).__name__}")
+        if input_spec is not None and not isinstance(input_spec, InputSpec):
+            raise SpecError(f"{kwargs.get('task_id')}: input_spec must be an InputSpec, got {type(input_spec).__name__}")
+        if job_spec is not None and not isinstance(job_spec, JobSpec):
+            raise SpecError(f"{kwargs.get('task_id')}: job_spec must be a JobSpec, got {type(job_spec).__name__}")
+        if materialize_chunk_rows < 1:
+            raise SpecError("materialize_chunk_rows must be >= 1")
+        self.model = model
+        self.version = version
+        self.input = input
+        self.sql = sql
+        self.conn_id = conn_id
+        self.input_spec = input_spec or InputSpec()
+        # copied out of the frozen OutputSpec so Airflow can render templates in them
+        self.stage_location = output_spec.stage_location
+        self.base_stage_location = output_spec.base_stage_location
+        self.save_mode = output_spec.mode
+        self.job_spec = job_spec or JobSpec()
+        self.model_service_conn_id = model_service_conn_id
+        self.materialize_chunk_rows = materialize_chunk_rows
+        self._launcher = None
+
+    @cached_property
+    def hook(self) -> ModelServiceHook:
+        return ModelServiceHook(model_service_conn_id=self.model_service_conn_id)
+
+    # --- resolution (no side effects) -----------------------------------------------------------------
+    def resolve_run_directory(self, context: Context) -> str:
+        """``stage_location`` as given, or ``<base>/<sanitized run_id>[/map-<i>]``: stable across tries
+        of one run (so retries overwrite), distinct across runs, backfills and manual triggers."""
+        spec = OutputSpec(stage_location=self.stage_location, base_stage_location=self.base_stage_location,
+                          mode=self.save_mode)
+        if spec.stage_location:
+            return self.hook.resolve_location(spec.stage_location)
+        ti = context["ti"]
+        location = join(self.hook.resolve_location(spec.base_stage_location), sanitize_run_key(ti.run_id))
+        map_index = getattr(ti, "map_index", -1)
+        if map_index is not None and map_index >= 0:
+            location = join(location, f"map-{map_index}")
+        return location
+
+    def _owner(self, context: Context) -> dict[str, Any]:
+        ti = context["ti"]
+        return {
+            "dag_id": ti.dag_id,
+            "task_id": ti.task_id,
+            "run_id": ti.run_id,
+            "try_number": ti.try_number,
+            "map_index": getattr(ti, "map_index", -1),
+        }
+
+    # --- the flow ------------------------------------------------------------------------------------------
+    def execute(self, context: Context) -> dict[str, Any]:
+        owner = self._owner(context)
+        try:
+            mv = self.hook.get_model(self.model, self.version)
+        except RegistryError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        location = self.resolve_run_directory(context)
+        run_dir = Stage.open(location)
+        self.log.info("Model %s/%s (%s, sha256 %s) -> run directory %s [%s]", mv.name, mv.version, mv.flavor,
+                      mv.sha256[:12], location, self.save_mode.name)
+        input_locations = None
+        if self.input is not None:
+            raw = [self.input] if isinstance(self.input, str) else list(self.input)
+            input_locations = [self.hook.resolve_location(loc) for loc in raw]
+            try:
+                list_input_files(input_locations, None)
+            except InputError as exc:
+                raise AirflowFailException(str(exc)) from exc
+
+        self._apply_save_mode(run_dir, owner)
+        attempt = new_attempt_id(owner["try_number"])
+        if input_locations is None:
+            input_locations = [self._materialize_sql(run_dir.child(INPUT_DIR))]
+        job_id = f"batchinfer-{sanitize_run_key(owner['dag_id'])}-{sanitize_run_key(owner['task_id'])}-{attempt}"
+        spec = {
+            "format": JOB_FORMAT,
+            "job_id": job_id,
+            "attempt": attempt,
+            "launcher": self.hook.config.launcher,
+            "run_dir": location,
+            "input": {"locations": input_locations},
+            "input_spec": self.input_spec.to_dict(),
+            "job_spec": self.job_spec.to_dict(),
+            "model": mv.to_dict(),
+            "registry_root": self.hook.config.registry_root,
+            "airflow": owner,
+            "ray": {"address": self.hook.config.ray_address},
+        }
+        run_dir.child(JOB_SPEC_FILE).write_json(spec)
+        self.log.info("Job %s: spec at %s", job_id, run_dir.child(JOB_SPEC_FILE).location)
+
+        self._launcher = self.hook.get_launcher()
+        try:
+            self._launcher.run(run_dir.child(JOB_SPEC_FILE).location, self.log)
+        except LaunchError as exc:
+            raise AirflowException(f"batch inference job {job_id} failed: {exc}") from exc
+        finally:
+            self._launcher = None
+        return self._finalize(location, attempt)
+
+    def _apply_save_mode(self, run_dir: Stage, owner: dict[str, Any]) -> None:
+        files = run_dir.list_files()
+        if not files:
+            return
+        names = [name for name, _ in files]
+        sample = ", ".join(names[:5]) + (" …" if len(names) > 5 else "")
+        job_file = run_dir.child(JOB_SPEC_FILE)
+        recorded = None
+        if job_file.exists():
+            try:
+                recorded = job_file.read_json().get("airflow", {})
+            except ValueError:
+                recorded = {}
+        if recorded is not None and (recorded.get("dag_id"), recorded.get("task_id")) != (owner["dag_id"], owner["task_id"]):
+            raise AirflowFailException(
+                f"run directory {run_dir.location} belongs to {recorded.get('dag_id')}.{recorded.get('task_id')}, not "
+                f"{owner['dag_id']}.{owner['task_id']}; two tasks must not share a run directory: give this task its "
+                "own stage_location / base_stage_location"
+            )
+        if self.save_mode is SaveMode.ERROR:
+            raise AirflowFailException(
+                f"run directory {run_dir.location} is not empty ({len(files)} file(s): {sample}) and the save mode is "
+                "SaveMode.ERROR; nothing was changed. Use OutputSpec(mode=SaveMode.OVERWRITE) to replace it (retries "
+                "and backfill re-runs), or write to another location"
+            )
+        if recorded is None:
+            raise AirflowFailException(
+                f"run directory {run_dir.location} holds {len(files)} file(s) ({sample}) that no batchinfer task wrote "
+                f"(no {JOB_SPEC_FILE}); refusing to delete them with SaveMode.OVERWRITE. Point the task at an empty "
+                "location or remove them yourself"
+            )
+        removed = run_dir.clear_run_directory()
+        self.log.info("SaveMode.OVERWRITE: removed %s then %d other file(s) from %s", SUCCESS_MARKER, removed - 1
+                      if SUCCESS_MARKER in names else removed, run_dir.location)
+
+    def _materialize_sql(self, target: Stage) -> str:
+        """Stream a query's result into Parquet parts of ``materialize_chunk_rows`` rows (never the
+        whole result in memory) through the connection's own DB-API hook."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from airflow.sdk import BaseHook
+
+        db_hook = BaseHook.get_connection(self.conn_id).get_hook()
+        if not hasattr(db_hook, "get_conn"):
+            raise AirflowFailException(f"connection {self.conn_id!r} is not a SQL connection (its hook has no get_conn)")
+        self.log.info("Materializing the query on %s into %s", self.conn_id, target.location)
+        rows_total = 0
+        part = 0
+        schema = None
+        with closing(db_hook.get_conn()) as conn, closing(conn.cursor()) as cursor:
+            cursor.execute(self.sql)
+            if cursor.description is None:
+                raise AirflowFailException("the input query returned no result set; it must be a SELECT")
+            names = [d[0] for d in cursor.description]
+            while True:
+                rows = cursor.fetchmany(self.materialize_chunk_rows)
+                if not rows:
+                    break
+                columns = list(zip(*rows))
+                try:
+                    table = pa.table({n: pa.array(list(c)) for n, c in zip(names, columns)})
+                    if schema is None:
+                        schema = table.schema
+                    elif not table.schema.equals(schema):
+                        table = table.cast(schema)
+                except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                    raise AirflowFailException(
+                        f"the input query's rows {rows_total + 1}-{rows_total + len(rows)} have types that do not fit "
+                        f"{schema}: {exc}; cast the columns in the query"
+                    ) from exc
+                out = target.child(f"part-{part:05d}.parquet")
+                out.fs.create_dir(target.path, recursive=True)
+                with out.fs.open_output_stream(out.path) as sink:
+                    pq.write_table(table, sink, compression="zstd")
+                rows_total += len(rows)
+                part += 1
+        if rows_total == 0:
+            raise AirflowFailException(f"the input query on {self.conn_id!r} returned no rows; nothing to score")
+        self.log.info("Materialized %d rows in %d part(s)", rows_total, part)
+        return target.location
+
+    def _finalize(self, location: str, attempt: str) -> dict[str, Any]:
+        try:
+            manifest = read_valid_manifest(location)
+        except (ManifestError, StageError) as exc:
+            raise AirflowException(f"the job ended but its output is not valid: {exc}") from exc
+        if manifest is None:
+            raise AirflowException(f"the job ended but {location}/{SUCCESS_MARKER} was not written; nothing is committed")
+        if manifest["job"]["attempt"] != attempt:
+            raise AirflowException(
+                f"{location}/{SUCCESS_MARKER} was written by attempt {manifest['job']['attempt']}, not this attempt "
+                f"({attempt}); another attempt owns the directory"
+            )
+        counts = manifest["counts"]
+        self.log.info("Committed %s rows (%s input, %s dead-lettered) in %d file(s) at %s", counts["output_rows"],
+                      counts["input_rows"], counts["error_rows"], len(manifest["files"]), location)
+        return {
+            "output_location": location,
+            "manifest_location": join(location, SUCCESS_MARKER),
+            "rows": counts["output_rows"],
+            "input_rows": counts["input_rows"],
+            "error_rows": counts["error_rows"],
+            "files": [f["name"] for f in manifest["files"]],
+            "model": manifest["model"]["name"],
+            "model_version": manifest["model"]["version"],
+            "sha256": manifest["model"]["sha256"],
+            "job_id": manifest["job"]["id"],
+            "attempt": attempt,
+        }
+
+    def on_kill(self) -> None:
+        if self._launcher is not None:
+            self.log.info("Stopping the batch inference job")
+            self._launcher.kill()

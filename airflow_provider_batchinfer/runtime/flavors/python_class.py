@@ -1,0 +1,41 @@
+"""Any Python class with ``load(path)`` and ``predict(batch)``, for models no other flavor covers.
+
+The class's source was copied into the version at log time and is imported from there, so every
+worker runs exactly the code that was logged and hashed. ``predict`` gets a pandas DataFrame of the
+input columns and returns a DataFrame or a dict of equally long columns.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int):
+    options = manifest["options"]
+    code_dir = str(model_dir / options["code_dir"])
+    if code_dir not in sys.path:
+        sys.path.insert(0, code_dir)
+    module = importlib.import_module(options["module"])
+    cls = module
+    for part in options["class"].split("."):
+        cls = getattr(cls, part)
+    artifact = None
+    if options.get("artifact"):
+        artifact = model_dir / options["artifact"]
+        if options.get("artifact_file"):
+            artifact = artifact / options["artifact_file"]
+    instance = cls.load(str(artifact) if artifact is not None else None)
+
+    def predict(inputs, params: dict[str, Any]) -> dict[str, Any]:
+        frame = inputs.to_pandas()
+        out = instance.predict(frame, **params) if params else instance.predict(frame)
+        if hasattr(out, "to_dict") and hasattr(out, "columns"):
+            return {str(c): out[c].to_numpy() for c in out.columns}
+        if not isinstance(out, dict):
+            raise TypeError(f"{options['class']}.predict must return a DataFrame or a dict of columns, got {type(out).__name__}")
+        return out
+
+    return predict

@@ -1,0 +1,61 @@
+"""TorchScript models over tabular features.
+
+The signature's input columns, in order, become the feature matrix: several numeric columns are
+stacked side by side; a single list/tensor column is used as the matrix itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _features(inputs) -> np.ndarray:
+    import pyarrow as pa
+
+    first = inputs.schema.field(0).type
+    if inputs.num_columns == 1 and (pa.types.is_list(first) or pa.types.is_large_list(first) or pa.types.is_fixed_size_list(first)):
+        col = inputs.column(0).combine_chunks()
+        width = col.type.list_size if pa.types.is_fixed_size_list(col.type) else None
+        flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        return flat.reshape(len(col), width or -1)
+    cols = [inputs.column(i).to_numpy().astype(np.float32, copy=False) for i in range(inputs.num_columns)]
+    return np.column_stack(cols) if len(cols) > 1 else cols[0].reshape(-1, 1)
+
+
+def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int):
+    import torch
+
+    if device == "cpu":
+        torch.set_num_threads(max(1, threads))
+    model = torch.jit.load(str(model_dir / manifest["options"]["file"]), map_location=device)
+    model.eval()
+    outputs = list(manifest["signature"]["outputs"])
+
+    def predict(inputs, params: dict[str, Any]) -> dict[str, Any]:
+        x = torch.from_numpy(np.ascontiguousarray(_features(inputs))).to(device)
+        with torch.inference_mode():
+            y = model(x)
+        if isinstance(y, dict):
+            return {name: _to_numpy(y[name]) for name in outputs}
+        if isinstance(y, (tuple, list)):
+            if len(y) != len(outputs):
+                raise ValueError(f"model returned {len(y)} outputs but its signature names {outputs}")
+            return {name: _to_numpy(t) for name, t in zip(outputs, y)}
+        if len(outputs) == 1:
+            return {outputs[0]: _to_numpy(y)}
+        arr = _to_numpy(y)
+        if arr.ndim != 2 or arr.shape[1] != len(outputs):
+            raise ValueError(f"model returned shape {arr.shape} but its signature names {len(outputs)} outputs")
+        return {name: arr[:, i] for i, name in enumerate(outputs)}
+
+    return predict
+
+
+def _to_numpy(t) -> np.ndarray:
+    arr = t.detach().to("cpu").numpy()
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    return arr

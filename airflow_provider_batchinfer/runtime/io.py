@@ -1,0 +1,133 @@
+"""Reading the input and writing the parts: the Ray Data ends of the pipeline.
+
+The datasink follows Ray Data's own protocol: ``write`` is one task that streams its blocks into
+one Parquet part with a deterministic name (``part-<task>-<attempt>``), so a retried write task
+overwrites its own part instead of leaving a duplicate, and returns what it wrote. The commit
+(reconciling counts and writing ``_SUCCESS``) happens once, on the driver, after every part is
+durable; see ``job.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from airflow_provider_batchinfer.stage import Stage
+
+
+class InputError(ValueError):
+    """The input cannot be scored as given; the message names the file or column."""
+
+
+def list_input_files(locations: list[str], storage_options: dict[str, Any] | None) -> list[str]:
+    """Expand files and directories into the Parquet files they hold, as full locations.
+
+    Hidden and underscore-prefixed names (``_SUCCESS``, ``.tmp``) are skipped as Spark and Ray do.
+    """
+    files: list[str] = []
+    for location in locations:
+        stage = Stage.open(location, storage_options)
+        if not stage.exists():
+            raise InputError(f"input {location} does not exist")
+        if not stage.is_dir():
+            files.append(location)
+            continue
+        for rel, _size in stage.list_files():
+            if any(part.startswith(("_", ".")) for part in rel.split("/")):
+                continue
+            if rel.endswith(".parquet") or rel.endswith(".pq"):
+                files.append(stage.child(*rel.split("/")).location)
+    if not files:
+        raise InputError(f"input {', '.join(locations)} holds no Parquet files")
+    return files
+
+
+def inspect_input(files: list[str], storage_options: dict[str, Any] | None) -> tuple[int, Any]:
+    """(total rows, schema) from the Parquet footers only: counting never reads the data."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    schema = None
+    for location in files:
+        stage = Stage.open(location, storage_options)
+        try:
+            with stage.fs.open_input_file(stage.path) as f:
+                meta = pq.read_metadata(f)
+                file_schema = meta.schema.to_arrow_schema()
+        except Exception as exc:  # pyarrow raises ArrowInvalid / OSError with terse messages
+            raise InputError(f"input file {location} is not a readable Parquet file: {exc}") from exc
+        total += meta.num_rows
+        if schema is None:
+            schema = file_schema
+        elif not file_schema.equals(schema, check_metadata=False):
+            diff = sorted(set(map(str, file_schema)) ^ set(map(str, schema)))
+            raise InputError(f"input file {location} has a different schema from {files[0]}: {diff}")
+    return total, schema
+
+
+class ProgressCounter:
+    """A tiny Ray actor that write tasks report finished rows to; the driver reads it to log progress."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def add(self, rows: int) -> None:
+        self.rows += rows
+
+    def get(self) -> int:
+        return self.rows
+
+
+class PartsDatasink:
+    """Writes Parquet parts into the run directory and returns (name, size, rows) per part."""
+
+    def __init__(self, run_dir: str, attempt: str, storage_options: dict[str, Any] | None, counter: Any = None) -> None:
+        self.run_dir = run_dir
+        self.attempt = attempt
+        self.storage_options = storage_options
+        self.counter = counter
+        self.parts: list[dict[str, Any]] = []
+
+    # Ray Data looks these up on the datasink class; see ray.data.Datasink.
+    def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any] | None:
+        import pyarrow.parquet as pq
+        from ray.data.block import BlockAccessor
+
+        name = f"part-{ctx.task_idx:05d}-{self.attempt}.parquet"
+        stage = Stage.open(self.run_dir, self.storage_options).child(name)
+        writer = None
+        rows = 0
+        try:
+            for block in blocks:
+                table = BlockAccessor.for_block(block).to_arrow()
+                if table.num_rows == 0:
+                    continue
+                if writer is None:
+                    stage.fs.create_dir(stage.path.rsplit("/", 1)[0], recursive=True)
+                    sink = stage.fs.open_output_stream(stage.path)
+                    writer = pq.ParquetWriter(sink, table.schema, compression="zstd")
+                writer.write_table(table)
+                rows += table.num_rows
+                if self.counter is not None:
+                    self.counter.add.remote(table.num_rows)
+        finally:
+            if writer is not None:
+                writer.close()
+                sink.close()
+        if writer is None:
+            return None
+        size = stage.fs.get_file_info(stage.path).size
+        return {"name": name, "size": size, "rows": rows}
+
+
+def make_datasink(run_dir: str, attempt: str, storage_options: dict[str, Any] | None, counter: Any = None):
+    """A ``ray.data.Datasink`` subclass instance; built lazily so importing this module needs no Ray."""
+    from ray.data import Datasink
+
+    class _Sink(PartsDatasink, Datasink):
+        def on_write_complete(self, write_result) -> None:
+            self.parts = sorted((r for r in write_result.write_returns if r), key=lambda r: r["name"])
+
+        def get_name(self) -> str:
+            return "WriteParts"
+
+    return _Sink(run_dir, attempt, storage_options, counter)

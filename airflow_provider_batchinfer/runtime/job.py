@@ -1,0 +1,456 @@
+"""The Ray-side entrypoint: read one job spec, score every row, commit the run directory.
+
+Everything the job needs is in the spec file the operator wrote (``_job.json``); this module never
+imports Airflow, so the same entrypoint runs as a subprocess of an Airflow task (``local``) or as
+a Ray Jobs API entrypoint on a cluster. The order is the commit protocol:
+
+1. check the spec, the model (hashes) and the input (files, columns, types) before Ray starts;
+2. ``read_parquet`` -> ``map_batches(actor pool)`` -> Parquet parts named after this attempt;
+3. reconcile counts (input rows == output rows), re-read ``_job.json`` to make sure this attempt
+   still owns the run directory (a zombie attempt must not commit), then write ``_SUCCESS`` last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_batchinfer.registry import ModelRegistry, verify_local_copy
+from airflow_provider_batchinfer.runtime.io import (
+    InputError,
+    ProgressCounter,
+    inspect_input,
+    list_input_files,
+    make_datasink,
+)
+from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+from airflow_provider_batchinfer.stage import (
+    JOB_SPEC_FILE,
+    MANIFEST_FORMAT,
+    SUCCESS_MARKER,
+    Stage,
+    StageError,
+    validate_manifest,
+)
+
+log = logging.getLogger("batchinfer.runtime")
+JOB_FORMAT = "batchinfer.job/1"
+RESULT_PREFIX = "BATCHINFER_RESULT "
+ERROR_PREFIX = "BATCHINFER_ERROR "
+
+
+class JobError(RuntimeError):
+    """The job cannot finish; nothing is committed. The message says why."""
+
+
+class FencedError(JobError):
+    """Another attempt took over the run directory; this one must not commit."""
+
+
+# --- column planning (pure, tested without Ray) ----------------------------------------------------
+
+_KINDS = {
+    "string": ("string", "large_string"),
+    "int": ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"),
+    "float": ("float", "double", "halffloat", "float32", "float64", "float16"),
+}
+
+
+def _arrow_kind(arrow_type: Any) -> str:
+    import pyarrow as pa
+
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "string"
+    if pa.types.is_integer(arrow_type):
+        return "int"
+    if pa.types.is_floating(arrow_type):
+        return "float"
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
+        return "list"
+    if pa.types.is_boolean(arrow_type):
+        return "bool"
+    return str(arrow_type)
+
+
+def _accepts(signature_dtype: str, arrow_type: Any) -> bool:
+    kind = _arrow_kind(arrow_type)
+    want = signature_dtype.lower()
+    if want in ("any", ""):
+        return True
+    if want.startswith("list") or want.endswith("]"):
+        return kind == "list"
+    if want in ("string", "str", "text"):
+        return kind == "string"
+    if want.startswith(("float", "double", "int", "uint", "number")):
+        return kind in ("int", "float", "bool")
+    if want == "bool":
+        return kind in ("bool", "int")
+    return True
+
+
+def plan_columns(schema: Any, signature: dict[str, Any], input_spec: InputSpec, first_file: str) -> dict[str, Any]:
+    """Decide what to read, what the model gets and what passes through, failing with the column's
+    name before any compute when the input cannot match the model's signature."""
+    available = list(schema.names)
+    model_inputs = list(signature.get("inputs", {}))
+    source_of = {model: model for model in model_inputs}
+    for src, model in input_spec.column_mapping.items():
+        if model not in source_of:
+            raise InputError(
+                f"InputSpec.column_mapping maps {src!r} to {model!r}, but the model's inputs are {model_inputs}"
+            )
+        source_of[model] = src
+    if input_spec.columns is not None:
+        unknown = [c for c in input_spec.columns if c not in available]
+        if unknown:
+            raise InputError(f"InputSpec.columns {unknown} are not in the input {first_file} (columns: {available})")
+    for model, src in source_of.items():
+        if src not in available:
+            hint = f"; map another column to it with InputSpec.column_mapping={{'<column>': {model!r}}}" if src == model else ""
+            raise InputError(
+                f"model input {model!r} needs column {src!r}, which the input {first_file} does not have "
+                f"(columns: {available}){hint}"
+            )
+        arrow_type = schema.field(src).type
+        want = signature["inputs"][model]
+        if not _accepts(want, arrow_type):
+            raise InputError(
+                f"column {src!r} of {first_file} is {arrow_type}, but model input {model!r} expects {want}; "
+                "cast it in data_prep or log the model with a matching signature"
+            )
+    read = list(input_spec.columns) if input_spec.columns is not None else available
+    sources = [source_of[m] for m in model_inputs] if model_inputs else list(read)
+    if input_spec.passthrough_columns is not None:
+        passthrough = list(input_spec.passthrough_columns)
+        missing = [c for c in passthrough if c not in available]
+        if missing:
+            raise InputError(f"passthrough columns {missing} are not in the input {first_file} (columns: {available})")
+    else:
+        passthrough = [c for c in read if c not in sources]
+    outputs = list(signature.get("outputs", {}))
+    clash = sorted(set(passthrough) & set(outputs))
+    if clash:
+        raise InputError(
+            f"passthrough columns {clash} have the same names as model outputs; drop them with "
+            "InputSpec.passthrough_columns or rename them in data_prep"
+        )
+    read = list(dict.fromkeys([*sources, *passthrough]))
+    return {"read": read, "model_inputs": model_inputs, "sources": sources, "passthrough": passthrough}
+
+
+# --- the actor --------------------------------------------------------------------------------------
+
+
+class ModelReplica:
+    """One model copy: loads (and verifies) the model once, then scores batches for the job's life."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        sha256: str,
+        plan: dict[str, Any],
+        params: dict[str, Any],
+        device: str,
+        threads: int,
+        counter: Any = None,
+    ) -> None:
+        from airflow_provider_batchinfer.runtime.flavors import load_predictor
+
+        _set_torch_threads(device, threads)
+
+        manifest = verify_local_copy(Path(model_dir), sha256)
+        self.predict = load_predictor(Path(model_dir), manifest, device=device, threads=threads)
+        self.plan = plan
+        self.params = params
+        self.model = f"{manifest['name']}/{manifest['version']}"
+        self.counter = counter
+
+    def __call__(self, batch: Any) -> Any:
+        import numpy as np
+        import pyarrow as pa
+
+        plan = self.plan
+        inputs = batch.select(plan["sources"])
+        if plan["model_inputs"]:
+            inputs = inputs.rename_columns(plan["model_inputs"])
+        for name, src in zip(inputs.column_names, plan["sources"]):
+            col = inputs.column(name)
+            if col.null_count:
+                raise ValueError(f"column {src!r} has {col.null_count} null value(s) in a batch of {batch.num_rows} rows; "
+                                 "fill or filter them in data_prep")
+        outputs = self.predict(inputs, self.params)
+        columns = {c: batch.column(c) for c in plan["passthrough"]}
+        for name, values in outputs.items():
+            if isinstance(values, np.ndarray) and values.ndim == 2:
+                flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+                arr = pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
+            elif isinstance(values, (pa.Array, pa.ChunkedArray)):
+                arr = values
+            else:
+                arr = pa.array(values)
+            if len(arr) != batch.num_rows:
+                raise ValueError(
+                    f"model {self.model} returned {len(arr)} values for output {name!r} on a batch of {batch.num_rows} rows"
+                )
+            columns[name] = arr
+        if self.counter is not None:
+            self.counter.add.remote(batch.num_rows)
+        return pa.table(columns)
+
+
+def _set_torch_threads(device: str, threads: int) -> None:
+    """Ray pins OMP_NUM_THREADS=1 in an actor that reserves one CPU; a CPU model should use the
+    threads the pool was sized for instead, or it runs at a fraction of the machine's speed."""
+    if device != "cpu":
+        return
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(max(1, threads))
+
+
+# --- the driver -------------------------------------------------------------------------------------
+
+
+def _log_progress(counter: Any, total: int, started: float, interval: float, stop: threading.Event, stats: dict) -> None:
+    """Log rows scored, the current and overall rate and an ETA every ``interval`` seconds."""
+    import ray
+
+    last_rows, last_t = 0, started
+    while not stop.wait(interval):
+        try:
+            done = ray.get(counter.get.remote(), timeout=10)
+        except Exception:  # progress is best-effort; the job's result does not depend on it
+            continue
+        now = time.monotonic()
+        if done and "first_rows_at" not in stats:
+            stats["first_rows_at"], stats["first_rows"] = now, done
+        current = (done - last_rows) / max(now - last_t, 1e-9)
+        overall = done / max(now - started, 1e-9)
+        rate = current or overall
+        eta = f"{(total - done) / rate:,.0f}s" if rate > 0 else "unknown (model replicas starting)"
+        pct = 100.0 * done / total if total else 100.0
+        print(f"[batchinfer] progress: {done:,}/{total:,} rows ({pct:.1f}%), {current:,.1f} rows/s now, "
+              f"{overall:,.1f} rows/s overall, ETA {eta}", flush=True)
+        last_rows, last_t = done, now
+
+
+def size_actor_pool(job: JobSpec, cluster: dict[str, float]) -> dict[str, Any]:
+    """Ray resources for the actor pool, never every CPU of the cluster: a pool that holds them all
+    starves the read and write tasks and the job hangs (checked on Ray 2.60)."""
+    cpus = float(cluster.get("CPU", 0))
+    gpus = float(cluster.get("GPU", 0))
+    notes = []
+    if job.num_gpus > 0 and gpus < job.num_gpus:
+        raise JobError(
+            f"JobSpec.num_gpus={job.num_gpus} per replica, but the Ray cluster has {gpus:g} GPU(s); run on a GPU "
+            "cluster (launcher ray_jobs) or set num_gpus=0"
+        )
+    replicas = job.replicas
+    num_cpus = job.num_cpus
+    spare = max(cpus - 1, 0)
+    if num_cpus > spare and cpus > 0:
+        notes.append(f"num_cpus={num_cpus:g} per replica leaves no CPU for reading and writing on a {cpus:g}-CPU cluster; using {max(spare, 0.5):g}")
+        num_cpus = max(spare, 0.5)
+    if num_cpus > 0 and replicas * num_cpus > max(spare, num_cpus):
+        fit = max(1, int(max(spare, num_cpus) // num_cpus))
+        notes.append(f"replicas={replicas} x {num_cpus:g} CPU would hold every CPU of the cluster ({cpus:g}); using {fit} replica(s)")
+        replicas = fit
+    if job.num_gpus > 0:
+        replicas = min(replicas, max(1, int(gpus // job.num_gpus)))
+        device = "cuda"
+        threads = max(1, int(num_cpus))
+    else:
+        device = "cpu"
+        threads = max(1, int(cpus // replicas)) if cpus else 1
+    return {"replicas": replicas, "num_cpus": num_cpus, "num_gpus": job.num_gpus, "device": device,
+            "threads": threads, "notes": notes}
+
+
+def run(spec_location: str) -> dict[str, Any]:
+    started_at = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    spec_stage = Stage.open(spec_location)
+    try:
+        spec = spec_stage.read_json()
+    except FileNotFoundError as exc:
+        raise JobError(f"job spec {spec_location} does not exist") from exc
+    if spec.get("format") != JOB_FORMAT:
+        raise JobError(f"{spec_location} is not a {JOB_FORMAT} job spec")
+    storage = spec.get("storage_options")
+    run_dir = Stage.open(spec["run_dir"], storage)
+    attempt = spec["attempt"]
+    input_spec = InputSpec.from_dict(spec["input_spec"])
+    job = JobSpec.from_dict(spec["job_spec"])
+    model = spec["model"]
+    print(f"[batchinfer] job {spec['job_id']} attempt {attempt}: model {model['name']}/{model['version']} "
+          f"({model['flavor']}, sha256 {model['sha256'][:12]}…) -> {run_dir.location}", flush=True)
+
+    # 1. everything that can be checked before Ray starts
+    registry = ModelRegistry(spec["registry_root"], storage)
+    model_dir = registry.local_copy(model["name"], model["version"])
+    verify_local_copy(model_dir, model["sha256"])
+    files = list_input_files(spec["input"]["locations"], storage)
+    input_rows, schema = inspect_input(files, storage)
+    plan = plan_columns(schema, model["signature"], input_spec, files[0])
+    print(f"[batchinfer] input: {input_rows:,} rows in {len(files)} file(s); model reads {plan['sources']}, "
+          f"passes through {plan['passthrough']}", flush=True)
+
+    # 2. the Ray Data pipeline
+    import ray
+    import ray.data
+
+    ray_address = (spec.get("ray") or {}).get("address") or os.environ.get("RAY_ADDRESS")
+    init_kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
+    if not ray_address:
+        init_kwargs["include_dashboard"] = False
+    ray.init(address=ray_address or None, **init_kwargs)
+    t_ray = time.monotonic()
+    try:
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False
+        pool = size_actor_pool(job, ray.cluster_resources())
+        for note in pool["notes"]:
+            print(f"[batchinfer] resources: {note}", flush=True)
+        print(f"[batchinfer] actor pool: {pool['replicas']} replica(s) x {pool['num_cpus']:g} CPU / "
+              f"{pool['num_gpus']:g} GPU on {pool['device']}, {pool['threads']} thread(s) each, "
+              f"batches of {job.max_batch_rows} rows", flush=True)
+        counter = ray.remote(num_cpus=0)(ProgressCounter).remote()
+        stats: dict[str, Any] = {}
+        stop = threading.Event()
+        ticker = threading.Thread(
+            target=_log_progress, args=(counter, input_rows, time.monotonic(), job.progress_interval_s, stop, stats),
+            daemon=True,
+        )
+        ds = ray.data.read_parquet(files, columns=plan["read"], filesystem=run_dir.fs if storage else None)
+        map_kwargs: dict[str, Any] = {}
+        if job.memory:
+            map_kwargs["memory"] = job.memory
+        ds = ds.map_batches(
+            ModelReplica,
+            fn_constructor_kwargs={
+                "model_dir": str(model_dir),
+                "sha256": model["sha256"],
+                "plan": plan,
+                "params": input_spec.params,
+                "device": pool["device"],
+                "threads": pool["threads"],
+                "counter": counter,
+            },
+            batch_size=job.max_batch_rows,
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=pool["replicas"]),
+            num_cpus=pool["num_cpus"],
+            num_gpus=pool["num_gpus"] or None,
+            **map_kwargs,
+        )
+        sink = make_datasink(run_dir.location, attempt, storage)
+        ticker.start()
+        t_map = time.monotonic()
+        try:
+            ds.write_datasink(sink)
+        finally:
+            stop.set()
+        t_done = time.monotonic()
+    finally:
+        ray.shutdown()
+
+    # 3. reconcile, fence, commit
+    parts = sink.parts
+    output_rows = sum(p["rows"] for p in parts)
+    if output_rows != input_rows:
+        raise JobError(
+            f"row counts do not reconcile: {input_rows:,} input rows but {output_rows:,} written; not committing "
+            f"(parts of attempt {attempt} stay in {run_dir.location} without a {SUCCESS_MARKER})"
+        )
+    owner = run_dir.child(JOB_SPEC_FILE).read_json()
+    if owner.get("attempt") != attempt:
+        raise FencedError(
+            f"attempt {attempt} is no longer the owner of {run_dir.location}: attempt {owner.get('attempt')} "
+            f"(try {owner.get('airflow', {}).get('try_number')}) took over; not committing"
+        )
+    finished_at = datetime.now(timezone.utc)
+    map_seconds = t_done - t_map
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "run_dir": run_dir.location,
+        "files": parts,
+        "counts": {"input_rows": input_rows, "output_rows": output_rows, "error_rows": 0},
+        "columns": {"passthrough": plan["passthrough"], "outputs": list(model["signature"].get("outputs", {}))},
+        "model": {k: model[k] for k in ("name", "version", "flavor", "sha256", "uri")},
+        "input": {"locations": spec["input"]["locations"], "files": files},
+        "job": {"id": spec["job_id"], "attempt": attempt, "launcher": spec.get("launcher", "local"),
+                "replicas": pool["replicas"], "device": pool["device"]},
+        "airflow": spec.get("airflow", {}),
+        "started_at": started_at.isoformat(),
+        "finished_at": finished_at.isoformat(),
+        "timings": {
+            "total_s": round(time.monotonic() - t0, 3),
+            "ray_init_s": round(t_ray - t0, 3),
+            "pipeline_s": round(map_seconds, 3),
+            "rows_per_s": round(output_rows / map_seconds, 2) if map_seconds > 0 else None,
+            "steady_rows_per_s": _steady_rate(stats, t_done, output_rows),
+        },
+    }
+    validate_manifest(run_dir, manifest)
+    run_dir.child(SUCCESS_MARKER).write_json(manifest)
+    print(f"[batchinfer] committed {output_rows:,} rows in {len(parts)} part(s) to {run_dir.location} "
+          f"({manifest['timings']['rows_per_s']} rows/s over the pipeline, {manifest['timings']['total_s']}s total)",
+          flush=True)
+    return manifest
+
+
+def _steady_rate(stats: dict, t_done: float, rows: int) -> float | None:
+    """Rows/s from the first progress tick that saw rows to the end: excludes Ray and actor start-up."""
+    first = stats.get("first_rows_at")
+    if first is None or t_done - first <= 0:
+        return None
+    return round((rows - stats["first_rows"]) / (t_done - first), 2)
+
+
+def _root_message(exc: BaseException) -> str:
+    """The user-facing message of an error raised inside a Ray task: Ray wraps it in layers of
+    RayTaskError / UserCodeException whose text is mostly a traceback."""
+    seen = exc
+    while seen.__cause__ is not None and seen.__cause__ is not seen:
+        seen = seen.__cause__
+    cause = getattr(seen, "cause", None)
+    if isinstance(cause, BaseException):
+        seen = cause
+    text = str(seen).strip().splitlines()
+    last = [line for line in text if line.strip()][-1] if text else type(seen).__name__
+    return f"{type(seen).__name__}: {last}" if not last.startswith(type(seen).__name__) else last
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m airflow_provider_batchinfer.runtime")
+    parser.add_argument("--spec", required=True, help="location of the job spec (_job.json)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        manifest = run(args.spec)
+    except Exception as exc:  # the one place that turns any failure into a clear last line
+        message = _root_message(exc)
+        log.debug("job failed", exc_info=True)
+        print(ERROR_PREFIX + json.dumps({"error": message, "type": type(exc).__name__}), flush=True)
+        return 2 if isinstance(exc, (InputError, JobError, StageError, ValueError)) else 1
+    print(RESULT_PREFIX + json.dumps({"rows": manifest["counts"]["output_rows"], "files": len(manifest["files"])}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The contract between the Airflow side and the Ray side.
+
+These small frozen dataclasses are built in DAG files, so they validate on construction: a wrong
+combination fails when the DAG is parsed (an import error in the UI), not at 2 a.m. when the job
+runs. They serialize with ``to_dict`` / ``from_dict`` into the job spec that the Ray runtime reads,
+which is why this module imports nothing from Airflow, Ray or torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+class SpecError(ValueError):
+    """A spec that cannot work; the message says what to change."""
+
+
+class SaveMode(str, enum.Enum):
+    """What to do when the run directory already holds files.
+
+    ``ERROR`` (the default) refuses to touch a non-empty run directory, checked before any work.
+    ``OVERWRITE`` removes the old ``_SUCCESS`` first and then the rest, so a stale marker never
+    sits beside new partial files: this is how retries and backfill re-runs work.
+    """
+
+    ERROR = "error"
+    OVERWRITE = "overwrite"
+
+
+def _parse_save_mode(value: SaveMode | str) -> SaveMode:
+    if isinstance(value, SaveMode):
+        return value
+    try:
+        return SaveMode(str(value).lower())
+    except ValueError:
+        allowed = ", ".join(f"SaveMode.{m.name}" for m in SaveMode)
+        raise SpecError(f"OutputSpec.mode={value!r} is not a save mode; use one of {allowed}.") from None
+
+
+def _check_columns(owner: str, name: str, value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise SpecError(f"{owner}.{name} must be a list of column names, not the string {value!r}; write [{value!r}].")
+    cols = tuple(value)
+    for col in cols:
+        if not isinstance(col, str) or not col:
+            raise SpecError(f"{owner}.{name} must hold non-empty column names; got {col!r}.")
+    dupes = sorted({c for c in cols if cols.count(c) > 1})
+    if dupes:
+        raise SpecError(f"{owner}.{name} names {dupes} more than once; list each column once.")
+    return cols
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Which input columns the job reads and how the model sees them.
+
+    ``columns``: the columns to read (``None``: all). ``passthrough_columns``: input columns copied
+    unchanged next to the predictions, typically ids (``None``: every read column the model does not
+    consume). ``column_mapping``: input column -> model input name, for inputs whose names differ
+    from the model's signature. ``params``: flavor parameters passed to the model on every batch
+    (``batch_size`` for sentence-transformers, ``normalize_embeddings``, ...).
+    """
+
+    columns: tuple[str, ...] | None = None
+    passthrough_columns: tuple[str, ...] | None = None
+    column_mapping: dict[str, str] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", _check_columns("InputSpec", "columns", self.columns))
+        object.__setattr__(
+            self, "passthrough_columns", _check_columns("InputSpec", "passthrough_columns", self.passthrough_columns)
+        )
+        if not isinstance(self.column_mapping, dict):
+            raise SpecError("InputSpec.column_mapping must be a dict of {input column: model input name}.")
+        object.__setattr__(self, "column_mapping", dict(self.column_mapping))
+        if not isinstance(self.params, dict):
+            raise SpecError("InputSpec.params must be a dict of model parameters, e.g. {'batch_size': 64}.")
+        object.__setattr__(self, "params", dict(self.params))
+        if self.columns is not None:
+            missing = [c for c in (self.passthrough_columns or ()) if c not in self.columns]
+            if missing:
+                raise SpecError(
+                    f"InputSpec.passthrough_columns {missing} are not in InputSpec.columns {list(self.columns)}; "
+                    "add them to columns or drop them from passthrough_columns."
+                )
+            missing = [c for c in self.column_mapping if c not in self.columns]
+            if missing:
+                raise SpecError(
+                    f"InputSpec.column_mapping maps {missing}, which are not in InputSpec.columns "
+                    f"{list(self.columns)}; add them to columns."
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("columns", "passthrough_columns"):
+            if d[key] is not None:
+                d[key] = list(d[key])
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InputSpec:
+        return cls(**_known_fields(cls, data))
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """Where predictions go and what to do with what is already there.
+
+    Give exactly one of ``stage_location`` (the exact run directory, used as is) or
+    ``base_stage_location`` (the task writes to ``<base>/<sanitized run_id>/``, so every run,
+    backfill and manual trigger lands in its own directory). A relative location is resolved under
+    the connection's stage root.
+    """
+
+    stage_location: str | None = None
+    base_stage_location: str | None = None
+    mode: SaveMode = SaveMode.ERROR
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", _parse_save_mode(self.mode))
+        given = [n for n in ("stage_location", "base_stage_location") if getattr(self, n)]
+        if len(given) != 1:
+            raise SpecError(
+                "OutputSpec needs exactly one of stage_location (an exact run directory) or "
+                "base_stage_location (a parent; each run writes to <base>/<run key>/); "
+                f"got {'both' if len(given) == 2 else 'neither'}."
+            )
+        for name in given:
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise SpecError(f"OutputSpec.{name} must be a string path or URI, got {type(value).__name__}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage_location": self.stage_location,
+            "base_stage_location": self.base_stage_location,
+            "mode": self.mode.value,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OutputSpec:
+        return cls(**_known_fields(cls, data))
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Compute for one job, in Ray's terms.
+
+    ``replicas``: model copies (actors), each loading the model once. ``num_workers``: Ray nodes
+    the job may spread over (informational for the local launcher). ``num_cpus`` / ``num_gpus`` /
+    ``memory`` (bytes): what each replica reserves. ``max_batch_rows``: rows per model call.
+    ``progress_interval_s``: how often the job logs rows done, rows/s and ETA.
+    """
+
+    replicas: int = 1
+    num_workers: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    memory: int | None = None
+    max_batch_rows: int = 256
+    progress_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "num_workers", "max_batch_rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"JobSpec.{name} must be a whole number >= 1, got {value!r}.")
+        for name in ("num_cpus", "num_gpus"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise SpecError(f"JobSpec.{name} must be a number >= 0, got {value!r}.")
+        if self.num_cpus == 0 and self.num_gpus == 0:
+            raise SpecError("JobSpec needs num_cpus > 0 or num_gpus > 0 per replica; a replica with neither never runs.")
+        if self.num_gpus > 1 and self.num_gpus != int(self.num_gpus):
+            raise SpecError(
+                f"JobSpec.num_gpus={self.num_gpus}: above 1 GPU a replica takes whole GPUs; use {int(self.num_gpus)} "
+                f"or {int(self.num_gpus) + 1}."
+            )
+        if self.memory is not None and (isinstance(self.memory, bool) or not isinstance(self.memory, int) or self.memory <= 0):
+            raise SpecError(f"JobSpec.memory is bytes per replica (a whole number > 0), got {self.memory!r}.")
+        if self.replicas < self.num_workers:
+            raise SpecError(
+                f"JobSpec.replicas={self.replicas} is fewer than num_workers={self.num_workers}: each worker node "
+                "needs at least one replica; raise replicas or lower num_workers."
+            )
+        if not isinstance(self.progress_interval_s, (int, float)) or not 0 < self.progress_interval_s <= 30:
+            raise SpecError(
+                f"JobSpec.progress_interval_s must be in (0, 30] seconds, got {self.progress_interval_s!r}."
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
+        return cls(**_known_fields(cls, data))
+
+
+def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise SpecError(f"{cls.__name__} has no field(s) {unknown}; known fields: {sorted(names)}.")
+    return dict(data)

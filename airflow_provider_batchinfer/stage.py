@@ -1,0 +1,261 @@
+"""Stage locations, run keys and the commit protocol's marker.
+
+Shared by both sides (the operator checks and clears a run directory; the runtime writes parts and
+the marker), so it imports neither Airflow nor Ray. Files go through pyarrow's filesystem layer,
+the same one Ray Data reads and writes with, so a location means the same thing on both sides.
+
+Layout of one run directory::
+
+    <run dir>/_job.json                     the job spec (the contract), written by the operator
+    <run dir>/_input/part-*.parquet         materialized SQL input, when the input was a query
+    <run dir>/part-<block>-<attempt>.parquet predictions
+    <run dir>/_SUCCESS                      JSON manifest, written last; readers trust only its files
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+SUCCESS_MARKER = "_SUCCESS"
+JOB_SPEC_FILE = "_job.json"
+INPUT_DIR = "_input"
+MANIFEST_FORMAT = "batchinfer.manifest/1"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class StageError(RuntimeError):
+    """A stage location is unusable or a run directory is in a state we must not touch."""
+
+
+class ManifestError(StageError):
+    """A ``_SUCCESS`` manifest that does not describe the files beside it."""
+
+
+def sanitize_run_key(run_id: str, max_len: int = 120) -> str:
+    """Turn an Airflow run_id into one safe path segment, stable across tries of the same run.
+
+    ``manual__2026-11-23T01:18:23.440778+00:00`` holds ``:`` and ``+``, which object stores and
+    shells mangle. Replaced characters could make two run_ids collide, so whenever the text changes
+    a short hash of the original is appended: distinct run_ids always get distinct directories.
+    """
+    if not isinstance(run_id, str) or not run_id.strip():
+        raise StageError(f"cannot derive a run key from run_id={run_id!r}")
+    clean = _UNSAFE.sub("_", run_id.strip()).strip("._-") or "run"
+    if clean != run_id or len(clean) > max_len:
+        digest = hashlib.sha1(run_id.encode("utf-8")).hexdigest()[:8]
+        clean = f"{clean[: max_len - 9]}-{digest}"
+    return clean
+
+
+def check_relative_path(path: str, what: str) -> str:
+    """Refuse ``..`` segments and absolute paths where a path must stay below a root."""
+    if not isinstance(path, str) or not path:
+        raise StageError(f"{what} must be a non-empty path, got {path!r}")
+    parts = path.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise StageError(f"{what}={path!r} contains '..'; paths may not climb out of their root")
+    return path
+
+
+def is_uri(location: str) -> bool:
+    return "://" in location
+
+
+def resolve_location(location: str, root: str | None) -> str:
+    """Absolute paths and URIs stay as they are; a relative path is placed under ``root``.
+
+    Every form refuses ``..`` segments, so a templated value cannot climb out of the stage root.
+    """
+    check_relative_path(location, "location")
+    if is_uri(location) or location.startswith("/"):
+        return location.rstrip("/") or "/"
+    if not root:
+        raise StageError(
+            f"location {location!r} is relative but no stage root is configured; give an absolute path or "
+            "URI, or set stage_root in the batchinfer connection's extras"
+        )
+    return join(root, location)
+
+
+def join(location: str, *parts: str) -> str:
+    for part in parts:
+        check_relative_path(part, "path segment")
+    if is_uri(location):
+        scheme, rest = location.split("://", 1)
+        return f"{scheme}://{posixpath.join(rest.rstrip('/'), *parts)}"
+    return posixpath.join(location, *parts)
+
+
+def new_attempt_id(try_number: int | None) -> str:
+    """An id for one attempt: readable (the try number) and unique (a zombie of the same try differs)."""
+    prefix = f"t{int(try_number):02d}" if try_number is not None else "t00"
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A filesystem plus the path inside it, for one location string."""
+
+    location: str
+    fs: pafs.FileSystem
+    path: str
+
+    @classmethod
+    def open(cls, location: str, storage_options: dict[str, Any] | None = None) -> Stage:
+        import pyarrow.fs as pafs
+
+        if is_uri(location) and not location.startswith("file://"):
+            scheme = location.split("://", 1)[0]
+            if scheme in ("s3", "s3a") and storage_options:
+                fs = pafs.S3FileSystem(**storage_options)
+                return cls(location, fs, location.split("://", 1)[1].rstrip("/"))
+            fs, path = pafs.FileSystem.from_uri(location)
+            return cls(location, fs, path.rstrip("/"))
+        path = location[len("file://") :] if location.startswith("file://") else location
+        return cls(location, pafs.LocalFileSystem(), path.rstrip("/") or "/")
+
+    def child(self, *parts: str) -> Stage:
+        return Stage(join(self.location, *parts), self.fs, posixpath.join(self.path, *parts))
+
+    # --- queries ---------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        import pyarrow.fs as pafs
+
+        return self.fs.get_file_info(self.path).type != pafs.FileType.NotFound
+
+    def is_dir(self) -> bool:
+        import pyarrow.fs as pafs
+
+        return self.fs.get_file_info(self.path).type == pafs.FileType.Directory
+
+    def list_files(self, recursive: bool = True) -> list[tuple[str, int]]:
+        """(path relative to this location, size) of every file below it; [] when absent."""
+        import pyarrow.fs as pafs
+
+        info = self.fs.get_file_info(self.path)
+        if info.type == pafs.FileType.NotFound:
+            return []
+        if info.type == pafs.FileType.File:
+            return [(posixpath.basename(self.path), info.size)]
+        selector = pafs.FileSelector(self.path, recursive=recursive, allow_not_found=True)
+        prefix = self.path.rstrip("/") + "/"
+        out = []
+        for item in self.fs.get_file_info(selector):
+            if item.type == pafs.FileType.File:
+                out.append((item.path[len(prefix) :] if item.path.startswith(prefix) else item.path, item.size))
+        return sorted(out)
+
+    def is_empty(self) -> bool:
+        return not self.list_files()
+
+    # --- bytes and JSON ----------------------------------------------------------------------------
+    def read_bytes(self) -> bytes:
+        with self.fs.open_input_stream(self.path) as f:
+            return f.read()
+
+    def write_bytes(self, data: bytes) -> None:
+        """Write a whole object. Locally via a temp file and rename, so readers never see half a file;
+        object stores publish a PUT atomically on their own."""
+        import pyarrow.fs as pafs
+
+        parent = posixpath.dirname(self.path)
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            self.fs.create_dir(parent, recursive=True)
+            tmp = posixpath.join(parent, f".{posixpath.basename(self.path)}.{uuid.uuid4().hex[:8]}.tmp")
+            with self.fs.open_output_stream(tmp) as f:
+                f.write(data)
+            self.fs.move(tmp, self.path)
+        else:
+            with self.fs.open_output_stream(self.path) as f:
+                f.write(data)
+
+    def read_json(self) -> Any:
+        return json.loads(self.read_bytes().decode("utf-8"))
+
+    def write_json(self, obj: Any) -> None:
+        self.write_bytes(json.dumps(obj, indent=2, sort_keys=True, default=str).encode("utf-8"))
+
+    def delete(self) -> None:
+        import pyarrow.fs as pafs
+
+        info = self.fs.get_file_info(self.path)
+        if info.type == pafs.FileType.File:
+            self.fs.delete_file(self.path)
+        elif info.type == pafs.FileType.Directory:
+            self.fs.delete_dir(self.path)
+
+    def clear_run_directory(self) -> int:
+        """Empty a run directory for OVERWRITE: ``_SUCCESS`` goes first, so a reader never sees an
+        old marker beside new parts; then every other file. Returns how many files were removed."""
+        import pyarrow.fs as pafs
+
+        marker = self.child(SUCCESS_MARKER)
+        had_marker = marker.exists()
+        if had_marker:
+            marker.delete()
+        removed = len(self.list_files()) + int(had_marker)
+        if self.fs.get_file_info(self.path).type == pafs.FileType.Directory:
+            self.fs.delete_dir_contents(self.path, missing_dir_ok=True)
+        return removed
+
+
+def validate_manifest(run_dir: Stage, manifest: dict[str, Any]) -> None:
+    """Check that a ``_SUCCESS`` manifest describes the files beside it: each listed file exists with
+    its recorded size, and the row counts reconcile. Raises ManifestError naming the first problem."""
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(f"{run_dir.location}/{SUCCESS_MARKER} is not a batchinfer manifest ({MANIFEST_FORMAT})")
+    files = manifest.get("files")
+    if not isinstance(files, list):
+        raise ManifestError(f"{run_dir.location}/{SUCCESS_MARKER} lists no files")
+    present = dict(run_dir.list_files())
+    listed_rows = 0
+    for entry in files:
+        name, size = entry.get("name"), entry.get("size")
+        check_relative_path(str(name), "manifest file name")
+        if name not in present:
+            raise ManifestError(f"{run_dir.location}/{name} is listed in {SUCCESS_MARKER} but missing")
+        if present[name] != size:
+            raise ManifestError(
+                f"{run_dir.location}/{name} is {present[name]} bytes but {SUCCESS_MARKER} says {size}"
+            )
+        listed_rows += int(entry.get("rows", 0))
+    counts = manifest.get("counts", {})
+    if listed_rows != counts.get("output_rows"):
+        raise ManifestError(
+            f"{run_dir.location}/{SUCCESS_MARKER}: files hold {listed_rows} rows but output_rows is "
+            f"{counts.get('output_rows')}"
+        )
+    if counts.get("input_rows") != counts.get("output_rows", 0) + counts.get("error_rows", 0):
+        raise ManifestError(
+            f"{run_dir.location}/{SUCCESS_MARKER}: input_rows {counts.get('input_rows')} != output_rows "
+            f"{counts.get('output_rows')} + error_rows {counts.get('error_rows')}"
+        )
+
+
+def read_valid_manifest(location: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The validated manifest of a run directory, or None while it has no marker."""
+    run_dir = Stage.open(location, storage_options)
+    marker = run_dir.child(SUCCESS_MARKER)
+    if not marker.exists():
+        return None
+    try:
+        manifest = marker.read_json()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{marker.location} is not valid JSON: {exc}") from exc
+    validate_manifest(run_dir, manifest)
+    return manifest
+
+
+def committed_files(manifest: dict[str, Any]) -> list[str]:
+    """Full locations of the files a manifest commits: what ``publish`` should read, and nothing else."""
+    return [join(manifest["run_dir"], entry["name"]) for entry in manifest["files"]]
