@@ -37,8 +37,14 @@ class LocalLauncher:
         env = dict(os.environ)
         env.update({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0"})
+        loopback = not self.ray_address or self.ray_address.split(":")[0] in ("127.0.0.1", "localhost")
+        if loopback:
+            # A single-machine Ray: keep every Ray socket on the loopback interface.
+            env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         if self.ray_address:
             env["RAY_ADDRESS"] = self.ray_address
+            if "RAY_AUTH_MODE" not in env and os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+                env["RAY_AUTH_MODE"] = "token"  # Ray >= 2.5x clusters started by `ray start` require it
         env.update(extra_env or {})
         cmd = [sys.executable, "-m", "airflow_provider_batchinfer.runtime", "--spec", spec_location]
         log.info("Launching batch inference job: %s%s", " ".join(cmd),

@@ -1,0 +1,146 @@
+"""Test set-up on real parts: an Airflow metadata DB on SQLite in a temporary AIRFLOW_HOME, one real
+``ray start --head`` cluster on loopback for the whole session (every job attaches to it instead of
+paying Ray's start-up), and a fresh stage + registry per test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_HOME = Path(tempfile.mkdtemp(prefix="batchinfer-airflow-"))
+_BUNDLES = [
+    {"name": "example_dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+     "kwargs": {"path": str(REPO / "example_dags"), "refresh_interval": 0}},
+    {"name": "test_dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+     "kwargs": {"path": str(REPO / "tests" / "dags"), "refresh_interval": 0}},
+]
+# Airflow reads its configuration at import, so this runs before any test module imports it.
+os.environ.update(
+    {
+        "AIRFLOW_HOME": str(_HOME),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "example_dags"),
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(_BUNDLES),
+        "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
+        "BATCHINFER_HOME": str(_HOME / "batchinfer"),
+        # keep every Ray socket on 127.0.0.1 and stay offline
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """A migrated SQLite metadata DB (``airflow db migrate``, once per session)."""
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, env=os.environ)
+    yield _HOME
+    shutil.rmtree(_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One real local Ray cluster for the session; jobs attach through RAY_ADDRESS."""
+    port = _free_port()
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    env = dict(os.environ, RAY_AUTH_MODE="token")
+    subprocess.run(
+        [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+         "--disable-usage-stats", f"--ray-client-server-port={_free_port()}"],
+        check=True, capture_output=True, env=env,
+    )
+    address = f"127.0.0.1:{port}"
+    os.environ["RAY_ADDRESS"] = address
+    os.environ["RAY_AUTH_MODE"] = "token"
+    yield address
+    subprocess.run([ray_bin, "stop", "--force"], capture_output=True, env=env)
+    os.environ.pop("RAY_ADDRESS", None)
+
+
+@pytest.fixture
+def batchinfer_home(tmp_path, monkeypatch):
+    """A fresh embedded default (stage + registry) for one test."""
+    home = tmp_path / "batchinfer"
+    monkeypatch.setenv("BATCHINFER_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def registry(batchinfer_home):
+    from airflow_provider_batchinfer.registry import ModelRegistry
+
+    return ModelRegistry(str(batchinfer_home / "registry"))
+
+
+@pytest.fixture
+def text_length_model(registry):
+    from tests.models import TextLength
+
+    return registry.log_model("text_length", "v1", "python", python_class=TextLength,
+                              signature={"inputs": {"text": "string"}, "outputs": {"length": "int64"}})
+
+
+@pytest.fixture
+def tickets(tmp_path):
+    """500 tickets in 4 Parquet files; returns (directory, rows)."""
+    from tests.models import write_tickets
+
+    return write_tickets(tmp_path / "input", rows=500, files=4), 500
+
+
+def run_dag(dag_id: str, **conf):
+    """Run a DAG from the test bundles with ``dag.test()`` and return (state, {task_id: state})."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    folder = REPO / "tests" / "dags" if dag_id.startswith("bi_test_") else REPO / "example_dags"
+    bag = DagBag(dag_folder=str(folder))
+    assert not bag.import_errors, bag.import_errors
+    dag = bag.get_dag(dag_id)
+    dr = dag.test(run_conf=conf or None)
+    return dr.state, task_states(dag_id, dr.run_id), dr.run_id
+
+
+def task_states(dag_id: str, run_id: str) -> dict[str, str]:
+    from sqlalchemy import select
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.execute(
+            select(TaskInstance.task_id, TaskInstance.state, TaskInstance.try_number).where(
+                TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id
+            )
+        ).all()
+    return {task_id: (str(state.value if hasattr(state, "value") else state), tries) for task_id, state, tries in rows}
+
+
+def xcom_value(dag_id: str, run_id: str, task_id: str, key: str = "return_value"):
+    from sqlalchemy import select
+
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(
+            select(XComModel).where(XComModel.dag_id == dag_id, XComModel.run_id == run_id,
+                                    XComModel.task_id == task_id, XComModel.key == key)
+        ).first()
+        return None if row is None else XComModel.deserialize_value(row)

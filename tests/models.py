@@ -1,0 +1,48 @@
+"""Small real models and inputs for the tests, built in-process (no hub downloads)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class TextLength:
+    """A plain Python model: the length of each text. Set BATCHINFER_TEST_FAIL_ONCE to a file path
+    to make the batch that finds the file delete it and fail (an injected, one-time fault)."""
+
+    @classmethod
+    def load(cls, path):
+        return cls()
+
+    def predict(self, batch):
+        flag = os.environ.get("BATCHINFER_TEST_FAIL_ONCE")
+        if flag and os.path.exists(flag):
+            os.remove(flag)
+            raise RuntimeError("injected failure for the retry test")
+        if (batch["text"] == "boom").any():
+            row = batch.index[batch["text"] == "boom"][0]
+            raise ValueError(f"cannot score text 'boom' (row {row} of the batch)")
+        return {"length": batch["text"].str.len().to_numpy()}
+
+
+def write_tickets(directory: Path, rows: int = 500, files: int = 4, bad_row: int | None = None) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    texts = [f"ticket {i}: " + "the export is slow " * (i % 7) for i in range(rows)]
+    if bad_row is not None:
+        texts[bad_row] = "boom"
+    table = pa.table({"ticket_id": pa.array(range(rows), pa.int64()), "text": texts})
+    per = -(-rows // files)
+    for n, start in enumerate(range(0, rows, per)):
+        pq.write_table(table.slice(start, per), directory / f"tickets-{n:02d}.parquet")
+    return directory
+
+
+def tiny_mlp(features: int = 8):
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(features, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    return torch.jit.script(net.eval())

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
+
+
+def test_output_spec_needs_exactly_one_location():
+    with pytest.raises(SpecError, match="exactly one of stage_location .* got both"):
+        OutputSpec(stage_location="/a", base_stage_location="/b")
+    with pytest.raises(SpecError, match="got neither"):
+        OutputSpec()
+
+
+def test_output_spec_defaults_to_error_and_parses_mode_strings():
+    assert OutputSpec(base_stage_location="x").mode is SaveMode.ERROR
+    assert OutputSpec(base_stage_location="x", mode="overwrite").mode is SaveMode.OVERWRITE
+    with pytest.raises(SpecError, match="not a save mode; use one of SaveMode.ERROR, SaveMode.OVERWRITE"):
+        OutputSpec(base_stage_location="x", mode="append")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"replicas": 0}, "JobSpec.replicas must be a whole number >= 1"),
+        ({"max_batch_rows": 2.5}, "JobSpec.max_batch_rows must be a whole number"),
+        ({"num_gpus": -1}, "JobSpec.num_gpus must be a number >= 0"),
+        ({"num_cpus": 0, "num_gpus": 0}, "needs num_cpus > 0 or num_gpus > 0"),
+        ({"num_gpus": 1.5}, "takes whole GPUs; use 1 or 2"),
+        ({"memory": -5}, "JobSpec.memory is bytes per replica"),
+        ({"replicas": 1, "num_workers": 2}, "fewer than num_workers=2"),
+        ({"progress_interval_s": 60}, "progress_interval_s must be in \\(0, 30\\]"),
+    ],
+)
+def test_job_spec_rejects_bad_values_with_what_to_change(kwargs, message):
+    with pytest.raises(SpecError, match=message):
+        JobSpec(**kwargs)
+
+
+def test_input_spec_validation():
+    with pytest.raises(SpecError, match=r"write \['text'\]"):
+        InputSpec(columns="text")
+    with pytest.raises(SpecError, match="names \\['a'\\] more than once"):
+        InputSpec(columns=["a", "a"])
+    with pytest.raises(SpecError, match="passthrough_columns \\['id'\\] are not in InputSpec.columns"):
+        InputSpec(columns=["text"], passthrough_columns=["id"])
+    with pytest.raises(SpecError, match="column_mapping maps \\['body'\\]"):
+        InputSpec(columns=["text"], column_mapping={"body": "text"})
+
+
+def test_specs_round_trip_through_the_job_spec_dicts():
+    for spec in (
+        InputSpec(columns=["id", "body"], passthrough_columns=["id"], column_mapping={"body": "text"}, params={"k": 1}),
+        OutputSpec(base_stage_location="s3://b/p", mode=SaveMode.OVERWRITE),
+        JobSpec(replicas=2, num_workers=2, num_gpus=1, memory=2**30, max_batch_rows=64),
+    ):
+        assert type(spec).from_dict(spec.to_dict()) == spec
+    with pytest.raises(SpecError, match="JobSpec has no field\\(s\\) \\['gpus'\\]"):
+        JobSpec.from_dict({"gpus": 1})
+
+
+def test_bad_spec_fails_when_the_dag_file_is_parsed(airflow_db, tmp_path):
+    """A wrong combination is an import error of the DAG file, shown in the UI, not a 2 a.m. failure."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    (tmp_path / "bad_dag.py").write_text(
+        "import pendulum\n"
+        "from airflow.sdk import DAG\n"
+        "from airflow_provider_batchinfer import BatchInferenceOperator, OutputSpec\n"
+        "with DAG('bad', schedule=None, start_date=pendulum.datetime(2026, 1, 1)):\n"
+        "    BatchInferenceOperator(task_id='t', model='m', version='v', input='x',\n"
+        "        output_spec=OutputSpec(stage_location='/a', base_stage_location='/b'))\n"
+    )
+    bag = DagBag(dag_folder=str(tmp_path))
+    (error,) = bag.import_errors.values()
+    assert "exactly one of stage_location" in error
