@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 _HOME = Path(tempfile.mkdtemp(prefix="batchinfer-airflow-"))
 _BUNDLES = [
-    {"name": "example_dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+    {"name": "batchinfer_examples", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
      "kwargs": {"path": str(REPO / "example_dags"), "refresh_interval": 0}},
     {"name": "test_dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
      "kwargs": {"path": str(REPO / "tests" / "dags"), "refresh_interval": 0}},

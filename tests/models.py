@@ -7,25 +7,27 @@ from pathlib import Path
 
 
 class TextLength:
-    """A plain Python model: the length of each text. Set BATCHINFER_TEST_FAIL_ONCE to a file path
-    to make the batch that finds the file delete it and fail (an injected, one-time fault)."""
+    """A plain Python model: the length of each text. A text ``fail-once:<path>`` makes the batch
+    that holds it fail while that file exists, deleting it first (an injected, one-time fault that
+    travels with the data, so it reaches the Ray workers wherever they run)."""
 
     @classmethod
     def load(cls, path):
         return cls()
 
     def predict(self, batch):
-        flag = os.environ.get("BATCHINFER_TEST_FAIL_ONCE")
-        if flag and os.path.exists(flag):
-            os.remove(flag)
-            raise RuntimeError("injected failure for the retry test")
+        for text in batch["text"]:
+            if text.startswith("fail-once:") and os.path.exists(text[len("fail-once:"):]):
+                os.remove(text[len("fail-once:"):])
+                raise RuntimeError("injected failure for the retry test")
         if (batch["text"] == "boom").any():
             row = batch.index[batch["text"] == "boom"][0]
             raise ValueError(f"cannot score text 'boom' (row {row} of the batch)")
         return {"length": batch["text"].str.len().to_numpy()}
 
 
-def write_tickets(directory: Path, rows: int = 500, files: int = 4, bad_row: int | None = None) -> Path:
+def write_tickets(directory: Path, rows: int = 500, files: int = 4, bad_row: int | None = None,
+                  fail_once_flag: Path | None = None) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -33,6 +35,8 @@ def write_tickets(directory: Path, rows: int = 500, files: int = 4, bad_row: int
     texts = [f"ticket {i}: " + "the export is slow " * (i % 7) for i in range(rows)]
     if bad_row is not None:
         texts[bad_row] = "boom"
+    if fail_once_flag is not None:
+        texts[rows // 2] = f"fail-once:{fail_once_flag}"
     table = pa.table({"ticket_id": pa.array(range(rows), pa.int64()), "text": texts})
     per = -(-rows // files)
     for n, start in enumerate(range(0, rows, per)):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -418,18 +419,37 @@ def _steady_rate(stats: dict, t_done: float, rows: int) -> float | None:
     return round((rows - stats["first_rows"]) / (t_done - first), 2)
 
 
+_RAY_WRAPPERS = ("UserCodeException", "RayTaskError", "RayActorError", "RaySystemError")
+
+
 def _root_message(exc: BaseException) -> str:
-    """The user-facing message of an error raised inside a Ray task: Ray wraps it in layers of
-    RayTaskError / UserCodeException whose text is mostly a traceback."""
-    seen = exc
-    while seen.__cause__ is not None and seen.__cause__ is not seen:
-        seen = seen.__cause__
-    cause = getattr(seen, "cause", None)
-    if isinstance(cause, BaseException):
-        seen = cause
-    text = str(seen).strip().splitlines()
-    last = [line for line in text if line.strip()][-1] if text else type(seen).__name__
-    return f"{type(seen).__name__}: {last}" if not last.startswith(type(seen).__name__) else last
+    """The user-facing message of an error raised inside a Ray task. Ray wraps it in layers
+    (UserCodeException -> RayTaskError(ValueError) -> ValueError) whose own text is advice about
+    retries or a traceback; the innermost non-wrapper exception is what the user needs to see."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not c for c in chain):
+        chain.append(current)
+        cause = getattr(current, "cause", None)
+        current = current.__cause__ or (cause if isinstance(cause, BaseException) else None) or current.__context__
+    plain = [e for e in chain if not any(w in type(e).__name__ for w in _RAY_WRAPPERS)]
+    if plain:
+        root = plain[-1]
+        lines = [line for line in str(root).strip().splitlines() if line.strip()]
+        last = lines[-1].strip() if lines else ""
+        name = type(root).__name__
+        return last if last.startswith(name) else f"{name}: {last}" if last else name
+    # Ray only carries the user's exception as text inside the wrapper's traceback
+    for wrapper in chain:
+        for match in _ERROR_LINE.finditer(str(wrapper)):
+            name = match.group("name")
+            if not name.startswith("ray.") and not any(w in name for w in _RAY_WRAPPERS):
+                return f"{name.rsplit('.', 1)[-1]}: {match.group('msg').strip()}"
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1].strip() if lines else ''}"
+
+
+_ERROR_LINE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)): (?P<msg>.*)$", re.MULTILINE)
 
 
 def main(argv: list[str] | None = None) -> int:

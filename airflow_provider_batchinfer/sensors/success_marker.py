@@ -8,12 +8,13 @@ task at once: waiting would not fix it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from airflow_provider_batchinfer.stage import ManifestError, StageError, read_valid_manifest
 from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger
@@ -45,7 +46,9 @@ class SuccessMarkerSensor(BaseSensorOperator):
         if result.is_done:
             return result.xcom_value
         self.defer(
-            trigger=SuccessMarkerTrigger(location=self.location, poke_interval=self.poke_interval),
+            trigger=SuccessMarkerTrigger(
+                location=self.location, poke_interval=self.poke_interval, deadline=time.time() + self.timeout
+            ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),
         )
@@ -64,8 +67,10 @@ class SuccessMarkerSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=True, xcom_value=manifest)
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        if not event or event.get("status") not in ("success", "error"):
+        if not event or event.get("status") not in ("success", "error", "timeout"):
             raise AirflowException(f"unexpected trigger event for {self.location}: {event!r}")
+        if event["status"] == "timeout":
+            raise AirflowSensorTimeout(f"no valid {self.location}/_SUCCESS within {self.timeout}s")
         if event["status"] == "error":
             raise AirflowFailException(f"{self.location} has a _SUCCESS marker that does not hold: {event['message']}")
         return event["manifest"]

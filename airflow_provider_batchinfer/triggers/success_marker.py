@@ -7,6 +7,7 @@ triggerer's event loop, shared with every other deferred task, never stalls on a
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,22 +17,28 @@ from airflow_provider_batchinfer.stage import ManifestError, StageError, read_va
 
 
 class SuccessMarkerTrigger(BaseTrigger):
-    """Fires ``{"status": "success", "manifest": ...}`` once the marker is valid, or
-    ``{"status": "error", "message": ...}`` when a marker exists but its manifest does not hold."""
+    """Fires ``{"status": "success", "manifest": ...}`` once the marker is valid,
+    ``{"status": "error", "message": ...}`` when a marker exists but its manifest does not hold, or
+    ``{"status": "timeout"}`` at ``deadline`` (epoch seconds). The deadline is enforced here as well
+    as by the scheduler's deferral timeout, so a trigger run outside the scheduler (``dag.test()``)
+    still ends."""
 
-    def __init__(self, location: str, poke_interval: float = 30.0) -> None:
+    def __init__(self, location: str, poke_interval: float = 30.0, deadline: float | None = None) -> None:
         super().__init__()
         if not isinstance(location, str) or not location:
             raise ValueError(f"SuccessMarkerTrigger needs a location string, got {location!r}")
         if poke_interval <= 0:
             raise ValueError(f"poke_interval must be > 0 seconds, got {poke_interval!r}")
+        if deadline is not None and not isinstance(deadline, (int, float)):
+            raise ValueError(f"deadline must be epoch seconds, got {deadline!r}")
         self.location = location
         self.poke_interval = float(poke_interval)
+        self.deadline = None if deadline is None else float(deadline)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
-            {"location": self.location, "poke_interval": self.poke_interval},
+            {"location": self.location, "poke_interval": self.poke_interval, "deadline": self.deadline},
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -44,5 +51,11 @@ class SuccessMarkerTrigger(BaseTrigger):
             if manifest is not None:
                 yield TriggerEvent({"status": "success", "location": self.location, "manifest": manifest})
                 return
+            if self.deadline is not None and time.time() >= self.deadline:
+                yield TriggerEvent({"status": "timeout", "location": self.location})
+                return
             self.log.info("No valid %s/_SUCCESS yet; checking again in %ss", self.location, self.poke_interval)
-            await asyncio.sleep(self.poke_interval)
+            delay = self.poke_interval
+            if self.deadline is not None:
+                delay = max(0.0, min(delay, self.deadline - time.time()))
+            await asyncio.sleep(delay)

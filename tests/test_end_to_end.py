@@ -1,0 +1,169 @@
+"""End to end on real parts: Airflow's dag.test() on SQLite, a real Ray cluster, real models."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, read_valid_manifest, sanitize_run_key
+from tests.conftest import run_dag, xcom_value
+from tests.models import write_tickets
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_db", "ray_cluster")]
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _part_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.glob("part-*.parquet"))
+
+
+def test_ticket_embeddings_example_end_to_end(batchinfer_home):
+    state, tasks, run_id = run_dag("batchinfer_ticket_embeddings", num_tickets=300)
+    assert state == "success", tasks
+    run_dir = batchinfer_home / "stage" / "embeddings" / "tickets" / sanitize_run_key(run_id)
+    manifest = read_valid_manifest(str(run_dir))
+    assert manifest["counts"] == {"input_rows": 300, "output_rows": 300, "error_rows": 0}
+    assert manifest["model"]["name"] == "ticket_embedder" and len(manifest["model"]["sha256"]) == 64
+    assert manifest["airflow"]["dag_id"] == "batchinfer_ticket_embeddings" and manifest["airflow"]["run_id"] == run_id
+    table = pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]])
+    assert table.column_names == ["ticket_id", "embedding"]
+    assert sorted(table.column("ticket_id").to_pylist()) == list(range(1, 301))
+    assert len(table.column("embedding")[0]) == 384
+    out = xcom_value("batchinfer_ticket_embeddings", run_id, "embed_tickets")
+    assert out["output_location"] == str(run_dir) and out["rows"] == 300
+    assert xcom_value("batchinfer_ticket_embeddings", run_id, "embed_tickets", key="output_location") == str(run_dir)
+    report = json.loads((batchinfer_home / "stage" / "published" / "ticket_embeddings" / sanitize_run_key(run_id)
+                         / "report.json").read_text())
+    assert report["rows"] == 300 and report["dimensions"] == 384
+
+
+def test_tabular_example_two_runs_land_in_two_directories(batchinfer_home):
+    run_ids = []
+    for _ in range(2):
+        state, tasks, run_id = run_dag("batchinfer_tabular_scoring", num_customers=3000)
+        assert state == "success", tasks
+        run_ids.append(run_id)
+    base = batchinfer_home / "stage" / "scores" / "churn"
+    assert sorted(p.name for p in base.iterdir()) == sorted(sanitize_run_key(r) for r in run_ids)
+    for run_id in run_ids:
+        manifest = read_valid_manifest(str(base / sanitize_run_key(run_id)))
+        assert manifest["counts"]["output_rows"] == 3000
+        assert manifest["model"]["flavor"] == "torchscript"
+    # the model was logged once under a content-addressed version and reused by the second run
+    assert len(list((batchinfer_home / "registry" / "churn_scorer").iterdir())) == 1
+
+
+def test_error_mode_refuses_a_non_empty_directory_before_launching(batchinfer_home, text_length_model, tickets, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious.parquet").write_bytes(b"keep me")
+    before = _snapshot(out)
+    state, tasks, _ = run_dag("bi_test_error_mode", input=str(tickets[0]), out=str(out))
+    assert state == "failed" and tasks["infer"][0] == "failed"
+    assert _snapshot(out) == before  # untouched: no _job.json, no parts, no marker
+
+
+def test_retry_with_overwrite_after_an_injected_failure_leaves_one_clean_result(
+    batchinfer_home, text_length_model, tmp_path
+):
+    flag = tmp_path / "fail-once"
+    flag.write_text("x")
+    tickets = write_tickets(tmp_path / "input", rows=500, files=4, fail_once_flag=flag)
+    out = tmp_path / "out"
+    state, tasks, _ = run_dag("bi_test_overwrite_retry", input=str(tickets), out=str(out))
+    assert state == "success", tasks
+    assert tasks["infer"] == ("success", 2) and not flag.exists()
+    manifest = json.loads((out / SUCCESS_MARKER).read_text())
+    assert manifest["job"]["attempt"].startswith("t02")
+    assert _part_files(out) == sorted(f["name"] for f in manifest["files"])
+    assert all(attempt_of(name) == manifest["job"]["attempt"] for name in _part_files(out))
+    assert manifest["counts"] == {"input_rows": 500, "output_rows": 500, "error_rows": 0}
+    rows = pq.read_table([str(out / n) for n in _part_files(out)])
+    assert sorted(rows.column("ticket_id").to_pylist()) == list(range(500))
+
+
+def attempt_of(part_name: str) -> str:
+    return part_name.rsplit("-", 1)[1].removesuffix(".parquet")
+
+
+def test_overwrite_removes_a_stale_marker_and_stray_parts(batchinfer_home, text_length_model, tickets, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / JOB_SPEC_FILE).write_text(json.dumps({"attempt": "t01old", "airflow": {
+        "dag_id": "bi_test_overwrite_retry", "task_id": "infer"}}))
+    (out / "part-00007-t01old.parquet").write_bytes(b"stale")
+    (out / SUCCESS_MARKER).write_text("{}")
+    state, tasks, _ = run_dag("bi_test_overwrite_retry", input=str(tickets[0]), out=str(out))
+    assert state == "success", tasks
+    assert "part-00007-t01old.parquet" not in _part_files(out)
+    assert read_valid_manifest(str(out))["counts"]["output_rows"] == 500
+
+
+@pytest.mark.parametrize(
+    ("job_file", "expected"),
+    [
+        (None, "no batchinfer task wrote"),
+        ({"airflow": {"dag_id": "other_dag", "task_id": "other_task"}}, "belongs to other_dag.other_task"),
+    ],
+)
+def test_overwrite_refuses_directories_it_does_not_own(batchinfer_home, text_length_model, tickets, tmp_path, capfd,
+                                                       job_file, expected):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "data.parquet").write_bytes(b"someone else's")
+    if job_file:
+        (out / JOB_SPEC_FILE).write_text(json.dumps(job_file))
+    before = _snapshot(out)
+    state, tasks, _ = run_dag("bi_test_overwrite_retry", input=str(tickets[0]), out=str(out))
+    assert state == "failed"
+    assert _snapshot(out) == before
+    assert expected in capfd.readouterr().out
+
+
+def test_a_model_error_fails_the_task_with_its_message_and_no_marker(batchinfer_home, text_length_model, tmp_path, capfd):
+    bad = write_tickets(tmp_path / "bad", rows=200, files=2, bad_row=123)
+    out = tmp_path / "out"
+    state, tasks, _ = run_dag("bi_test_error_mode", input=str(bad), out=str(out))
+    assert state == "failed"
+    assert not (out / SUCCESS_MARKER).exists()
+    captured = capfd.readouterr().out
+    assert "cannot score text 'boom'" in captured
+
+
+def test_a_tampered_model_is_refused_before_anything_runs(batchinfer_home, text_length_model, tickets, tmp_path, capfd):
+    code = Path(text_length_model.uri) / "code" / "models.py"
+    code.write_text(code.read_text() + "\n# injected\n")
+    out = tmp_path / "out"
+    state, tasks, _ = run_dag("bi_test_error_mode", input=str(tickets[0]), out=str(out))
+    assert state == "failed"
+    assert not out.exists()
+    assert "code/models.py does not match its recorded sha256" in capfd.readouterr().out
+
+
+def test_unknown_model_version_fails_with_the_known_versions(batchinfer_home, text_length_model, tickets, tmp_path, capfd):
+    state, _, _ = run_dag("bi_test_error_mode", input=str(tickets[0]), out=str(tmp_path / "out"), version="v7")
+    assert state == "failed"
+    assert "known versions of 'text_length': v1" in capfd.readouterr().out
+
+
+def test_sql_input_is_materialized_in_chunks(batchinfer_home, text_length_model, tmp_path, monkeypatch):
+    db = tmp_path / "tickets.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE tickets (id INTEGER PRIMARY KEY, body TEXT)")
+        conn.executemany("INSERT INTO tickets VALUES (?, ?)", [(i, f"ticket number {i}") for i in range(1000)])
+    monkeypatch.setenv("AIRFLOW_CONN_BI_TEST_SQLITE", f"sqlite:///{db}")
+    out = tmp_path / "out"
+    state, tasks, _ = run_dag("bi_test_sql_input", out=str(out))
+    assert state == "success", tasks
+    assert len(list((out / "_input").glob("part-*.parquet"))) == 10
+    manifest = read_valid_manifest(str(out))
+    assert manifest["counts"]["output_rows"] == 1000
+    table = pq.read_table([str(out / f["name"]) for f in manifest["files"]]).sort_by("ticket_id")
+    assert table.column("length").to_pylist()[:3] == [len("ticket number 0"), len("ticket number 1"), len("ticket number 2")]

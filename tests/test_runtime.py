@@ -1,0 +1,72 @@
+"""The Ray side's planning logic, without starting Ray: column checks and actor-pool sizing."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_batchinfer.runtime.io import InputError
+from airflow_provider_batchinfer.runtime.job import JobError, _root_message, plan_columns, size_actor_pool
+from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+
+SCHEMA = pa.schema([("ticket_id", pa.int64()), ("body", pa.string()), ("score", pa.float64())])
+SIG = {"inputs": {"text": "string"}, "outputs": {"embedding": "list<float32>"}}
+
+
+def test_plan_reads_model_inputs_and_passes_the_rest_through():
+    plan = plan_columns(SCHEMA, SIG, InputSpec(column_mapping={"body": "text"}), "in.parquet")
+    assert plan["sources"] == ["body"] and plan["model_inputs"] == ["text"]
+    assert plan["passthrough"] == ["ticket_id", "score"]
+    plan = plan_columns(SCHEMA, SIG, InputSpec(columns=["ticket_id", "body"], column_mapping={"body": "text"}), "in")
+    assert plan["read"] == ["body", "ticket_id"]
+
+
+def test_plan_names_the_missing_or_mistyped_column_before_any_compute():
+    with pytest.raises(InputError, match=r"model input 'text' needs column 'text', which the input in.parquet does not have.*column_mapping"):
+        plan_columns(SCHEMA, SIG, InputSpec(), "in.parquet")
+    with pytest.raises(InputError, match=r"column 'score' of in.parquet is double, but model input 'text' expects string"):
+        plan_columns(SCHEMA, SIG, InputSpec(column_mapping={"score": "text"}), "in.parquet")
+    with pytest.raises(InputError, match=r"passthrough columns \['embedding'\] have the same names as model outputs"):
+        schema = SCHEMA.append(pa.field("embedding", pa.string()))
+        plan_columns(schema, SIG, InputSpec(column_mapping={"body": "text"}), "in.parquet")
+    with pytest.raises(InputError, match=r"InputSpec.columns \['nope'\] are not in the input"):
+        plan_columns(SCHEMA, SIG, InputSpec(columns=["nope"]), "in.parquet")
+
+
+def test_actor_pool_never_holds_every_cpu():
+    pool = size_actor_pool(JobSpec(replicas=2), {"CPU": 2.0})
+    assert pool["replicas"] == 1 and pool["num_cpus"] == 1 and pool["notes"]
+    assert pool["threads"] == 2 and pool["device"] == "cpu"
+    pool = size_actor_pool(JobSpec(num_cpus=2), {"CPU": 2.0})
+    assert pool["num_cpus"] == 1
+    pool = size_actor_pool(JobSpec(replicas=3), {"CPU": 16.0})
+    assert pool["replicas"] == 3 and pool["threads"] == 5 and not pool["notes"]
+
+
+def test_gpu_request_on_a_cluster_without_gpus_fails_early():
+    with pytest.raises(JobError, match="num_gpus=1 per replica, but the Ray cluster has 0 GPU"):
+        size_actor_pool(JobSpec(num_gpus=1), {"CPU": 2.0})
+    pool = size_actor_pool(JobSpec(replicas=4, num_gpus=1), {"CPU": 16.0, "GPU": 2.0})
+    assert pool["replicas"] == 2 and pool["device"] == "cuda"
+
+
+def test_root_message_unwraps_chained_errors():
+    try:
+        try:
+            raise ValueError("cannot score text 'boom'")
+        except ValueError as inner:
+            raise RuntimeError("Traceback ...\nlots of ray text") from inner
+    except RuntimeError as exc:
+        assert _root_message(exc) == "ValueError: cannot score text 'boom'"
+
+
+def test_root_message_finds_the_user_error_inside_ray_wrappers():
+    class UserCodeException(Exception):
+        pass
+
+    wrapped = UserCodeException(
+        "ray::MapWorker(MapBatches(A)).submit()\n  File \"m.py\", line 6, in __call__\n"
+        "    raise ValueError(\"cannot score text 'boom' (row 3)\")\nValueError: cannot score text 'boom' (row 3)\n\n"
+        "ray.exceptions.UserCodeException: UDF failed to process a data block."
+    )
+    assert _root_message(wrapped) == "ValueError: cannot score text 'boom' (row 3)"
