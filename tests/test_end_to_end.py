@@ -89,6 +89,25 @@ def test_retry_with_overwrite_after_an_injected_failure_leaves_one_clean_result(
     assert sorted(rows.column("ticket_id").to_pylist()) == list(range(500))
 
 
+def test_error_mode_retry_cleans_only_its_own_uncommitted_try(batchinfer_home, text_length_model, tmp_path):
+    """ERROR protects committed and foreign data; the leftovers of a failed try of the same task
+    and run are its own, so the scheduler's retry may replace them."""
+    flag = tmp_path / "fail-once"
+    flag.write_text("x")
+    tickets = write_tickets(tmp_path / "input", rows=300, files=3, fail_once_flag=flag)
+    out = tmp_path / "out"
+    state, tasks, _ = run_dag("bi_test_error_mode_retry", input=str(tickets), out=str(out))
+    assert state == "success", tasks
+    assert tasks["infer"] == ("success", 2)
+    manifest = read_valid_manifest(str(out))
+    assert manifest["counts"]["output_rows"] == 300
+    assert _part_files(out) == sorted(f["name"] for f in manifest["files"])
+    # a second run (another run_id) against the committed directory is refused and changes nothing
+    before = _snapshot(out)
+    state, _, _ = run_dag("bi_test_error_mode_retry", input=str(tickets), out=str(out))
+    assert state == "failed" and _snapshot(out) == before
+
+
 def attempt_of(part_name: str) -> str:
     return part_name.rsplit("-", 1)[1].removesuffix(".parquet")
 
@@ -158,7 +177,7 @@ def test_sql_input_is_materialized_in_chunks(batchinfer_home, text_length_model,
     with sqlite3.connect(db) as conn:
         conn.execute("CREATE TABLE tickets (id INTEGER PRIMARY KEY, body TEXT)")
         conn.executemany("INSERT INTO tickets VALUES (?, ?)", [(i, f"ticket number {i}") for i in range(1000)])
-    monkeypatch.setenv("AIRFLOW_CONN_BI_TEST_SQLITE", f"sqlite:///{db}")
+    monkeypatch.setenv("AIRFLOW_CONN_BI_TEST_SQLITE", json.dumps({"conn_type": "sqlite", "host": str(db)}))
     out = tmp_path / "out"
     state, tasks, _ = run_dag("bi_test_sql_input", out=str(out))
     assert state == "success", tasks

@@ -171,7 +171,7 @@ class BatchInferenceOperator(BaseOperator):
         self._apply_save_mode(run_dir, owner)
         attempt = new_attempt_id(owner["try_number"])
         if input_locations is None:
-            input_locations = [self._materialize_sql(run_dir.child(INPUT_DIR))]
+            input_locations = [run_dir.child(INPUT_DIR).location]
         job_id = f"batchinfer-{sanitize_run_key(owner['dag_id'])}-{sanitize_run_key(owner['task_id'])}-{attempt}"
         spec = {
             "format": JOB_FORMAT,
@@ -187,8 +187,12 @@ class BatchInferenceOperator(BaseOperator):
             "airflow": owner,
             "ray": {"address": self.hook.config.ray_address},
         }
+        # claim the directory before anything else is written into it, so a retry recognizes
+        # whatever this attempt leaves behind as its own
         run_dir.child(JOB_SPEC_FILE).write_json(spec)
         self.log.info("Job %s: spec at %s", job_id, run_dir.child(JOB_SPEC_FILE).location)
+        if self.sql is not None:
+            self._materialize_sql(run_dir.child(INPUT_DIR))
 
         self._launcher = self.hook.get_launcher()
         try:
@@ -218,12 +222,20 @@ class BatchInferenceOperator(BaseOperator):
                 f"{owner['dag_id']}.{owner['task_id']}; two tasks must not share a run directory: give this task its "
                 "own stage_location / base_stage_location"
             )
-        if self.save_mode is SaveMode.ERROR:
+        retry_leftovers = (
+            recorded is not None
+            and SUCCESS_MARKER not in names
+            and (recorded.get("run_id"), recorded.get("map_index")) == (owner["run_id"], owner["map_index"])
+        )
+        if self.save_mode is SaveMode.ERROR and not retry_leftovers:
             raise AirflowFailException(
                 f"run directory {run_dir.location} is not empty ({len(files)} file(s): {sample}) and the save mode is "
                 "SaveMode.ERROR; nothing was changed. Use OutputSpec(mode=SaveMode.OVERWRITE) to replace it (retries "
                 "and backfill re-runs), or write to another location"
             )
+        if retry_leftovers and self.save_mode is SaveMode.ERROR:
+            self.log.info("Removing the uncommitted files of an earlier try (try %s) of this task and run",
+                          recorded.get("try_number"))
         if recorded is None:
             raise AirflowFailException(
                 f"run directory {run_dir.location} holds {len(files)} file(s) ({sample}) that no batchinfer task wrote "

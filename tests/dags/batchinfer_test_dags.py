@@ -29,6 +29,7 @@ def _inference_dag(dag_id: str, mode: SaveMode, retries: int = 0) -> DAG:
 
 bi_test_error_mode = _inference_dag("bi_test_error_mode", SaveMode.ERROR)
 bi_test_overwrite_retry = _inference_dag("bi_test_overwrite_retry", SaveMode.OVERWRITE, retries=1)
+bi_test_error_mode_retry = _inference_dag("bi_test_error_mode_retry", SaveMode.ERROR, retries=1)
 
 with DAG("bi_test_sql_input", schedule=None, start_date=START, params={"out": ""}, catchup=False) as bi_test_sql_input:
     BatchInferenceOperator(

@@ -1,0 +1,28 @@
+# Two entry points for a fresh machine with Python 3.11: `make demo` and `make test`.
+# Each sets up its own virtualenv. torch is pinned to the CPU build on purpose: an unpinned
+# torch pulls a multi-GB CUDA build. GPU machines add the [llm]/CUDA stack themselves.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PIP    := $(VENV)/bin/python -m pip
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test test-fast clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH)" -e ".[examples,test]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/python scripts/demo.py
+
+test: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -q -ra
+
+test-fast: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -q -ra -m "not slow"
+
+clean:
+	rm -rf $(VENV) .airflow .batchinfer
