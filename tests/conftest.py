@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -57,21 +59,37 @@ def airflow_db():
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One real local Ray cluster for the session; jobs attach through RAY_ADDRESS."""
+    """One real local Ray cluster (``ray start --head --block``) for the session; jobs attach to it
+    through RAY_ADDRESS. It runs in its own process group and only that group is stopped, so a
+    Ray started by anything else on the machine is left alone."""
     port = _free_port()
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = dict(os.environ, RAY_AUTH_MODE="token")
-    subprocess.run(
-        [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+    log = open(_HOME / "ray-head.log", "w")
+    head = subprocess.Popen(
+        [ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
          "--disable-usage-stats", f"--ray-client-server-port={_free_port()}"],
-        check=True, capture_output=True, env=env,
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
+    deadline = time.monotonic() + 90
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        if head.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"ray start --head did not come up; see {_HOME / 'ray-head.log'}")
+        time.sleep(0.5)
     address = f"127.0.0.1:{port}"
     os.environ["RAY_ADDRESS"] = address
     os.environ["RAY_AUTH_MODE"] = "token"
     yield address
-    subprocess.run([ray_bin, "stop", "--force"], capture_output=True, env=env)
     os.environ.pop("RAY_ADDRESS", None)
+    os.killpg(head.pid, signal.SIGTERM)
+    try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(head.pid, signal.SIGKILL)
+    log.close()
 
 
 @pytest.fixture
