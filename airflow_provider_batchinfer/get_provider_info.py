@@ -36,18 +36,22 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "triggers": [
             {"integration-name": "Batch Inference",
-             "python-modules": ["airflow_provider_batchinfer.triggers.success_marker"]}
+             "python-modules": ["airflow_provider_batchinfer.triggers.success_marker",
+                                "airflow_provider_batchinfer.triggers.ray_job"]}
         ],
+        "extra-links": ["airflow_provider_batchinfer.links.ray_dashboard.RayJobLink"],
         "connection-types": [
             {
                 "hook-class-name": "airflow_provider_batchinfer.hooks.model_service.ModelServiceHook",
                 "hook-name": "Batch Inference Model Service",
                 "connection-type": "batchinfer",
                 "ui-field-behaviour": {
-                    "hidden-fields": ["schema", "port", "login", "password"],
-                    "relabeling": {"host": "Ray address (empty: local Ray on the worker)"},
+                    "hidden-fields": ["schema", "port", "login"],
+                    "relabeling": {"host": "Ray address", "password": "Ray auth token"},
                     "placeholders": {
-                        "host": "leave empty for the embedded local launcher, or ray://head:10001 / auto",
+                        "host": "local launcher: empty (a local Ray per job) or 127.0.0.1:6379; "
+                        "ray_jobs: the dashboard, e.g. http://ray-head:8265",
+                        "password": "token of a Ray cluster with token auth (ray get-auth-token)",
                         "extra": '{"stage_root": "/data/batchinfer/stage", "registry_root": "/data/batchinfer/registry"}',
                     },
                 },
@@ -64,8 +68,19 @@ def get_provider_info() -> dict[str, Any]:
                     },
                     "launcher": {
                         "label": "Launcher",
-                        "description": "'local' runs the job as a subprocess of the task with a local or attached Ray.",
-                        "schema": {"type": ["string", "null"], "enum": ["local", None], "default": "local"},
+                        "description": "'local' runs the job as a subprocess of the task with a local or attached Ray; "
+                        "'ray_jobs' submits it to the Ray Jobs API at the host address.",
+                        "schema": {"type": ["string", "null"], "enum": ["local", "ray_jobs", None], "default": "local"},
+                    },
+                    "runtime_env": {
+                        "label": "Ray runtime_env (ray_jobs)",
+                        "description": "Defaults for submitted jobs, e.g. {\"pip\": [...]} or {\"image_uri\": ...}.",
+                        "schema": {"type": ["object", "null"]},
+                    },
+                    "python": {
+                        "label": "Python on the cluster (ray_jobs)",
+                        "description": "Interpreter that runs the runtime entrypoint on the head node.",
+                        "schema": {"type": ["string", "null"], "default": "python"},
                     },
                 },
             }

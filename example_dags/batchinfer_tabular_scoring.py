@@ -97,6 +97,7 @@ def batchinfer_tabular_scoring():
         input_spec=InputSpec(passthrough_columns=["customer_id"]),
         output_spec=OutputSpec(base_stage_location="scores/churn", mode=SaveMode.OVERWRITE),
         job_spec=JobSpec(replicas=1, max_batch_rows=4096),
+        deferrable=True,  # with the ray_jobs launcher the wait happens in the triggerer
     )
 
     ready = SuccessMarkerSensor(

@@ -96,6 +96,7 @@ def batchinfer_ticket_embeddings():
         input_spec=InputSpec(columns=["ticket_id", "text"], params={"batch_size": 64, "normalize_embeddings": True}),
         output_spec=OutputSpec(base_stage_location="embeddings/tickets", mode=SaveMode.OVERWRITE),
         job_spec=JobSpec(replicas=1, max_batch_rows=512),
+        deferrable=True,  # with the ray_jobs launcher the wait happens in the triggerer
     )
 
     ready = SuccessMarkerSensor(

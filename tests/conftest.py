@@ -59,30 +59,33 @@ def airflow_db():
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One real local Ray cluster (``ray start --head --block``) for the session; jobs attach to it
-    through RAY_ADDRESS. It runs in its own process group and only that group is stopped, so a
+    """One real local Ray cluster (``ray start --head --block``, dashboard and Jobs API on 127.0.0.1)
+    for the session; local-launcher jobs attach to it through RAY_ADDRESS, ray_jobs submit to it. It runs in its own process group and only that group is stopped, so a
     Ray started by anything else on the machine is left alone."""
-    port = _free_port()
+    port, dashboard_port = _free_port(), _free_port()
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = dict(os.environ, RAY_AUTH_MODE="token")
     log = open(_HOME / "ray-head.log", "w")
     head = subprocess.Popen(
-        [ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-         "--disable-usage-stats", f"--ray-client-server-port={_free_port()}"],
+        [ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--disable-usage-stats",
+         f"--ray-client-server-port={_free_port()}"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
-    deadline = time.monotonic() + 90
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        if head.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"ray start --head did not come up; see {_HOME / 'ray-head.log'}")
-        time.sleep(0.5)
+    deadline = time.monotonic() + 120
+    for wait_port in (port, dashboard_port):
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", wait_port)) == 0:
+                    break
+            if head.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray start --head did not come up; see {_HOME / 'ray-head.log'}")
+            time.sleep(0.5)
     address = f"127.0.0.1:{port}"
     os.environ["RAY_ADDRESS"] = address
     os.environ["RAY_AUTH_MODE"] = "token"
-    yield address
+    yield {"address": address, "dashboard": f"http://127.0.0.1:{dashboard_port}",
+           "token": (Path.home() / ".ray" / "auth_token").read_text().strip()}
     os.environ.pop("RAY_ADDRESS", None)
     os.killpg(head.pid, signal.SIGTERM)
     try:

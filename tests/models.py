@@ -26,6 +26,16 @@ class TextLength:
         return {"length": batch["text"].str.len().to_numpy()}
 
 
+class SlowLength(TextLength):
+    """TextLength at a fixed pace (0.5 s a batch), so a test can act while its job runs."""
+
+    def predict(self, batch):
+        import time
+
+        time.sleep(0.5)
+        return super().predict(batch)
+
+
 def write_tickets(directory: Path, rows: int = 500, files: int = 4, bad_row: int | None = None,
                   fail_once_flag: Path | None = None) -> Path:
     import pyarrow as pa

@@ -23,7 +23,8 @@ def test_connection_type_and_form_fields_are_registered(airflow_db):
     widgets = pm.connection_form_widgets
     for field in ("stage_root", "registry_root", "launcher"):
         assert f"extra__batchinfer__{field}" in widgets
-    assert "password" in pm.field_behaviours["batchinfer"]["hidden_fields"]
+    assert "login" in pm.field_behaviours["batchinfer"]["hidden_fields"]
+    assert pm.field_behaviours["batchinfer"]["relabeling"]["password"] == "Ray auth token"
 
 
 def test_hook_uses_embedded_default_without_a_connection_and_tests_it(airflow_db, batchinfer_home):

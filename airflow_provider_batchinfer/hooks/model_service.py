@@ -8,20 +8,21 @@ DAG runs with zero set-up.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_batchinfer.launchers.local import LocalLauncher
+from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher
 from airflow_provider_batchinfer.registry import ModelRegistry, ModelVersion, verify_local_copy
 from airflow_provider_batchinfer.stage import Stage, resolve_location
 
-LAUNCHERS = ("local",)
+LAUNCHERS = ("local", "ray_jobs")
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,13 @@ class ServiceConfig:
     registry_root: str
     launcher: str = "local"
     ray_address: str | None = None
+    runtime_env: dict[str, Any] | None = None
+    python: str = "python"
 
     def to_dict(self) -> dict[str, Any]:
         return {"stage_root": self.stage_root, "registry_root": self.registry_root,
-                "launcher": self.launcher, "ray_address": self.ray_address}
+                "launcher": self.launcher, "ray_address": self.ray_address,
+                "runtime_env": self.runtime_env, "python": self.python}
 
 
 def embedded_home() -> str:
@@ -81,11 +85,24 @@ class ModelServiceHook(BaseHook):
             raise ValueError(
                 f"connection {self.model_service_conn_id!r}: launcher {launcher!r} is not available; use one of {LAUNCHERS}"
             )
+        address = conn.host or extra.get("ray_address") or None
+        if launcher == "ray_jobs" and not address:
+            raise ValueError(
+                f"connection {self.model_service_conn_id!r}: the ray_jobs launcher needs the Ray dashboard address "
+                "in the host field, e.g. http://ray-head:8265"
+            )
+        if launcher == "ray_jobs" and "://" not in address:
+            address = f"http://{address}"
+        runtime_env = extra.get("runtime_env")
+        if isinstance(runtime_env, str):
+            runtime_env = json.loads(runtime_env) if runtime_env.strip() else None
         return ServiceConfig(
             stage_root=str(extra.get("stage_root") or os.path.join(home, "stage")),
             registry_root=str(extra.get("registry_root") or os.path.join(home, "registry")),
             launcher=launcher,
-            ray_address=conn.host or extra.get("ray_address") or None,
+            ray_address=address,
+            runtime_env=runtime_env,
+            python=str(extra.get("python") or "python"),
         )
 
     @cached_property
@@ -111,8 +128,30 @@ class ModelServiceHook(BaseHook):
     def resolve_location(self, location: str) -> str:
         return resolve_location(location, self.config.stage_root)
 
-    def get_launcher(self) -> LocalLauncher:
+    def get_launcher(self) -> LocalLauncher | RayJobsLauncher:
+        if self.config.launcher == "ray_jobs":
+            return self.get_ray_jobs_launcher()
         return LocalLauncher(ray_address=self.config.ray_address)
+
+    def get_ray_jobs_launcher(self) -> RayJobsLauncher:
+        """The Jobs API client for this connection. The token (the connection's password) goes into
+        the request headers only; it never reaches the job spec, the logs or XCom."""
+        return RayJobsLauncher(
+            address=self.config.ray_address or "",
+            headers=self._ray_headers(),
+            runtime_env=self.config.runtime_env,
+            python=self.config.python,
+        )
+
+    def _ray_headers(self) -> dict[str, str]:
+        try:
+            conn = self.get_connection(self.model_service_conn_id)
+        except AirflowNotFoundException:
+            return {}
+        headers = dict(conn.extra_dejson.get("headers") or {})
+        if conn.password:
+            headers["Authorization"] = f"Bearer {conn.password}"
+        return headers
 
     def test_connection(self) -> tuple[bool, str]:
         """Used by the UI's Test button: the stage and registry roots must be reachable and writable."""
@@ -129,14 +168,8 @@ class ModelServiceHook(BaseHook):
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         return {
-            "hidden_fields": ["schema", "port", "login", "password"],
-            "relabeling": {"host": "Ray address (empty: local Ray per job)"},
-            "placeholders": {"host": "empty, auto, or 127.0.0.1:6379"},
+            "hidden_fields": ["schema", "port", "login"],
+            "relabeling": {"host": "Ray address", "password": "Ray auth token"},
+            "placeholders": {"host": "local: empty or 127.0.0.1:6379; ray_jobs: http://ray-head:8265"},
         }
 
-
-def local_path(location: str) -> Path | None:
-    """The local path of a location, or None for an object-store URI."""
-    if "://" in location and not location.startswith("file://"):
-        return None
-    return Path(location.removeprefix("file://"))

@@ -12,19 +12,24 @@ The flow is the commit protocol, in an order that never loses or half-commits da
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from contextlib import closing
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
 from airflow_provider_batchinfer.launchers.local import LaunchError
+from airflow_provider_batchinfer.launchers.ray_jobs import TERMINAL, RayJobsError, RayJobsLauncher, submission_id_for
+from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
+from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
 from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.runtime.io import InputError, list_input_files
-from airflow_provider_batchinfer.runtime.job import JOB_FORMAT
+from airflow_provider_batchinfer.runtime.job import ERROR_PREFIX, JOB_FORMAT
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
 from airflow_provider_batchinfer.stage import (
     INPUT_DIR,
@@ -54,6 +59,11 @@ class BatchInferenceOperator(BaseOperator):
     :param output_spec: ``stage_location`` or ``base_stage_location`` and the ``SaveMode``.
     :param job_spec: replicas, CPUs/GPUs per replica, batch size.
     :param model_service_conn_id: the ``batchinfer`` connection (absent: the embedded default).
+    :param deferrable: with the ``ray_jobs`` launcher, submit and then wait in the triggerer instead
+        of a worker slot. The ``local`` launcher runs the job inside the task, so it always waits
+        in the worker.
+    :param poll_interval: seconds between job status checks (``ray_jobs``).
+    :param job_timeout: seconds the job may run; past it the job is stopped and the task fails.
 
     Returns (and pushes as separate XCom keys) ``output_location``, ``manifest_location``,
     ``rows``, ``input_rows``, ``error_rows``, ``files``, ``model``, ``model_version``, ``sha256``,
@@ -72,6 +82,7 @@ class BatchInferenceOperator(BaseOperator):
     )
     template_fields_renderers = {"sql": "sql"}
     ui_color = "#e8d9ff"
+    operator_extra_links = (RayJobLink(),)
 
     def __init__(
         self,
@@ -86,6 +97,9 @@ class BatchInferenceOperator(BaseOperator):
         job_spec: JobSpec | None = None,
         model_service_conn_id: str = ModelServiceHook.default_conn_name,
         materialize_chunk_rows: int = 100_000,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        poll_interval: float = 10.0,
+        job_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("multiple_outputs", True)
@@ -104,6 +118,10 @@ class BatchInferenceOperator(BaseOperator):
             raise SpecError(f"{kwargs.get('task_id')}: job_spec must be a JobSpec, got {type(job_spec).__name__}")
         if materialize_chunk_rows < 1:
             raise SpecError("materialize_chunk_rows must be >= 1")
+        if poll_interval <= 0:
+            raise SpecError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+        if job_timeout is not None and job_timeout <= 0:
+            raise SpecError(f"job_timeout must be > 0 seconds, got {job_timeout!r}")
         self.model = model
         self.version = version
         self.input = input
@@ -117,7 +135,11 @@ class BatchInferenceOperator(BaseOperator):
         self.job_spec = job_spec or JobSpec()
         self.model_service_conn_id = model_service_conn_id
         self.materialize_chunk_rows = materialize_chunk_rows
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.job_timeout = job_timeout
         self._launcher = None
+        self._submission_id: str | None = None
 
     @cached_property
     def hook(self) -> ModelServiceHook:
@@ -159,6 +181,20 @@ class BatchInferenceOperator(BaseOperator):
         run_dir = Stage.open(location)
         self.log.info("Model %s/%s (%s, sha256 %s) -> run directory %s [%s]", mv.name, mv.version, mv.flavor,
                       mv.sha256[:12], location, self.save_mode.name)
+        if self.hook.config.launcher == "ray_jobs":
+            return self._execute_ray_job(context, owner, mv, run_dir)
+        spec = self._prepare(owner, mv, run_dir)
+        self._launcher = self.hook.get_launcher()
+        try:
+            self._launcher.run(run_dir.child(JOB_SPEC_FILE).location, self.log)
+        except LaunchError as exc:
+            raise AirflowException(f"batch inference job {spec['job_id']} failed: {exc}") from exc
+        finally:
+            self._launcher = None
+        return self._finalize(run_dir.location, spec["attempt"])
+
+    def _prepare(self, owner: dict[str, Any], mv: Any, run_dir: Stage, **extra: Any) -> dict[str, Any]:
+        """Everything before the launch: input check, save mode, the job spec, SQL materialization."""
         input_locations = None
         if self.input is not None:
             raw = [self.input] if isinstance(self.input, str) else list(self.input)
@@ -173,19 +209,22 @@ class BatchInferenceOperator(BaseOperator):
         if input_locations is None:
             input_locations = [run_dir.child(INPUT_DIR).location]
         job_id = f"batchinfer-{sanitize_run_key(owner['dag_id'])}-{sanitize_run_key(owner['task_id'])}-{attempt}"
+        local = self.hook.config.launcher == "local"
         spec = {
             "format": JOB_FORMAT,
             "job_id": job_id,
             "attempt": attempt,
             "launcher": self.hook.config.launcher,
-            "run_dir": location,
+            "run_dir": run_dir.location,
             "input": {"locations": input_locations},
             "input_spec": self.input_spec.to_dict(),
             "job_spec": self.job_spec.to_dict(),
             "model": mv.to_dict(),
             "registry_root": self.hook.config.registry_root,
             "airflow": owner,
-            "ray": {"address": self.hook.config.ray_address},
+            # a Jobs API driver finds its cluster by itself; only the local launcher attaches
+            "ray": {"address": self.hook.config.ray_address if local else None},
+            **extra,
         }
         # claim the directory before anything else is written into it, so a retry recognizes
         # whatever this attempt leaves behind as its own
@@ -193,15 +232,101 @@ class BatchInferenceOperator(BaseOperator):
         self.log.info("Job %s: spec at %s", job_id, run_dir.child(JOB_SPEC_FILE).location)
         if self.sql is not None:
             self._materialize_sql(run_dir.child(INPUT_DIR))
+        return spec
 
-        self._launcher = self.hook.get_launcher()
+    # --- ray_jobs: submit (or re-attach), then wait in the worker or defer -------------------------
+    def _execute_ray_job(self, context: Context, owner: dict[str, Any], mv: Any, run_dir: Stage) -> dict[str, Any]:
+        launcher = self.hook.get_ray_jobs_launcher()
+        submission_id = submission_id_for(owner["dag_id"], owner["task_id"], owner["run_id"], owner["map_index"],
+                                          owner["try_number"])
         try:
-            self._launcher.run(run_dir.child(JOB_SPEC_FILE).location, self.log)
-        except LaunchError as exc:
-            raise AirflowException(f"batch inference job {job_id} failed: {exc}") from exc
-        finally:
-            self._launcher = None
-        return self._finalize(location, attempt)
+            existing = launcher.find(submission_id)
+            if existing is not None and run_dir.child(JOB_SPEC_FILE).exists():
+                attempt = run_dir.child(JOB_SPEC_FILE).read_json()["attempt"]
+                self.log.info("Re-attaching to Ray job %s (%s) instead of submitting it again", submission_id,
+                              existing["status"])
+            else:
+                self._stop_earlier_tries(launcher, owner)
+                spec = self._prepare(owner, mv, run_dir, submission_id=submission_id)
+                attempt = spec["attempt"]
+                launcher.submit(
+                    run_dir.child(JOB_SPEC_FILE).location,
+                    submission_id,
+                    metadata={"dag_id": owner["dag_id"], "task_id": owner["task_id"], "run_id": owner["run_id"],
+                              "try_number": str(owner["try_number"])},
+                )
+                self.log.info("Submitted Ray job %s", submission_id)
+        except RayJobsError as exc:
+            raise AirflowException(str(exc)) from exc
+        url = f"{launcher.dashboard_url}/#/jobs/{submission_id}"
+        self.log.info("Ray job %s: driver log with `ray job logs %s --address %s`, dashboard %s",
+                      submission_id, submission_id, launcher.dashboard_url, url)
+        context["ti"].xcom_push(key=RAY_JOB_URL_KEY, value=url)
+        self._submission_id = submission_id
+        status = launcher.status(submission_id)
+        if status in TERMINAL:
+            return self._finish_ray_job(launcher, submission_id, status, run_dir.location, attempt)
+        if self.deferrable:
+            from airflow_provider_batchinfer.triggers.ray_job import RayJobTrigger
+
+            deadline = None if self.job_timeout is None else time.time() + self.job_timeout
+            self.defer(
+                trigger=RayJobTrigger(submission_id=submission_id, model_service_conn_id=self.model_service_conn_id,
+                                      poll_interval=self.poll_interval, deadline=deadline),
+                method_name="execute_complete",
+                # a backstop only: the trigger's own deadline stops the job first
+                timeout=None if self.job_timeout is None else self.job_timeout + 10 * self.poll_interval + 60,
+            )
+        status = launcher.wait(submission_id, lambda line: self.log.info("%s", line), self.poll_interval,
+                               self.job_timeout)
+        return self._finish_ray_job(launcher, submission_id, status, run_dir.location, attempt, streamed=True)
+
+    def _stop_earlier_tries(self, launcher: RayJobsLauncher, owner: dict[str, Any]) -> None:
+        """A retry must not race a job of an earlier try still writing into the same directory."""
+        for earlier in range(1, int(owner["try_number"])):
+            sid = submission_id_for(owner["dag_id"], owner["task_id"], owner["run_id"], owner["map_index"], earlier)
+            info = launcher.find(sid)
+            if info is not None and info["status"] not in TERMINAL:
+                self.log.warning("Stopping Ray job %s of try %d, still %s", sid, earlier, info["status"])
+                launcher.stop(sid)
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
+        if not event or "status" not in event or "submission_id" not in event:
+            raise AirflowException(f"unexpected trigger event: {event!r}")
+        launcher = self.hook.get_ray_jobs_launcher()
+        if event["status"] == "ERROR":
+            raise AirflowException(f"watching Ray job {event['submission_id']} failed: {event.get('message')}")
+        # the run directory and its _job.json are the record of this attempt; nothing else has to
+        # survive the trip through the triggerer
+        location = self.resolve_run_directory(context)
+        attempt = Stage.open(location).child(JOB_SPEC_FILE).read_json()["attempt"]
+        return self._finish_ray_job(launcher, event["submission_id"], event["status"], location, attempt)
+
+    def _finish_ray_job(self, launcher: RayJobsLauncher, submission_id: str, status: str, location: str,
+                        attempt: str, streamed: bool = False) -> dict[str, Any]:
+        logs = ""
+        try:
+            logs = launcher.logs(submission_id)
+        except Exception as exc:  # the verdict does not depend on the log
+            self.log.warning("Could not fetch the driver log of %s: %s", submission_id, exc)
+        if not streamed:
+            for line in logs.splitlines():
+                self.log.info("%s", line)
+        if status == "SUCCEEDED":
+            return self._finalize(location, attempt)
+        error = next((line[len(ERROR_PREFIX):] for line in reversed(logs.splitlines()) if line.startswith(ERROR_PREFIX)), None)
+        if error:
+            import json
+
+            error = json.loads(error)["error"]
+        if status == "TIMEOUT":
+            raise AirflowException(f"Ray job {submission_id} ran past job_timeout={self.job_timeout}s and was stopped; "
+                                   "nothing was committed")
+        tail = "\n".join(logs.splitlines()[-20:])
+        raise AirflowException(
+            f"Ray job {submission_id} ended {status}: {error or 'no error line in the driver log; last lines:'}"
+            + ("" if error else f"\n{tail}")
+        )
 
     def _apply_save_mode(self, run_dir: Stage, owner: dict[str, Any]) -> None:
         files = run_dir.list_files()
@@ -326,3 +451,6 @@ class BatchInferenceOperator(BaseOperator):
         if self._launcher is not None:
             self.log.info("Stopping the batch inference job")
             self._launcher.kill()
+        if self._submission_id is not None:
+            stopped = self.hook.get_ray_jobs_launcher().stop(self._submission_id)
+            self.log.info("Stopped Ray job %s: %s", self._submission_id, stopped)

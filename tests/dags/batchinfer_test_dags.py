@@ -13,7 +13,7 @@ START = pendulum.datetime(2026, 1, 1, tz="UTC")
 PARAMS = {"input": "", "out": "", "model": "text_length", "version": "v1"}
 
 
-def _inference_dag(dag_id: str, mode: SaveMode, retries: int = 0) -> DAG:
+def _inference_dag(dag_id: str, mode: SaveMode, retries: int = 0, **operator_kwargs) -> DAG:
     with DAG(dag_id, schedule=None, start_date=START, params=dict(PARAMS), catchup=False,
              default_args={"retries": retries, "retry_delay": timedelta(seconds=0)}) as dag:
         BatchInferenceOperator(
@@ -23,6 +23,7 @@ def _inference_dag(dag_id: str, mode: SaveMode, retries: int = 0) -> DAG:
             input="{{ params.input }}",
             output_spec=OutputSpec(stage_location="{{ params.out }}", mode=mode),
             job_spec=JobSpec(max_batch_rows=100, progress_interval_s=2),
+            **operator_kwargs,
         )
     return dag
 
@@ -30,6 +31,8 @@ def _inference_dag(dag_id: str, mode: SaveMode, retries: int = 0) -> DAG:
 bi_test_error_mode = _inference_dag("bi_test_error_mode", SaveMode.ERROR)
 bi_test_overwrite_retry = _inference_dag("bi_test_overwrite_retry", SaveMode.OVERWRITE, retries=1)
 bi_test_error_mode_retry = _inference_dag("bi_test_error_mode_retry", SaveMode.ERROR, retries=1)
+bi_test_ray_jobs_timeout = _inference_dag("bi_test_ray_jobs_timeout", SaveMode.ERROR, deferrable=True,
+                                          poll_interval=1, job_timeout=4)
 
 with DAG("bi_test_sql_input", schedule=None, start_date=START, params={"out": ""}, catchup=False) as bi_test_sql_input:
     BatchInferenceOperator(

@@ -1,0 +1,182 @@
+"""The ray_jobs launcher against a real `ray start --head` cluster's Jobs API (on 127.0.0.1, with
+token auth): deferrable runs, re-attach, kill, failure, deferral timeout, unreachable cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher, submission_id_for
+from airflow_provider_batchinfer.stage import SUCCESS_MARKER, read_valid_manifest, sanitize_run_key
+from tests.conftest import run_dag, xcom_value
+from tests.models import SlowLength, write_tickets
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_db")]
+
+
+@pytest.fixture
+def ray_jobs_conn(ray_cluster, batchinfer_home, monkeypatch):
+    conn = {
+        "conn_type": "batchinfer",
+        "host": ray_cluster["dashboard"],
+        "password": ray_cluster["token"],
+        "extra": {"launcher": "ray_jobs", "python": sys.executable,
+                  "stage_root": str(batchinfer_home / "stage"), "registry_root": str(batchinfer_home / "registry")},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps(conn))
+    return conn
+
+
+@pytest.fixture
+def launcher(ray_cluster):
+    return RayJobsLauncher(ray_cluster["dashboard"], headers={"Authorization": f"Bearer {ray_cluster['token']}"})
+
+
+@pytest.fixture
+def slow_model(registry):
+    return registry.log_model("slow_length", "v1", "python", python_class=SlowLength,
+                              signature={"inputs": {"text": "string"}, "outputs": {"length": "int64"}})
+
+
+@dataclass
+class TaskInstanceStandIn:
+    """What the operator reads from ``context["ti"]`` when it is driven outside a scheduler."""
+
+    dag_id: str = "bi_direct"
+    task_id: str = "infer"
+    run_id: str = "manual__2026-11-23T00:00:00+00:00"
+    try_number: int = 1
+    map_index: int = -1
+    xcoms: dict = field(default_factory=dict)
+
+    def xcom_push(self, key, value):
+        self.xcoms[key] = value
+
+
+def _operator(tmp_path, rows=1000, **kwargs):
+    from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec
+
+    tickets = write_tickets(tmp_path / "input", rows=rows, files=2, bad_row=kwargs.pop("bad_row", None))
+    return BatchInferenceOperator(
+        task_id="infer", model=kwargs.pop("model", "slow_length"), version="v1", input=str(tickets),
+        output_spec=OutputSpec(stage_location=str(tmp_path / "out")), job_spec=JobSpec(max_batch_rows=50),
+        poll_interval=0.5, **kwargs,
+    )
+
+
+def _wait_for_status(launcher, sid, wanted=("RUNNING",), timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = launcher.find(sid)
+        if info and info["status"] in wanted:
+            return info["status"]
+        time.sleep(0.5)
+    raise AssertionError(f"job {sid} never reached {wanted}: {launcher.find(sid)}")
+
+
+def test_example_dag_runs_through_the_jobs_api_deferrable(ray_jobs_conn, launcher, batchinfer_home):
+    state, tasks, run_id = run_dag("batchinfer_tabular_scoring", num_customers=2000)
+    assert state == "success", tasks
+    run_dir = batchinfer_home / "stage" / "scores" / "churn" / sanitize_run_key(run_id)
+    manifest = read_valid_manifest(str(run_dir))
+    assert manifest["counts"]["output_rows"] == 2000 and manifest["job"]["launcher"] == "ray_jobs"
+    sid = submission_id_for("batchinfer_tabular_scoring", "score_customers", run_id, -1, 1)
+    assert launcher.find(sid)["status"] == "SUCCEEDED"
+    url = xcom_value("batchinfer_tabular_scoring", run_id, "score_customers", key="ray_job_url")
+    assert url.endswith(f"/#/jobs/{sid}")
+    job_spec = (run_dir / "_job.json").read_text()
+    assert ray_jobs_conn["password"] not in job_spec  # the token never reaches the spec
+
+
+def test_a_restarted_task_reattaches_instead_of_submitting_twice(ray_jobs_conn, launcher, slow_model, tmp_path):
+    ti = TaskInstanceStandIn(run_id="manual__reattach")
+    sid = submission_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number)
+    results = {}
+    first = threading.Thread(target=lambda: results.setdefault("first", _operator(tmp_path).execute({"ti": ti})))
+    first.start()
+    _wait_for_status(launcher, sid)
+    second = _operator(tmp_path).execute({"ti": ti})  # the "restarted" task: same dag/task/run/try
+    first.join(timeout=120)
+    assert results["first"]["attempt"] == second["attempt"] and second["rows"] == 1000
+    ours = [j for j in launcher.client().list_jobs() if (j.metadata or {}).get("run_id") == ti.run_id]
+    assert len(ours) == 1 and ours[0].submission_id == sid
+
+
+def test_killing_the_task_stops_the_job(ray_jobs_conn, launcher, slow_model, tmp_path):
+    from airflow.sdk.exceptions import AirflowException
+
+    ti = TaskInstanceStandIn(run_id="manual__kill")
+    sid = submission_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number)
+    op = _operator(tmp_path, rows=2000)
+    errors = []
+
+    def run():
+        try:
+            op.execute({"ti": ti})
+        except AirflowException as exc:
+            errors.append(str(exc))
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    _wait_for_status(launcher, sid)
+    op.on_kill()
+    worker.join(timeout=120)
+    assert _wait_for_status(launcher, sid, ("STOPPED",)) == "STOPPED"
+    assert errors and "ended STOPPED" in errors[0]
+    assert not (tmp_path / "out" / SUCCESS_MARKER).exists()
+
+
+def test_the_trigger_on_kill_stops_the_job(ray_jobs_conn, launcher, slow_model, tmp_path):
+    from airflow_provider_batchinfer.triggers.ray_job import RayJobTrigger
+
+    ti = TaskInstanceStandIn(run_id="manual__trigger_kill")
+    sid = submission_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number)
+    op = _operator(tmp_path, rows=2000, deferrable=True)
+    from airflow.sdk.exceptions import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti})
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, RayJobTrigger) and trigger.serialize()[1]["submission_id"] == sid
+    asyncio.run(trigger.on_kill())
+    assert _wait_for_status(launcher, sid, ("STOPPED",)) == "STOPPED"
+
+
+def test_a_failing_job_reports_its_error_and_writes_no_marker(ray_jobs_conn, launcher, text_length_model, tmp_path):
+    from airflow.sdk.exceptions import AirflowException
+
+    op = _operator(tmp_path, rows=300, model="text_length", bad_row=42)
+    with pytest.raises(AirflowException, match="ended FAILED: ValueError: cannot score text 'boom'"):
+        op.execute({"ti": TaskInstanceStandIn(run_id="manual__fails")})
+    assert not (tmp_path / "out" / SUCCESS_MARKER).exists()
+
+
+def test_deferral_timeout_stops_the_job(ray_jobs_conn, launcher, slow_model, tmp_path):
+    tickets = write_tickets(tmp_path / "input", rows=2000, files=2)
+    out = tmp_path / "out"
+    state, tasks, run_id = run_dag("bi_test_ray_jobs_timeout", input=str(tickets), out=str(out), model="slow_length")
+    assert state == "failed"
+    sid = submission_id_for("bi_test_ray_jobs_timeout", "infer", run_id, -1, 1)
+    assert _wait_for_status(launcher, sid, ("STOPPED",)) == "STOPPED"
+    assert not (out / SUCCESS_MARKER).exists()
+
+
+def test_an_unreachable_cluster_names_its_address(batchinfer_home, text_length_model, tmp_path, monkeypatch):
+    from airflow.sdk.exceptions import AirflowException
+
+    from tests.conftest import _free_port
+
+    address = f"http://127.0.0.1:{_free_port()}"
+    monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps(
+        {"conn_type": "batchinfer", "host": address, "extra": {"launcher": "ray_jobs"}}))
+    op = _operator(tmp_path, rows=10, model="text_length")
+    with pytest.raises(AirflowException, match=f"cannot reach the Ray Jobs API at {address}"):
+        op.execute({"ti": TaskInstanceStandIn(run_id="manual__unreachable")})
+    assert not (tmp_path / "out").exists()
