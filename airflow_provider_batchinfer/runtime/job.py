@@ -313,8 +313,12 @@ def run(spec_location: str) -> dict[str, Any]:
     ray_address = (spec.get("ray") or {}).get("address") or os.environ.get("RAY_ADDRESS")
     init_kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
     if not ray_address:
+        # "local" starts this job's own Ray even when another cluster runs on the machine: with
+        # address=None, ray.init() attaches to the most recent `ray start` cluster it finds in
+        # /tmp/ray, which may belong to someone else (and hangs there if that cluster uses token auth)
+        ray_address = "local"
         init_kwargs["include_dashboard"] = False
-    ray.init(address=ray_address or None, **init_kwargs)
+    ray.init(address=ray_address, **init_kwargs)
     t_ray = time.monotonic()
     try:
         ctx = ray.data.DataContext.get_current()
