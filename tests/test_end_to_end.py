@@ -186,3 +186,16 @@ def test_sql_input_is_materialized_in_chunks(batchinfer_home, text_length_model,
     assert manifest["counts"]["output_rows"] == 1000
     table = pq.read_table([str(out / f["name"]) for f in manifest["files"]]).sort_by("ticket_id")
     assert table.column("length").to_pylist()[:3] == [len("ticket number 0"), len("ticket number 1"), len("ticket number 2")]
+
+
+def test_without_an_address_the_job_starts_its_own_ray_beside_a_running_cluster(
+    batchinfer_home, text_length_model, tickets, tmp_path, monkeypatch, ray_cluster
+):
+    """The embedded default must not attach to another `ray start` cluster on the machine (here the
+    session's, which uses token auth): ray.init(address=None) would, and hang there."""
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    out = tmp_path / "out"
+    state, tasks, _ = run_dag("bi_test_error_mode", input=str(tickets[0]), out=str(out))
+    assert state == "success", tasks
+    assert read_valid_manifest(str(out))["counts"]["output_rows"] == 500
