@@ -1,0 +1,144 @@
+"""Real Airflow services for end-to-end tests: api-server, scheduler, dag-processor and triggerer
+with the LocalExecutor on SQLite, in a temporary AIRFLOW_HOME, all on 127.0.0.1. Driven only
+through public interfaces: the REST API (what the UI calls) and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+
+class AirflowServices:
+    def __init__(self, home: Path, port: int, env: dict[str, str]) -> None:
+        self.home = home
+        self.port = port
+        self.env = env
+        self.base = f"http://127.0.0.1:{port}"
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    # --- life cycle -------------------------------------------------------------------------------------
+    def start(self, timeout: float = 180) -> None:
+        self.cli("db", "migrate")
+        for component in COMPONENTS:
+            args = [component] + (["--port", str(self.port), "--host", "127.0.0.1"] if component == "api-server" else [])
+            log = open(self.home / f"{component}.log", "w")
+            # each in its own process group: stopping the group also stops the executor's workers
+            self.procs[component] = subprocess.Popen(
+                [sys.executable, "-m", "airflow", *args], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"airflow {name} exited: see {self.home / (name + '.log')}")
+            try:
+                if requests.get(f"{self.base}/api/v2/monitor/health", timeout=15).status_code == 200:
+                    return
+            except requests.RequestException:  # not listening yet, or busy starting up
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"the api-server did not answer within {timeout}s")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    # --- public interfaces ------------------------------------------------------------------------------
+    def cli(self, *args: str) -> str:
+        result = subprocess.run([sys.executable, "-m", "airflow", *args], env=self.env, capture_output=True,
+                                text=True, timeout=300)
+        if result.returncode != 0:
+            raise RuntimeError(f"airflow {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result.stdout
+
+    def api(self, method: str, path: str, *, prefix: str = "/api/v2", **kwargs: Any) -> Any:
+        """The public REST API; ``prefix="/ui"`` for the endpoints only the UI's pages call."""
+        response = requests.request(method, f"{self.base}{prefix}{path}", timeout=60, **kwargs)
+        if response.status_code >= 400:
+            raise RuntimeError(f"{method} {path} -> {response.status_code}: {response.text}")
+        return response.json() if response.content else None
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.api("GET", f"/dags/{dag_id}")
+                return
+            except RuntimeError:
+                time.sleep(2)
+        raise RuntimeError(f"dag {dag_id} was not parsed within {timeout}s; see {self.home / 'dag-processor.log'}")
+
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
+        run = self.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf or {}})
+        return run["dag_run_id"]
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 420) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"]
+            if state in ("success", "failed"):
+                return state
+            time.sleep(2)
+        raise RuntimeError(f"{dag_id} {run_id} did not finish within {timeout}s: {self.task_states(dag_id, run_id)}")
+
+    def wait_for_backfills(self, dag_id: str, timeout: float = 120) -> None:
+        """The scheduler closes a backfill a little after its last run ends; only one may be open."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            backfills = self.api("GET", "/backfills", params={"dag_id": dag_id})["backfills"]
+            if all(b.get("completed_at") for b in backfills):
+                return
+            time.sleep(2)
+        raise RuntimeError(f"backfills of {dag_id} still open after {timeout}s")
+
+    def runs(self, dag_id: str) -> list[dict[str, Any]]:
+        return self.api("GET", f"/dags/{dag_id}/dagRuns", params={"limit": 100})["dag_runs"]
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, tuple[str, int]]:
+        tis = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        return {ti["task_id"]: (ti["state"], ti["try_number"]) for ti in tis}
+
+
+def services_env(home: Path, port: int, bundles: list[dict[str, Any]], extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__PARALLELISM": "2",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            # only the runs a test creates (REST triggers, backfills): no scheduled runs competing for slots
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+            "AIRFLOW__API_AUTH__JWT_SECRET": "batchinfer-tests-only",
+            "AIRFLOW__API__SECRET_KEY": "batchinfer-tests-only",
+        }
+    )
+    env.update(extra)
+    return env

@@ -1,0 +1,199 @@
+"""Airflow for real: api-server, scheduler, dag-processor and triggerer (LocalExecutor, SQLite) on
+127.0.0.1, driven only through the REST API and the CLI, as users touch them."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_batchinfer.stage import SUCCESS_MARKER, read_valid_manifest, sanitize_run_key
+from tests.airflow_services import AirflowServices, services_env
+from tests.conftest import REPO, _BUNDLES, _free_port
+from tests.models import SlowLength, TextLength, write_tickets
+
+pytestmark = [pytest.mark.slow, pytest.mark.services]
+TIMINGS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, ray_cluster):
+    """Services plus what they need: a stage + registry with two models, an input, connections."""
+    from airflow_provider_batchinfer.registry import ModelRegistry
+
+    root = tmp_path_factory.mktemp("services")
+    home, bi_home = root / "airflow", root / "batchinfer"
+    home.mkdir()
+    registry = ModelRegistry(str(bi_home / "registry"))
+    sig = {"inputs": {"text": "string"}, "outputs": {"length": "int64"}}
+    registry.log_model("text_length", "v1", "python", python_class=TextLength, signature=sig)
+    registry.log_model("slow_length", "v1", "python", python_class=SlowLength, signature=sig)
+    inputs = write_tickets(root / "input", rows=400, files=2)
+    cluster_conn = {"conn_type": "batchinfer", "host": ray_cluster["dashboard"], "password": ray_cluster["token"],
+                    "extra": {"launcher": "ray_jobs", "python": __import__("sys").executable,
+                              "stage_root": str(bi_home / "stage"), "registry_root": str(bi_home / "registry")}}
+    port = _free_port()
+    env = services_env(home, port, _BUNDLES, {
+        "BATCHINFER_HOME": str(bi_home),
+        "AIRFLOW_VAR_BI_SVC_INPUT": str(inputs),
+        "AIRFLOW_CONN_BATCHINFER_CLUSTER": json.dumps(cluster_conn),
+    })
+    services = AirflowServices(home, port, env)
+    t0 = time.monotonic()
+    services.start()
+    for dag_id in ("batchinfer_ticket_embeddings", "batchinfer_tabular_scoring", "bi_test_overwrite_retry",
+                   "bi_svc_error_daily", "bi_svc_ray_jobs", "bi_svc_sensor_wait"):
+        services.wait_for_dag(dag_id)
+    TIMINGS["start services and parse DAGs"] = time.monotonic() - t0
+    yield {"services": services, "root": root, "stage": bi_home / "stage", "inputs": inputs}
+    services.stop()
+    print("\nscenario wall times:", json.dumps({k: round(v, 1) for k, v in TIMINGS.items()}))
+
+
+def test_the_provider_as_the_ui_sees_it(world):
+    s = world["services"]
+    t0 = time.monotonic()
+    assert "airflow-provider-batchinfer" in s.cli("providers", "list", "-o", "json")
+    cli_errors = [line for line in s.cli("dags", "list-import-errors", "-o", "json").splitlines() if line.strip()][-1]
+    assert json.loads(cli_errors) == []
+    assert s.api("GET", "/importErrors")["total_entries"] == 0
+    meta = {m["connection_type"]: m for m in s.api("GET", "/connections/hook_meta", prefix="/ui")}
+    form = meta["batchinfer"]
+    assert form["hook_name"] == "Batch Inference Model Service"
+    assert {"stage_root", "registry_root", "launcher"} <= set(form["extra_fields"])
+    tested = s.api("POST", "/connections/test", json={
+        "connection_id": "ui_test", "conn_type": "batchinfer",
+        "extra": json.dumps({"stage_root": str(world["root"] / "ui-stage"), "registry_root": str(world["root"] / "ui-reg")})})
+    assert tested["status"] is True, tested
+    TIMINGS["provider, connection form, connection test"] = time.monotonic() - t0
+
+
+def test_rest_trigger_of_the_embeddings_dag(world):
+    s = world["services"]
+    t0 = time.monotonic()
+    run_id = s.trigger("batchinfer_ticket_embeddings", {"num_tickets": 200})
+    assert s.wait_for_run("batchinfer_ticket_embeddings", run_id) == "success", s.task_states("batchinfer_ticket_embeddings", run_id)
+    run_dir = world["stage"] / "embeddings" / "tickets" / sanitize_run_key(run_id)
+    manifest = read_valid_manifest(str(run_dir))
+    assert manifest["counts"] == {"input_rows": 200, "output_rows": 200, "error_rows": 0}
+    assert manifest["airflow"]["run_id"] == run_id
+    TIMINGS["REST trigger, embeddings DAG"] = time.monotonic() - t0
+
+
+def test_backfill_three_dates_then_reprocess(world):
+    s = world["services"]
+    t0 = time.monotonic()
+    dag_id = "batchinfer_tabular_scoring"
+    s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
+          "--dag-run-conf", json.dumps({"num_customers": 1000}))
+    backfill_runs = lambda: sorted(r["dag_run_id"] for r in s.runs(dag_id) if r["run_type"] == "backfill")  # noqa: E731
+    deadline = time.monotonic() + 60
+    while len(backfill_runs()) < 3 and time.monotonic() < deadline:
+        time.sleep(2)
+    runs = backfill_runs()
+    assert len(runs) == 3, runs
+    for run_id in runs:
+        assert s.wait_for_run(dag_id, run_id) == "success", s.task_states(dag_id, run_id)
+    base = world["stage"] / "scores" / "churn"
+    first = {}
+    for run_id in runs:
+        manifest = read_valid_manifest(str(base / sanitize_run_key(run_id)))
+        assert manifest["counts"]["output_rows"] == 1000
+        first[run_id] = manifest["job"]["attempt"]
+    TIMINGS["backfill create, 3 dates"] = time.monotonic() - t0
+    s.wait_for_backfills(dag_id)
+
+    # reprocessing the same dates: same run ids, OVERWRITE replaces each directory cleanly
+    t0 = time.monotonic()
+    s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
+          "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"num_customers": 1000}))
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline:
+        manifests = [read_valid_manifest(str(base / sanitize_run_key(r))) if (base / sanitize_run_key(r) / SUCCESS_MARKER).exists() else None
+                     for r in runs]
+        if all(m and m["job"]["attempt"] != first[r] for m, r in zip(manifests, runs)):
+            break
+        time.sleep(3)
+    for run_id in runs:
+        assert s.wait_for_run(dag_id, run_id) == "success"
+        run_dir = base / sanitize_run_key(run_id)
+        manifest = read_valid_manifest(str(run_dir))
+        assert manifest["job"]["attempt"] != first[run_id]
+        assert sorted(p.name for p in run_dir.glob("part-*.parquet")) == sorted(f["name"] for f in manifest["files"])
+        assert pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]]).num_rows == 1000
+    TIMINGS["backfill reprocess, OVERWRITE"] = time.monotonic() - t0
+
+
+def test_backfill_reprocess_is_refused_in_error_mode(world):
+    s = world["services"]
+    t0 = time.monotonic()
+    dag_id = "bi_svc_error_daily"
+    s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05")
+    deadline = time.monotonic() + 60
+    while not s.runs(dag_id) and time.monotonic() < deadline:
+        time.sleep(2)
+    (run,) = s.runs(dag_id)
+    assert s.wait_for_run(dag_id, run["dag_run_id"]) == "success"
+    run_dir = world["stage"] / "svc" / "error_daily" / sanitize_run_key(run["dag_run_id"])
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    s.wait_for_backfills(dag_id)
+    s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05",
+          "--reprocess-behavior", "completed")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        states = s.task_states(dag_id, run["dag_run_id"])
+        if states["infer"][0] == "failed":
+            break
+        time.sleep(2)
+    assert s.task_states(dag_id, run["dag_run_id"])["infer"][0] == "failed"
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    TIMINGS["backfill reprocess refused, ERROR"] = time.monotonic() - t0
+
+
+def test_an_injected_fault_is_retried_by_the_scheduler(world, tmp_path):
+    s = world["services"]
+    t0 = time.monotonic()
+    flag = tmp_path / "fail-once"
+    flag.write_text("x")
+    tickets = write_tickets(tmp_path / "input", rows=300, files=3, fail_once_flag=flag)
+    out = tmp_path / "out"
+    run_id = s.trigger("bi_test_overwrite_retry", {"input": str(tickets), "out": str(out)})
+    assert s.wait_for_run("bi_test_overwrite_retry", run_id) == "success"
+    assert s.task_states("bi_test_overwrite_retry", run_id)["infer"] == ("success", 2)
+    manifest = read_valid_manifest(str(out))
+    assert manifest["counts"]["output_rows"] == 300 and manifest["job"]["attempt"].startswith("t02")
+    assert sorted(p.name for p in out.glob("part-*.parquet")) == sorted(f["name"] for f in manifest["files"])
+    TIMINGS["scheduler retry after injected fault"] = time.monotonic() - t0
+
+
+def test_deferred_inference_and_sensor_are_resumed_by_the_triggerer(world, tmp_path):
+    s = world["services"]
+    t0 = time.monotonic()
+    out = tmp_path / "out"
+    run_id = s.trigger("bi_svc_ray_jobs", {"input": str(world["inputs"]), "out": str(out)})
+    seen_deferred = False
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not seen_deferred:
+        seen_deferred = s.task_states("bi_svc_ray_jobs", run_id).get("infer", ("", 0))[0] == "deferred"
+        time.sleep(1)
+    assert seen_deferred, "the inference task never deferred"
+    assert s.wait_for_run("bi_svc_ray_jobs", run_id) == "success", s.task_states("bi_svc_ray_jobs", run_id)
+    assert read_valid_manifest(str(out))["job"]["launcher"] == "ray_jobs"
+    links = s.api("GET", f"/dags/bi_svc_ray_jobs/dagRuns/{run_id}/taskInstances/infer/links")
+    assert "/#/jobs/batchinfer-bi_svc_ray_jobs-infer-" in json.dumps(links)
+
+    # a sensor that has to wait: it defers, the marker appears, the triggerer resumes it
+    location = tmp_path / "later"
+    run_id = s.trigger("bi_svc_sensor_wait", {"location": str(location)})
+    deadline = time.monotonic() + 120
+    while s.task_states("bi_svc_sensor_wait", run_id).get("gate", ("", 0))[0] != "deferred":
+        assert time.monotonic() < deadline, s.task_states("bi_svc_sensor_wait", run_id)
+        time.sleep(0.5)
+    from tests.test_sensor import commit
+
+    commit(location)
+    assert s.wait_for_run("bi_svc_sensor_wait", run_id) == "success"
+    TIMINGS["deferred inference + sensor via triggerer"] = time.monotonic() - t0
