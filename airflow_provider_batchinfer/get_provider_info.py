@@ -44,10 +44,13 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-name": "Batch Inference Model Service",
                 "connection-type": "batchinfer",
                 "ui-field-behaviour": {
-                    "hidden-fields": ["schema", "port", "login", "password"],
-                    "relabeling": {"host": "Ray address (empty: local Ray on the worker)"},
+                    "hidden-fields": ["schema", "port"],
+                    "relabeling": {"host": "Ray address (empty: local Ray on the worker)",
+                                   "login": "AWS access key id (s3:// locations)",
+                                   "password": "AWS secret access key (s3:// locations)"},
                     "placeholders": {
                         "host": "leave empty for the embedded local launcher, or ray://head:10001 / auto",
+                        "login": "empty: use aws_conn_id or the AWS default credential chain",
                         "extra": '{"stage_root": "/data/batchinfer/stage", "registry_root": "/data/batchinfer/registry"}',
                     },
                 },
@@ -60,6 +63,23 @@ def get_provider_info() -> dict[str, Any]:
                     "registry_root": {
                         "label": "Model registry root",
                         "description": "Where logged models live: <root>/<name>/<version>/.",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "endpoint_url": {
+                        "label": "S3 endpoint URL",
+                        "description": "For S3-compatible stores (MinIO, R2, ...): e.g. http://minio:9000. "
+                        "Empty: AWS S3.",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "region_name": {
+                        "label": "S3 region",
+                        "description": "Region of the buckets (us-east-1, auto for R2, ...).",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "aws_conn_id": {
+                        "label": "AWS connection id",
+                        "description": "Take S3 credentials, endpoint and region from this aws connection "
+                        "(fields set here win).",
                         "schema": {"type": ["string", "null"]},
                     },
                     "launcher": {

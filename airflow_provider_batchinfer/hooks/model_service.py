@@ -9,7 +9,7 @@ DAG runs with zero set-up.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_batchinfer.launchers.local import LocalLauncher
 from airflow_provider_batchinfer.registry import ModelRegistry, ModelVersion, verify_local_copy
+from airflow_provider_batchinfer.s3 import DEFAULT_MAX_ATTEMPTS, credential_env, public_options
 from airflow_provider_batchinfer.stage import Stage, resolve_location
 
 LAUNCHERS = ("local",)
@@ -32,10 +33,11 @@ class ServiceConfig:
     registry_root: str
     launcher: str = "local"
     ray_address: str | None = None
+    s3: dict[str, Any] = field(default_factory=dict)  # endpoint_url, region: never credentials
 
     def to_dict(self) -> dict[str, Any]:
         return {"stage_root": self.stage_root, "registry_root": self.registry_root,
-                "launcher": self.launcher, "ray_address": self.ray_address}
+                "launcher": self.launcher, "ray_address": self.ray_address, "s3": dict(self.s3)}
 
 
 def embedded_home() -> str:
@@ -51,7 +53,8 @@ class ModelServiceHook(BaseHook):
 
     :param model_service_conn_id: a ``batchinfer`` connection. Host: an existing Ray cluster's
         address for the local launcher to attach to (empty: a local Ray per job). Extras:
-        ``stage_root``, ``registry_root``, ``launcher``.
+        ``stage_root``, ``registry_root``, ``launcher``. For ``s3://`` locations: login/password
+        (access key id / secret), extras ``endpoint_url``, ``region_name``, or ``aws_conn_id``.
     """
 
     conn_name_attr = "model_service_conn_id"
@@ -86,11 +89,40 @@ class ModelServiceHook(BaseHook):
             registry_root=str(extra.get("registry_root") or os.path.join(home, "registry")),
             launcher=launcher,
             ray_address=conn.host or extra.get("ray_address") or None,
+            s3=public_options(self.storage_options),
         )
 
     @cached_property
+    def storage_options(self) -> dict[str, Any]:
+        """S3 settings and credentials for ``s3://`` stages, inputs and registries (see ``s3.py``).
+
+        Held in memory only: the job spec gets :meth:`runtime_storage_options`, the runtime
+        subprocess :meth:`runtime_env`. Without any setting, pyarrow's AWS default chain applies.
+        """
+        from airflow_provider_batchinfer.hooks.s3_credentials import storage_options_from_connection
+
+        try:
+            conn = self.get_connection(self.model_service_conn_id)
+        except AirflowNotFoundException:
+            if self.model_service_conn_id != self.default_conn_name:
+                raise
+            return {}
+        return storage_options_from_connection(conn, self.get_connection)
+
+    def runtime_storage_options(self) -> dict[str, Any]:
+        """What the job spec may carry: endpoint, region, retry settings; no credentials."""
+        return {"max_attempts": DEFAULT_MAX_ATTEMPTS, **public_options(self.storage_options)}
+
+    def runtime_env(self) -> dict[str, str]:
+        """``AWS_*`` variables for the runtime subprocess: how credentials reach it without a file."""
+        return credential_env(self.storage_options)
+
+    def open_stage(self, location: str) -> Stage:
+        return Stage.open(location, self.storage_options)
+
+    @cached_property
     def registry(self) -> ModelRegistry:
-        return ModelRegistry(self.config.registry_root)
+        return ModelRegistry(self.config.registry_root, self.storage_options)
 
     # --- models ----------------------------------------------------------------------------------------
     def log_model(self, name: str, version: str | None, flavor: str, artifact: Any = None, **kwargs: Any) -> ModelVersion:
@@ -119,7 +151,7 @@ class ModelServiceHook(BaseHook):
         try:
             cfg = self.config
             for what, root in (("stage_root", cfg.stage_root), ("registry_root", cfg.registry_root)):
-                probe = Stage.open(root).child(".batchinfer-connection-test")
+                probe = self.open_stage(root).child(".batchinfer-connection-test")
                 probe.write_bytes(b"ok")
                 probe.delete()
             return True, f"stage_root {cfg.stage_root} and registry_root {cfg.registry_root} are writable"
@@ -129,9 +161,11 @@ class ModelServiceHook(BaseHook):
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         return {
-            "hidden_fields": ["schema", "port", "login", "password"],
-            "relabeling": {"host": "Ray address (empty: local Ray per job)"},
-            "placeholders": {"host": "empty, auto, or 127.0.0.1:6379"},
+            "hidden_fields": ["schema", "port"],
+            "relabeling": {"host": "Ray address (empty: local Ray per job)", "login": "AWS access key id (s3://)",
+                           "password": "AWS secret access key (s3://)"},
+            "placeholders": {"host": "empty, auto, or 127.0.0.1:6379",
+                             "login": "empty: aws_conn_id or the AWS default chain"},
         }
 
 

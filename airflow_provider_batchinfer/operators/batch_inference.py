@@ -12,7 +12,8 @@ The flow is the commit protocol, in an order that never loses or half-commits da
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from airflow_provider_batchinfer.launchers.local import LaunchError
 from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.runtime.io import InputError, list_input_files
 from airflow_provider_batchinfer.runtime.job import JOB_FORMAT
+from airflow_provider_batchinfer.s3 import S3StageError, check_bucket, is_s3
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
 from airflow_provider_batchinfer.stage import (
     INPUT_DIR,
@@ -41,6 +43,21 @@ from airflow_provider_batchinfer.stage import (
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+
+def fail_on_s3_errors(execute: Callable[..., Any]) -> Callable[..., Any]:
+    """S3 errors that no retry can fix (no such bucket, access denied, unreachable endpoint) fail the
+    task without Airflow retries; others (transient ones that outlived pyarrow's own retries) leave
+    the task to its retries. Either way the message names the bucket and key."""
+
+    @functools.wraps(execute)
+    def wrapper(self: Any, context: Any) -> Any:
+        try:
+            return execute(self, context)
+        except S3StageError as exc:
+            raise (AirflowFailException if exc.permanent else AirflowException)(str(exc)) from exc
+
+    return wrapper
 
 
 class BatchInferenceOperator(BaseOperator):
@@ -149,6 +166,7 @@ class BatchInferenceOperator(BaseOperator):
         }
 
     # --- the flow ------------------------------------------------------------------------------------------
+    @fail_on_s3_errors
     def execute(self, context: Context) -> dict[str, Any]:
         owner = self._owner(context)
         try:
@@ -156,7 +174,9 @@ class BatchInferenceOperator(BaseOperator):
         except RegistryError as exc:
             raise AirflowFailException(str(exc)) from exc
         location = self.resolve_run_directory(context)
-        run_dir = Stage.open(location)
+        run_dir = self.hook.open_stage(location)
+        if is_s3(location):
+            check_bucket(run_dir.fs, location)
         self.log.info("Model %s/%s (%s, sha256 %s) -> run directory %s [%s]", mv.name, mv.version, mv.flavor,
                       mv.sha256[:12], location, self.save_mode.name)
         input_locations = None
@@ -164,7 +184,7 @@ class BatchInferenceOperator(BaseOperator):
             raw = [self.input] if isinstance(self.input, str) else list(self.input)
             input_locations = [self.hook.resolve_location(loc) for loc in raw]
             try:
-                list_input_files(input_locations, None)
+                list_input_files(input_locations, self.hook.storage_options)
             except InputError as exc:
                 raise AirflowFailException(str(exc)) from exc
 
@@ -186,6 +206,7 @@ class BatchInferenceOperator(BaseOperator):
             "registry_root": self.hook.config.registry_root,
             "airflow": owner,
             "ray": {"address": self.hook.config.ray_address},
+            "storage_options": self.hook.runtime_storage_options(),  # no credentials: see runtime_env()
         }
         # claim the directory before anything else is written into it, so a retry recognizes
         # whatever this attempt leaves behind as its own
@@ -196,7 +217,7 @@ class BatchInferenceOperator(BaseOperator):
 
         self._launcher = self.hook.get_launcher()
         try:
-            self._launcher.run(run_dir.child(JOB_SPEC_FILE).location, self.log)
+            self._launcher.run(run_dir.child(JOB_SPEC_FILE).location, self.log, extra_env=self.hook.runtime_env())
         except LaunchError as exc:
             raise AirflowException(f"batch inference job {job_id} failed: {exc}") from exc
         finally:
@@ -295,7 +316,7 @@ class BatchInferenceOperator(BaseOperator):
 
     def _finalize(self, location: str, attempt: str) -> dict[str, Any]:
         try:
-            manifest = read_valid_manifest(location)
+            manifest = read_valid_manifest(location, self.hook.storage_options)
         except (ManifestError, StageError) as exc:
             raise AirflowException(f"the job ended but its output is not valid: {exc}") from exc
         if manifest is None:
