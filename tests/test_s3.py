@@ -173,3 +173,110 @@ def commit_on_s3(endpoint: str, location: str, rows: int = 3) -> dict:
     }
     run.child(SUCCESS_MARKER).write_json(manifest)
     return manifest
+
+
+# --- end to end: dag.test() on SQLite, the session's Ray cluster, everything else on the S3 server ---------
+
+
+def snapshot(endpoint: str, location: str) -> dict[str, int]:
+    return dict(Stage.open(location, options(endpoint)).list_files())
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+def test_end_to_end_input_stage_and_registry_on_s3_then_the_sensors(s3_server, s3_connection, s3_model, s3_tickets,
+                                                                     capfd):
+    state, tasks, run_id = run_dag("bi_test_base_location", input=s3_tickets[0], out="runs")
+    assert state == "success", tasks
+    run_dir = f"{s3_connection}/stage/runs/{sanitize_run_key(run_id)}"  # relative: under the S3 stage_root
+    manifest = read_valid_manifest(run_dir, options(s3_server))
+    assert manifest["counts"] == {"input_rows": 500, "output_rows": 500, "error_rows": 0}
+    assert manifest["model"]["uri"] == f"{s3_connection}/registry/text_length/v1"
+    fs = Stage.open(run_dir, options(s3_server)).fs
+    table = pq.read_table([f"{run_dir[5:]}/{f['name']}" for f in manifest["files"]], filesystem=fs)
+    assert sorted(table.column("ticket_id").to_pylist()) == list(range(500))
+    xcom = xcom_value("bi_test_base_location", run_id, "infer")
+    assert xcom["output_location"] == run_dir and xcom["rows"] == 500
+
+    job_file = Stage.open(run_dir, options(s3_server)).child(JOB_SPEC_FILE).read_bytes().decode()
+    marker = Stage.open(run_dir, options(s3_server)).child(SUCCESS_MARKER).read_bytes().decode()
+    assert json.loads(job_file)["storage_options"] == {"endpoint_url": s3_server, "region": "us-east-1",
+                                                       "max_attempts": 2}
+    for text in (job_file, marker, json.dumps(xcom, default=str), capfd.readouterr().out):
+        assert SECRET not in text and KEY_ID not in text
+
+    for dag_id in ("bi_test_sensor_poke", "bi_test_sensor_deferrable"):
+        state, tasks, sensor_run = run_dag(dag_id, location=run_dir)
+        assert state == "success", (dag_id, tasks)
+        assert xcom_value(dag_id, sensor_run, "gate") == manifest
+    # a marker that lists a missing file fails the sensor at once, naming it
+    Stage.open(run_dir, options(s3_server)).child(manifest["files"][0]["name"]).delete()
+    state, _, _ = run_dag("bi_test_sensor_poke", location=run_dir)
+    assert state == "failed"
+    assert f"{run_dir}/{manifest['files'][0]['name']} is listed in _SUCCESS but missing" in capfd.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+def test_error_and_overwrite_on_s3_with_1000_plus_stale_objects_and_run10_untouched(
+    s3_server, s3_connection, s3_model, s3_tickets, capfd
+):
+    import boto3
+
+    run1, run10 = f"{s3_connection}/out/run1", f"{s3_connection}/out/run10"
+    state, tasks, _ = run_dag("bi_test_error_mode", input=s3_tickets[0], out=run10)
+    assert state == "success", tasks
+    committed = snapshot(s3_server, run10)
+    assert SUCCESS_MARKER in committed
+
+    state, _, _ = run_dag("bi_test_error_mode", input=s3_tickets[0], out=run10)  # ERROR: refused, untouched
+    assert state == "failed"
+    assert f"run directory {run10} is not empty" in capfd.readouterr().out
+    assert snapshot(s3_server, run10) == committed
+
+    # run1: an earlier run of the same task left 1,100 parts and a marker
+    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id=KEY_ID,
+                          aws_secret_access_key=SECRET)
+    bucket = s3_connection[5:]
+    client.put_object(Bucket=bucket, Key=f"out/run1/{JOB_SPEC_FILE}", Body=json.dumps(
+        {"attempt": "t01old", "airflow": {"dag_id": "bi_test_overwrite_retry", "task_id": "infer"}}).encode())
+    for i in range(1100):
+        client.put_object(Bucket=bucket, Key=f"out/run1/part-{i:05d}-t01old.parquet", Body=b"stale")
+    client.put_object(Bucket=bucket, Key=f"out/run1/{SUCCESS_MARKER}", Body=b"{}")
+    state, tasks, _ = run_dag("bi_test_overwrite_retry", input=s3_tickets[0], out=run1)
+    assert state == "success", tasks
+    manifest = read_valid_manifest(run1, options(s3_server))
+    assert manifest["counts"]["output_rows"] == 500
+    assert sorted(snapshot(s3_server, run1)) == sorted([JOB_SPEC_FILE, SUCCESS_MARKER,
+                                                         *(f["name"] for f in manifest["files"])])
+    assert "removed _SUCCESS then 1101 other file(s)" in capfd.readouterr().out
+    assert snapshot(s3_server, run10) == committed
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("airflow_db")
+def test_a_missing_output_bucket_fails_before_anything_is_written(s3_server, s3_connection, s3_model, s3_tickets,
+                                                                  capfd):
+    state, tasks, _ = run_dag("bi_test_error_mode", input=s3_tickets[0], out="s3://bi-missing-bucket/out/run1")
+    assert state == "failed" and tasks["infer"] == ("failed", 1)
+    assert "S3 bucket 'bi-missing-bucket' does not exist (location s3://bi-missing-bucket/out/run1)" in \
+        capfd.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("airflow_db")
+def test_a_wrong_endpoint_fails_the_task_naming_bucket_and_key_and_writes_nothing(
+    s3_server, s3_connection, s3_model, s3_tickets, monkeypatch, capfd
+):
+    from tests.conftest import _free_port
+
+    conn = json.loads(__import__("os").environ["AIRFLOW_CONN_BATCHINFER_DEFAULT"])
+    conn["extra"]["endpoint_url"] = f"http://127.0.0.1:{_free_port()}"
+    monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps(conn))
+    out = f"{s3_connection}/out/run1"
+    state, tasks, _ = run_dag("bi_test_error_mode_retry", input=s3_tickets[0], out=out)
+    assert state == "failed" and tasks["infer"] == ("failed", 1)  # permanent: no Airflow retry
+    bucket = s3_connection[5:]
+    assert (f"failed for bucket '{bucket}', key 'registry/text_length/v1/MODEL.json'" in
+            (captured := capfd.readouterr().out)) and "Could not connect" in captured
+    assert snapshot(s3_server, out) == {}
