@@ -134,6 +134,15 @@ def test_storage_options_never_carry_credentials_into_the_spec(airflow_db, s3_se
     assert ok, message
 
 
+def test_ray_workers_get_only_the_aws_variables_of_the_runtime_environment():
+    from airflow_provider_batchinfer.s3 import worker_env
+
+    env = {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ENDPOINT_URL": "http://127.0.0.1:1",
+           "AIRFLOW_CONN_BATCHINFER_DEFAULT": "{...}", "HOME": "/root", "AWS_SESSION_TOKEN": ""}
+    assert worker_env(env) == {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
+                               "AWS_ENDPOINT_URL": "http://127.0.0.1:1"}
+
+
 def test_an_aws_conn_id_supplies_what_the_batchinfer_connection_leaves_empty(airflow_db, s3_server, monkeypatch):
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
 
