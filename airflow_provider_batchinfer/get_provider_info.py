@@ -46,12 +46,14 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-name": "Batch Inference Model Service",
                 "connection-type": "batchinfer",
                 "ui-field-behaviour": {
-                    "hidden-fields": ["schema", "port", "login"],
-                    "relabeling": {"host": "Ray address", "password": "Ray auth token"},
+                    "hidden-fields": ["schema", "port"],
+                    "relabeling": {"host": "Ray address",
+                                   "login": "AWS access key id (s3:// locations)",
+                                   "password": "AWS secret access key (s3:// locations)"},
                     "placeholders": {
                         "host": "local launcher: empty (a local Ray per job) or 127.0.0.1:6379; "
                         "ray_jobs: the dashboard, e.g. http://ray-head:8265",
-                        "password": "token of a Ray cluster with token auth (ray get-auth-token)",
+                        "login": "empty: use aws_conn_id or the AWS default credential chain",
                         "extra": '{"stage_root": "/data/batchinfer/stage", "registry_root": "/data/batchinfer/registry"}',
                     },
                 },
@@ -66,6 +68,23 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "Where logged models live: <root>/<name>/<version>/.",
                         "schema": {"type": ["string", "null"]},
                     },
+                    "endpoint_url": {
+                        "label": "S3 endpoint URL",
+                        "description": "For S3-compatible stores (MinIO, R2, ...): e.g. http://minio:9000. "
+                        "Empty: AWS S3.",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "region_name": {
+                        "label": "S3 region",
+                        "description": "Region of the buckets (us-east-1, auto for R2, ...).",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "aws_conn_id": {
+                        "label": "AWS connection id",
+                        "description": "Take S3 credentials, endpoint and region from this aws connection "
+                        "(fields set here win).",
+                        "schema": {"type": ["string", "null"]},
+                    },
                     "launcher": {
                         "label": "Launcher",
                         "description": "'local' runs the job as a subprocess of the task with a local or attached Ray; "
@@ -76,6 +95,12 @@ def get_provider_info() -> dict[str, Any]:
                         "label": "Ray runtime_env (ray_jobs)",
                         "description": "Defaults for submitted jobs, e.g. {\"pip\": [...]} or {\"image_uri\": ...}.",
                         "schema": {"type": ["object", "null"]},
+                    },
+                    "ray_token": {
+                        "label": "Ray auth token (ray_jobs)",
+                        "description": "Token of a Ray cluster with token auth (`ray get-auth-token`); sent as a "
+                        "Bearer header to the Jobs API.",
+                        "schema": {"type": ["string", "null"], "format": "password"},
                     },
                     "python": {
                         "label": "Python on the cluster (ray_jobs)",

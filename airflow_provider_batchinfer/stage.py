@@ -19,6 +19,7 @@ import json
 import posixpath
 import re
 import uuid
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -116,9 +117,10 @@ class Stage:
 
         if is_uri(location) and not location.startswith("file://"):
             scheme = location.split("://", 1)[0]
-            if scheme in ("s3", "s3a") and storage_options:
-                fs = pafs.S3FileSystem(**storage_options)
-                return cls(location, fs, location.split("://", 1)[1].rstrip("/"))
+            if scheme.lower() in ("s3", "s3a"):
+                from airflow_provider_batchinfer import s3
+
+                return cls(location, s3.filesystem(storage_options), location.split("://", 1)[1].rstrip("/"))
             fs, path = pafs.FileSystem.from_uri(location)
             return cls(location, fs, path.rstrip("/"))
         path = location[len("file://") :] if location.startswith("file://") else location
@@ -127,30 +129,42 @@ class Stage:
     def child(self, *parts: str) -> Stage:
         return Stage(join(self.location, *parts), self.fs, posixpath.join(self.path, *parts))
 
+    def _io(self, operation: str) -> AbstractContextManager[None]:
+        """Object-store errors become a StageError naming bucket, key and operation; local ones pass."""
+        if self.fs.type_name != "s3":
+            return nullcontext()
+        from airflow_provider_batchinfer.s3 import translate_errors
+
+        return translate_errors(self.location, operation)
+
     # --- queries ---------------------------------------------------------------------------------
     def exists(self) -> bool:
         import pyarrow.fs as pafs
 
-        return self.fs.get_file_info(self.path).type != pafs.FileType.NotFound
+        with self._io("look up"):
+            return self.fs.get_file_info(self.path).type != pafs.FileType.NotFound
 
     def is_dir(self) -> bool:
         import pyarrow.fs as pafs
 
-        return self.fs.get_file_info(self.path).type == pafs.FileType.Directory
+        with self._io("look up"):
+            return self.fs.get_file_info(self.path).type == pafs.FileType.Directory
 
     def list_files(self, recursive: bool = True) -> list[tuple[str, int]]:
         """(path relative to this location, size) of every file below it; [] when absent."""
         import pyarrow.fs as pafs
 
-        info = self.fs.get_file_info(self.path)
-        if info.type == pafs.FileType.NotFound:
-            return []
-        if info.type == pafs.FileType.File:
-            return [(posixpath.basename(self.path), info.size)]
-        selector = pafs.FileSelector(self.path, recursive=recursive, allow_not_found=True)
+        with self._io("list"):
+            info = self.fs.get_file_info(self.path)
+            if info.type == pafs.FileType.NotFound:
+                return []
+            if info.type == pafs.FileType.File:
+                return [(posixpath.basename(self.path), info.size)]
+            selector = pafs.FileSelector(self.path, recursive=recursive, allow_not_found=True)
+            items = self.fs.get_file_info(selector)
         prefix = self.path.rstrip("/") + "/"
         out = []
-        for item in self.fs.get_file_info(selector):
+        for item in items:
             if item.type == pafs.FileType.File:
                 out.append((item.path[len(prefix) :] if item.path.startswith(prefix) else item.path, item.size))
         return sorted(out)
@@ -160,7 +174,7 @@ class Stage:
 
     # --- bytes and JSON ----------------------------------------------------------------------------
     def read_bytes(self) -> bytes:
-        with self.fs.open_input_stream(self.path) as f:
+        with self._io("read"), self.fs.open_input_stream(self.path) as f:
             return f.read()
 
     def write_bytes(self, data: bytes) -> None:
@@ -176,7 +190,7 @@ class Stage:
                 f.write(data)
             self.fs.move(tmp, self.path)
         else:
-            with self.fs.open_output_stream(self.path) as f:
+            with self._io("write"), self.fs.open_output_stream(self.path) as f:
                 f.write(data)
 
     def read_json(self) -> Any:
@@ -188,15 +202,19 @@ class Stage:
     def delete(self) -> None:
         import pyarrow.fs as pafs
 
-        info = self.fs.get_file_info(self.path)
-        if info.type == pafs.FileType.File:
-            self.fs.delete_file(self.path)
-        elif info.type == pafs.FileType.Directory:
-            self.fs.delete_dir(self.path)
+        with self._io("delete"):
+            info = self.fs.get_file_info(self.path)
+            if info.type == pafs.FileType.File:
+                self.fs.delete_file(self.path)
+            elif info.type == pafs.FileType.Directory:
+                self.fs.delete_dir(self.path)
 
     def clear_run_directory(self) -> int:
         """Empty a run directory for OVERWRITE: ``_SUCCESS`` goes first, so a reader never sees an
-        old marker beside new parts; then every other file. Returns how many files were removed."""
+        old marker beside new parts; then every other file. Returns how many files were removed.
+
+        On S3 pyarrow lists ``<key>/`` (so ``run1`` never touches ``run10/``) and deletes in
+        DeleteObjects batches of up to 1,000 keys; nothing relies on a rename."""
         import pyarrow.fs as pafs
 
         marker = self.child(SUCCESS_MARKER)
@@ -204,8 +222,9 @@ class Stage:
         if had_marker:
             marker.delete()
         removed = len(self.list_files()) + int(had_marker)
-        if self.fs.get_file_info(self.path).type == pafs.FileType.Directory:
-            self.fs.delete_dir_contents(self.path, missing_dir_ok=True)
+        with self._io("delete the contents of"):
+            if self.fs.get_file_info(self.path).type == pafs.FileType.Directory:
+                self.fs.delete_dir_contents(self.path, missing_dir_ok=True)
         return removed
 
 

@@ -165,3 +165,43 @@ def xcom_value(dag_id: str, run_id: str, task_id: str, key: str = "return_value"
                                     XComModel.task_id == task_id, XComModel.key == key)
         ).first()
         return None if row is None else XComModel.deserialize_value(row)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 HTTP server (``moto_server``) on 127.0.0.1 as a separate process for the session;
+    yields its endpoint URL. Runs in its own process group, and only that group is stopped."""
+    port = _free_port()
+    moto_bin = str(Path(sys.executable).parent / "moto_server")
+    log = open(_HOME / "moto-server.log", "w")
+    server = subprocess.Popen([moto_bin, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    deadline = time.monotonic() + 60
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"moto_server did not come up; see {_HOME / 'moto-server.log'}")
+        time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}"
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+    log.close()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch):
+    """A fresh bucket on the S3 server; the AWS SDK is kept off the network (no instance metadata)."""
+    import uuid
+
+    import boto3
+
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    name = f"bi-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id="AKIDTEST",
+                 aws_secret_access_key="unused").create_bucket(Bucket=name)
+    return name

@@ -32,8 +32,7 @@ def world(tmp_path_factory, ray_cluster):
     registry.log_model("text_length", "v1", "python", python_class=TextLength, signature=sig)
     registry.log_model("slow_length", "v1", "python", python_class=SlowLength, signature=sig)
     inputs = write_tickets(root / "input", rows=400, files=2)
-    cluster_conn = {"conn_type": "batchinfer", "host": ray_cluster["dashboard"], "password": ray_cluster["token"],
-                    "extra": {"launcher": "ray_jobs", "python": __import__("sys").executable,
+    cluster_conn = {"conn_type": "batchinfer", "host": ray_cluster["dashboard"], "extra": {"launcher": "ray_jobs", "python": __import__("sys").executable, "ray_token": ray_cluster["token"],
                               "stage_root": str(bi_home / "stage"), "registry_root": str(bi_home / "registry")}}
     port = _free_port()
     env = services_env(home, port, _BUNDLES, {

@@ -76,7 +76,7 @@ def test_airflow_is_wired_to_the_ray_jobs_api_with_the_cluster_token(compose):
         conn = json.loads(services[name]["environment"]["AIRFLOW_CONN_BATCHINFER_DEFAULT"])
         assert conn["conn_type"] == "batchinfer" and conn["extra"]["launcher"] == "ray_jobs"
         assert conn["host"] == f"http://ray-head:{dashboard_port}"
-        assert conn["password"] == env["RAY_AUTH_TOKEN"] == services["ray-head"]["environment"]["RAY_AUTH_TOKEN"]
+        assert conn["extra"]["ray_token"] == env["RAY_AUTH_TOKEN"] == services["ray-head"]["environment"]["RAY_AUTH_TOKEN"]
         stage = conn["extra"]["stage_root"]
         mounts = [v.split(":")[1] for v in services[name]["volumes"]]
         assert any(stage.startswith(m) for m in mounts), f"{name}: stage {stage} is not on a mounted volume"

@@ -21,10 +21,12 @@ def test_connection_type_and_form_fields_are_registered(airflow_db):
     assert hook.hook_class_name == "airflow_provider_batchinfer.hooks.model_service.ModelServiceHook"
     assert hook.connection_id_attribute_name == "model_service_conn_id"
     widgets = pm.connection_form_widgets
-    for field in ("stage_root", "registry_root", "launcher"):
+    for field in ("stage_root", "registry_root", "launcher", "endpoint_url", "region_name", "aws_conn_id"):
         assert f"extra__batchinfer__{field}" in widgets
-    assert "login" in pm.field_behaviours["batchinfer"]["hidden_fields"]
-    assert pm.field_behaviours["batchinfer"]["relabeling"]["password"] == "Ray auth token"
+    behaviour = pm.field_behaviours["batchinfer"]
+    assert "password" not in behaviour["hidden_fields"]  # the S3 secret access key
+    assert behaviour["relabeling"]["login"] == "AWS access key id (s3:// locations)"
+    assert behaviour["relabeling"]["host"] == "Ray address"
 
 
 def test_hook_uses_embedded_default_without_a_connection_and_tests_it(airflow_db, batchinfer_home):

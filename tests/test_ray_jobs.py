@@ -26,8 +26,7 @@ def ray_jobs_conn(ray_cluster, batchinfer_home, monkeypatch):
     conn = {
         "conn_type": "batchinfer",
         "host": ray_cluster["dashboard"],
-        "password": ray_cluster["token"],
-        "extra": {"launcher": "ray_jobs", "python": sys.executable,
+        "extra": {"launcher": "ray_jobs", "python": sys.executable, "ray_token": ray_cluster["token"],
                   "stage_root": str(batchinfer_home / "stage"), "registry_root": str(batchinfer_home / "registry")},
     }
     monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps(conn))
@@ -92,7 +91,7 @@ def test_example_dag_runs_through_the_jobs_api_deferrable(ray_jobs_conn, launche
     url = xcom_value("batchinfer_tabular_scoring", run_id, "score_customers", key="ray_job_url")
     assert url.endswith(f"/#/jobs/{sid}")
     job_spec = (run_dir / "_job.json").read_text()
-    assert ray_jobs_conn["password"] not in job_spec  # the token never reaches the spec
+    assert ray_jobs_conn["extra"]["ray_token"] not in job_spec  # the token never reaches the spec
 
 
 def test_a_restarted_task_reattaches_instead_of_submitting_twice(ray_jobs_conn, launcher, slow_model, tmp_path):

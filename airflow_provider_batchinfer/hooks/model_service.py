@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -20,6 +20,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_provider_batchinfer.launchers.local import LocalLauncher
 from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher
 from airflow_provider_batchinfer.registry import ModelRegistry, ModelVersion, verify_local_copy
+from airflow_provider_batchinfer.s3 import DEFAULT_MAX_ATTEMPTS, credential_env, public_options
 from airflow_provider_batchinfer.stage import Stage, resolve_location
 
 LAUNCHERS = ("local", "ray_jobs")
@@ -35,11 +36,12 @@ class ServiceConfig:
     ray_address: str | None = None
     runtime_env: dict[str, Any] | None = None
     python: str = "python"
+    s3: dict[str, Any] = field(default_factory=dict)  # endpoint_url, region: never credentials
 
     def to_dict(self) -> dict[str, Any]:
         return {"stage_root": self.stage_root, "registry_root": self.registry_root,
                 "launcher": self.launcher, "ray_address": self.ray_address,
-                "runtime_env": self.runtime_env, "python": self.python}
+                "runtime_env": self.runtime_env, "python": self.python, "s3": dict(self.s3)}
 
 
 def embedded_home() -> str:
@@ -55,7 +57,8 @@ class ModelServiceHook(BaseHook):
 
     :param model_service_conn_id: a ``batchinfer`` connection. Host: an existing Ray cluster's
         address for the local launcher to attach to (empty: a local Ray per job). Extras:
-        ``stage_root``, ``registry_root``, ``launcher``.
+        ``stage_root``, ``registry_root``, ``launcher``. For ``s3://`` locations: login/password
+        (access key id / secret), extras ``endpoint_url``, ``region_name``, or ``aws_conn_id``.
     """
 
     conn_name_attr = "model_service_conn_id"
@@ -103,11 +106,40 @@ class ModelServiceHook(BaseHook):
             ray_address=address,
             runtime_env=runtime_env,
             python=str(extra.get("python") or "python"),
+            s3=public_options(self.storage_options),
         )
 
     @cached_property
+    def storage_options(self) -> dict[str, Any]:
+        """S3 settings and credentials for ``s3://`` stages, inputs and registries (see ``s3.py``).
+
+        Held in memory only: the job spec gets :meth:`runtime_storage_options`, the runtime
+        subprocess :meth:`runtime_env`. Without any setting, pyarrow's AWS default chain applies.
+        """
+        from airflow_provider_batchinfer.hooks.s3_credentials import storage_options_from_connection
+
+        try:
+            conn = self.get_connection(self.model_service_conn_id)
+        except AirflowNotFoundException:
+            if self.model_service_conn_id != self.default_conn_name:
+                raise
+            return {}
+        return storage_options_from_connection(conn, self.get_connection)
+
+    def runtime_storage_options(self) -> dict[str, Any]:
+        """What the job spec may carry: endpoint, region, retry settings; no credentials."""
+        return {"max_attempts": DEFAULT_MAX_ATTEMPTS, **public_options(self.storage_options)}
+
+    def runtime_env(self) -> dict[str, str]:
+        """``AWS_*`` variables for the runtime subprocess: how credentials reach it without a file."""
+        return credential_env(self.storage_options)
+
+    def open_stage(self, location: str) -> Stage:
+        return Stage.open(location, self.storage_options)
+
+    @cached_property
     def registry(self) -> ModelRegistry:
-        return ModelRegistry(self.config.registry_root)
+        return ModelRegistry(self.config.registry_root, self.storage_options)
 
     # --- models ----------------------------------------------------------------------------------------
     def log_model(self, name: str, version: str | None, flavor: str, artifact: Any = None, **kwargs: Any) -> ModelVersion:
@@ -134,12 +166,16 @@ class ModelServiceHook(BaseHook):
         return LocalLauncher(ray_address=self.config.ray_address)
 
     def get_ray_jobs_launcher(self) -> RayJobsLauncher:
-        """The Jobs API client for this connection. The token (the connection's password) goes into
+        """The Jobs API client for this connection. The cluster token (extra ``ray_token``) goes into
         the request headers only; it never reaches the job spec, the logs or XCom."""
+        runtime_env = dict(self.config.runtime_env or {})
+        credentials = self.runtime_env()
+        if credentials:  # S3 credentials for the job driver and its workers, as for the local launcher
+            runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **credentials}
         return RayJobsLauncher(
             address=self.config.ray_address or "",
             headers=self._ray_headers(),
-            runtime_env=self.config.runtime_env,
+            runtime_env=runtime_env or None,
             python=self.config.python,
         )
 
@@ -149,8 +185,9 @@ class ModelServiceHook(BaseHook):
         except AirflowNotFoundException:
             return {}
         headers = dict(conn.extra_dejson.get("headers") or {})
-        if conn.password:
-            headers["Authorization"] = f"Bearer {conn.password}"
+        token = conn.extra_dejson.get("ray_token")
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         return headers
 
     def test_connection(self) -> tuple[bool, str]:
@@ -158,7 +195,7 @@ class ModelServiceHook(BaseHook):
         try:
             cfg = self.config
             for what, root in (("stage_root", cfg.stage_root), ("registry_root", cfg.registry_root)):
-                probe = Stage.open(root).child(".batchinfer-connection-test")
+                probe = self.open_stage(root).child(".batchinfer-connection-test")
                 probe.write_bytes(b"ok")
                 probe.delete()
             return True, f"stage_root {cfg.stage_root} and registry_root {cfg.registry_root} are writable"
@@ -168,8 +205,10 @@ class ModelServiceHook(BaseHook):
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         return {
-            "hidden_fields": ["schema", "port", "login"],
-            "relabeling": {"host": "Ray address", "password": "Ray auth token"},
-            "placeholders": {"host": "local: empty or 127.0.0.1:6379; ray_jobs: http://ray-head:8265"},
+            "hidden_fields": ["schema", "port"],
+            "relabeling": {"host": "Ray address", "login": "AWS access key id (s3://)",
+                           "password": "AWS secret access key (s3://)"},
+            "placeholders": {"host": "local: empty or 127.0.0.1:6379; ray_jobs: http://ray-head:8265",
+                             "login": "empty: aws_conn_id or the AWS default chain"},
         }
 

@@ -12,8 +12,9 @@ The flow is the commit protocol, in an order that never loses or half-commits da
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
 from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.runtime.io import InputError, list_input_files
 from airflow_provider_batchinfer.runtime.job import ERROR_PREFIX, JOB_FORMAT
+from airflow_provider_batchinfer.s3 import S3StageError, check_bucket, is_s3
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
 from airflow_provider_batchinfer.stage import (
     INPUT_DIR,
@@ -46,6 +48,21 @@ from airflow_provider_batchinfer.stage import (
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+
+def fail_on_s3_errors(execute: Callable[..., Any]) -> Callable[..., Any]:
+    """S3 errors that no retry can fix (no such bucket, access denied, unreachable endpoint) fail the
+    task without Airflow retries; others (transient ones that outlived pyarrow's own retries) leave
+    the task to its retries. Either way the message names the bucket and key."""
+
+    @functools.wraps(execute)
+    def wrapper(self: Any, context: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return execute(self, context, *args, **kwargs)
+        except S3StageError as exc:
+            raise (AirflowFailException if exc.permanent else AirflowException)(str(exc)) from exc
+
+    return wrapper
 
 
 class BatchInferenceOperator(BaseOperator):
@@ -171,6 +188,7 @@ class BatchInferenceOperator(BaseOperator):
         }
 
     # --- the flow ------------------------------------------------------------------------------------------
+    @fail_on_s3_errors
     def execute(self, context: Context) -> dict[str, Any]:
         owner = self._owner(context)
         try:
@@ -178,7 +196,9 @@ class BatchInferenceOperator(BaseOperator):
         except RegistryError as exc:
             raise AirflowFailException(str(exc)) from exc
         location = self.resolve_run_directory(context)
-        run_dir = Stage.open(location)
+        run_dir = self.hook.open_stage(location)
+        if is_s3(location):
+            check_bucket(run_dir.fs, location)
         self.log.info("Model %s/%s (%s, sha256 %s) -> run directory %s [%s]", mv.name, mv.version, mv.flavor,
                       mv.sha256[:12], location, self.save_mode.name)
         if self.hook.config.launcher == "ray_jobs":
@@ -186,7 +206,7 @@ class BatchInferenceOperator(BaseOperator):
         spec = self._prepare(owner, mv, run_dir)
         self._launcher = self.hook.get_launcher()
         try:
-            self._launcher.run(run_dir.child(JOB_SPEC_FILE).location, self.log)
+            self._launcher.run(run_dir.child(JOB_SPEC_FILE).location, self.log, extra_env=self.hook.runtime_env())
         except LaunchError as exc:
             raise AirflowException(f"batch inference job {spec['job_id']} failed: {exc}") from exc
         finally:
@@ -200,7 +220,7 @@ class BatchInferenceOperator(BaseOperator):
             raw = [self.input] if isinstance(self.input, str) else list(self.input)
             input_locations = [self.hook.resolve_location(loc) for loc in raw]
             try:
-                list_input_files(input_locations, None)
+                list_input_files(input_locations, self.hook.storage_options)
             except InputError as exc:
                 raise AirflowFailException(str(exc)) from exc
 
@@ -224,6 +244,7 @@ class BatchInferenceOperator(BaseOperator):
             "airflow": owner,
             # a Jobs API driver finds its cluster by itself; only the local launcher attaches
             "ray": {"address": self.hook.config.ray_address if local else None},
+            "storage_options": self.hook.runtime_storage_options(),  # no credentials: see runtime_env()
             **extra,
         }
         # claim the directory before anything else is written into it, so a retry recognizes
@@ -290,6 +311,7 @@ class BatchInferenceOperator(BaseOperator):
                 self.log.warning("Stopping Ray job %s of try %d, still %s", sid, earlier, info["status"])
                 launcher.stop(sid)
 
+    @fail_on_s3_errors
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
         if not event or "status" not in event or "submission_id" not in event:
             raise AirflowException(f"unexpected trigger event: {event!r}")
@@ -299,7 +321,7 @@ class BatchInferenceOperator(BaseOperator):
         # the run directory and its _job.json are the record of this attempt; nothing else has to
         # survive the trip through the triggerer
         location = self.resolve_run_directory(context)
-        attempt = Stage.open(location).child(JOB_SPEC_FILE).read_json()["attempt"]
+        attempt = self.hook.open_stage(location).child(JOB_SPEC_FILE).read_json()["attempt"]
         return self._finish_ray_job(launcher, event["submission_id"], event["status"], location, attempt)
 
     def _finish_ray_job(self, launcher: RayJobsLauncher, submission_id: str, status: str, location: str,
@@ -420,7 +442,7 @@ class BatchInferenceOperator(BaseOperator):
 
     def _finalize(self, location: str, attempt: str) -> dict[str, Any]:
         try:
-            manifest = read_valid_manifest(location)
+            manifest = read_valid_manifest(location, self.hook.storage_options)
         except (ManifestError, StageError) as exc:
             raise AirflowException(f"the job ended but its output is not valid: {exc}") from exc
         if manifest is None:

@@ -31,6 +31,7 @@ from airflow_provider_batchinfer.runtime.io import (
     list_input_files,
     make_datasink,
 )
+from airflow_provider_batchinfer.s3 import worker_env
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 from airflow_provider_batchinfer.stage import (
     JOB_SPEC_FILE,
@@ -318,6 +319,8 @@ def run(spec_location: str) -> dict[str, Any]:
         # /tmp/ray, which may belong to someone else (and hangs there if that cluster uses token auth)
         ray_address = "local"
         init_kwargs["include_dashboard"] = False
+    if worker_env():  # S3 credentials reach the workers from this process's environment, never a file
+        init_kwargs["runtime_env"] = {"env_vars": worker_env()}
     ray.init(address=ray_address, **init_kwargs)
     t_ray = time.monotonic()
     try:
@@ -337,7 +340,7 @@ def run(spec_location: str) -> dict[str, Any]:
             target=_log_progress, args=(counter, input_rows, time.monotonic(), job.progress_interval_s, stop, stats),
             daemon=True,
         )
-        ds = ray.data.read_parquet(files, columns=plan["read"], filesystem=run_dir.fs if storage else None)
+        ds = ray.data.read_parquet(files, columns=plan["read"], filesystem=Stage.open(files[0], storage).fs if storage else None)
         map_kwargs: dict[str, Any] = {}
         if job.memory:
             map_kwargs["memory"] = job.memory

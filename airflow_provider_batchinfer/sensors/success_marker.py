@@ -17,7 +17,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from airflow_provider_batchinfer.stage import ManifestError, StageError, read_valid_manifest
-from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger
+from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger, storage_options_for
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -28,16 +28,20 @@ class SuccessMarkerSensor(BaseSensorOperator):
 
     :param location: the run directory (e.g. ``infer.output["output_location"]``).
     :param deferrable: wait in the triggerer instead of holding a worker slot.
+    :param model_service_conn_id: the ``batchinfer`` connection whose S3 settings and credentials
+        open an ``s3://`` location (ignored for local paths).
     Supports ``mode="reschedule"`` like any sensor.
     """
 
-    template_fields: Sequence[str] = ("location",)
+    template_fields: Sequence[str] = ("location", "model_service_conn_id")
     ui_color = "#d9f2e6"
 
-    def __init__(self, *, location: str, deferrable: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *, location: str, deferrable: bool = False,
+                 model_service_conn_id: str = "batchinfer_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.location = location
         self.deferrable = deferrable
+        self.model_service_conn_id = model_service_conn_id
 
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
@@ -47,7 +51,8 @@ class SuccessMarkerSensor(BaseSensorOperator):
             return result.xcom_value
         self.defer(
             trigger=SuccessMarkerTrigger(
-                location=self.location, poke_interval=self.poke_interval, deadline=time.time() + self.timeout
+                location=self.location, poke_interval=self.poke_interval, deadline=time.time() + self.timeout,
+                model_service_conn_id=self.model_service_conn_id,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),
@@ -55,7 +60,7 @@ class SuccessMarkerSensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> PokeReturnValue:
         try:
-            manifest = read_valid_manifest(self.location)
+            manifest = read_valid_manifest(self.location, storage_options_for(self.location, self.model_service_conn_id))
         except (ManifestError, StageError) as exc:
             raise AirflowFailException(f"{self.location} has a _SUCCESS marker that does not hold: {exc}") from exc
         if manifest is None:

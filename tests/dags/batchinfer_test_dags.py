@@ -51,3 +51,13 @@ with DAG("bi_test_sensor_poke", schedule=None, start_date=START, params={"locati
 with DAG("bi_test_sensor_deferrable", schedule=None, start_date=START, params={"location": ""},
          catchup=False) as bi_test_sensor_deferrable:
     SuccessMarkerSensor(task_id="gate", location="{{ params.location }}", poke_interval=1, timeout=4, deferrable=True)
+
+with DAG("bi_test_base_location", schedule=None, start_date=START, params=dict(PARAMS), catchup=False) as bi_test_base_location:
+    BatchInferenceOperator(
+        task_id="infer",
+        model="{{ params.model }}",
+        version="{{ params.version }}",
+        input="{{ params.input }}",
+        output_spec=OutputSpec(base_stage_location="{{ params.out }}", mode=SaveMode.OVERWRITE),
+        job_spec=JobSpec(max_batch_rows=100, progress_interval_s=2),
+    )

@@ -1,0 +1,150 @@
+"""S3 and S3-compatible stores (MinIO, R2, ...) for stages, inputs and the model registry.
+
+Shared by both sides, so it imports neither Airflow nor Ray. Two kinds of settings travel apart:
+
+- *storage options* (``endpoint_url``, ``region``, ``max_attempts``, ``connect_timeout``) are not
+  secret: they go into the job spec so the runtime opens the same store;
+- *credentials* (``access_key``, ``secret_key``, ``session_token``) exist on the Airflow side only in
+  memory, reach the runtime subprocess as ``AWS_*`` environment variables, and the Ray workers through
+  the job's ``runtime_env``. They are never written into ``_job.json``, the manifest, XCom or a log.
+
+When no credentials are given, pyarrow uses the AWS default chain (environment variables, config
+files, instance roles), so the runtime and its workers need nothing but their environment. A
+filesystem built that way pickles without secrets, which matters: Ray ships it to every read and
+write task.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_batchinfer.stage import StageError
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+S3_SCHEMES = ("s3", "s3a")
+SECRET_KEYS = ("access_key", "secret_key", "session_token")
+PUBLIC_KEYS = ("endpoint_url", "region", "max_attempts", "connect_timeout", "request_timeout")
+# what the runtime's Ray workers need from the runtime's own environment; nothing else is forwarded
+WORKER_ENV = (
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE",
+)
+DEFAULT_MAX_ATTEMPTS = 5
+# errors that retrying cannot fix: fail at once, without Airflow retries
+_PERMANENT = re.compile(
+    r"NO_SUCH_BUCKET|NoSuchBucket|ACCESS_DENIED|AccessDenied|INVALID_ACCESS_KEY_ID|InvalidAccessKeyId|"
+    r"SIGNATURE_DOES_NOT_MATCH|SignatureDoesNotMatch|does not exist|Forbidden|Could not resolve host|"
+    r"Could not connect to server|Failed to connect"
+)
+
+
+class S3StageError(StageError):
+    """Base for S3 failures; ``permanent`` says whether a retry could ever help."""
+
+    permanent = False
+
+
+def is_s3(location: str) -> bool:
+    return location.split("://", 1)[0].lower() in S3_SCHEMES if "://" in location else False
+
+
+def split_uri(location: str) -> tuple[str, str]:
+    """(bucket, key) of ``s3://bucket/key``."""
+    rest = location.split("://", 1)[1] if "://" in location else location
+    bucket, _, key = rest.partition("/")
+    return bucket, key.rstrip("/")
+
+
+def public_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """The part of the storage options that may be written to a job spec: no credentials."""
+    return {k: v for k, v in (options or {}).items() if k in PUBLIC_KEYS and v not in (None, "")}
+
+
+def credential_env(options: dict[str, Any] | None) -> dict[str, str]:
+    """Environment variables handing credentials and endpoint to the runtime subprocess."""
+    options = options or {}
+    env = {}
+    for key, var in (("access_key", "AWS_ACCESS_KEY_ID"), ("secret_key", "AWS_SECRET_ACCESS_KEY"),
+                     ("session_token", "AWS_SESSION_TOKEN"), ("endpoint_url", "AWS_ENDPOINT_URL"),
+                     ("region", "AWS_DEFAULT_REGION")):
+        if options.get(key):
+            env[var] = str(options[key])
+    return env
+
+
+def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The ``AWS_*`` variables of this process that Ray workers need to reach the same store: built
+    from the runtime's own environment at ``ray.init`` time, never written to disk."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in WORKER_ENV if environ.get(k)}
+
+
+def filesystem(options: dict[str, Any] | None = None) -> pafs.S3FileSystem:
+    """A pyarrow S3 filesystem with retries (throttling, 5xx, resets: AWS standard strategy with
+    backoff), the endpoint from the options or ``AWS_ENDPOINT_URL[_S3]``, and explicit credentials
+    only when the options carry them (else the AWS default chain)."""
+    import pyarrow.fs as pafs
+
+    options = dict(options or {})
+    unknown = set(options) - set(PUBLIC_KEYS) - set(SECRET_KEYS)
+    if unknown:
+        raise ValueError(f"unknown S3 storage option(s) {sorted(unknown)}; known: {PUBLIC_KEYS + SECRET_KEYS}")
+    kwargs: dict[str, Any] = {
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(
+            max_attempts=int(options.get("max_attempts") or DEFAULT_MAX_ATTEMPTS)),
+        "connect_timeout": float(options.get("connect_timeout") or 10),
+        "request_timeout": float(options.get("request_timeout") or 60),
+    }
+    endpoint = (options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3")
+                or os.environ.get("AWS_ENDPOINT_URL"))
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        if not host:
+            scheme, host = "https", endpoint
+        kwargs["endpoint_override"] = host.rstrip("/")
+        kwargs["scheme"] = scheme
+    region = options.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        kwargs["region"] = region
+    if options.get("access_key") or options.get("secret_key"):
+        if not (options.get("access_key") and options.get("secret_key")):
+            raise ValueError("S3 credentials need both an access key id and a secret access key")
+        kwargs.update(access_key=options["access_key"], secret_key=options["secret_key"],
+                      session_token=options.get("session_token"))
+    return pafs.S3FileSystem(**kwargs)
+
+
+def check_bucket(fs: pafs.FileSystem, location: str) -> None:
+    """Fail fast, naming the bucket, when it does not exist: S3 reports a missing key and a missing
+    bucket alike on a HEAD, so an empty-directory check alone would pass and the first write fail."""
+    import pyarrow.fs as pafs
+
+    bucket, _ = split_uri(location)
+    with translate_errors(location, "check bucket"):
+        kind = fs.get_file_info(bucket).type
+    if kind == pafs.FileType.NotFound:
+        error = S3StageError(f"S3 bucket {bucket!r} does not exist (location {location}); create it or fix the "
+                             "location / endpoint_url in the connection")
+        error.permanent = True
+        raise error
+
+
+@contextmanager
+def translate_errors(location: str, operation: str) -> Iterator[None]:
+    """Turn pyarrow's OSError from S3 into an S3StageError naming the bucket, key and what was being
+    done. A missing key stays FileNotFoundError (callers test for it)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        bucket, key = split_uri(location)
+        error = S3StageError(f"S3 {operation} failed for bucket {bucket!r}, key {key!r} ({location}): {exc}")
+        error.permanent = bool(_PERMANENT.search(str(exc)))
+        raise error from exc
