@@ -56,6 +56,7 @@ class RayJobsLauncher:
     runtime_env: dict[str, Any] | None = None
     python: str = "python"
     verify: bool | str = True
+    submit_retry_s: float = 120.0
 
     def __post_init__(self) -> None:
         self._client = None
@@ -103,19 +104,30 @@ class RayJobsLauncher:
     ) -> str:
         """Submit the runtime. The driver itself does no compute, so by default it reserves no CPU:
         the actor pool's resources come from the JobSpec inside the job."""
-        try:
-            return self.client().submit_job(
-                entrypoint=self.entrypoint(spec_location),
-                submission_id=submission_id,
-                runtime_env=self.runtime_env or None,
-                metadata=metadata or {},
-                entrypoint_num_cpus=entrypoint_num_cpus,
-                entrypoint_num_gpus=entrypoint_num_gpus,
-            )
-        except RayJobsError:
-            raise
-        except Exception as exc:
-            raise RayJobsError(f"submitting {submission_id} to the Ray Jobs API at {self.address} failed: {exc}") from exc
+        deadline = time.monotonic() + self.submit_retry_s
+        delay = 1.0
+        while True:
+            try:
+                return self.client().submit_job(
+                    entrypoint=self.entrypoint(spec_location),
+                    submission_id=submission_id,
+                    runtime_env=self.runtime_env or None,
+                    metadata=metadata or {},
+                    entrypoint_num_cpus=entrypoint_num_cpus,
+                    entrypoint_num_gpus=entrypoint_num_gpus,
+                )
+            except RayJobsError:
+                raise
+            except Exception as exc:
+                text = str(exc)
+                if "already exists" in text:  # an earlier attempt of this call got through
+                    return submission_id
+                # a head whose dashboard agent is still starting (or restarting) says so; wait for it
+                if "try again later" in text and time.monotonic() < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 10.0)
+                    continue
+                raise RayJobsError(f"submitting {submission_id} to the Ray Jobs API at {self.address} failed: {exc}") from exc
 
     def status(self, submission_id: str) -> str:
         status = self.client().get_job_status(submission_id)
