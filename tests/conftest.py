@@ -69,7 +69,12 @@ def ray_cluster():
     head = subprocess.Popen(
         [ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--disable-usage-stats",
-         f"--ray-client-server-port={_free_port()}"],
+         # every fixed default port picked anew: another Ray on the machine (a developer's, a stale
+         # one) holding 52365 leaves the Jobs API without an agent ("No available agent")
+         f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
+         f"--dashboard-agent-grpc-port={_free_port()}", f"--metrics-export-port={_free_port()}",
+         f"--runtime-env-agent-port={_free_port()}", f"--node-manager-port={_free_port()}",
+         f"--object-manager-port={_free_port()}"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
     deadline = time.monotonic() + 120
