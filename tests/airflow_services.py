@@ -63,12 +63,18 @@ class AirflowServices:
                 os.killpg(proc.pid, signal.SIGKILL)
 
     # --- public interfaces ------------------------------------------------------------------------------
-    def cli(self, *args: str) -> str:
-        result = subprocess.run([sys.executable, "-m", "airflow", *args], env=self.env, capture_output=True,
-                                text=True, timeout=300)
-        if result.returncode != 0:
-            raise RuntimeError(f"airflow {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-        return result.stdout
+    def cli(self, *args: str, attempts: int = 6) -> str:
+        """Run an ``airflow`` CLI command. SQLite allows one writer: a command that meets the
+        scheduler's write lock ("database is locked") is simply run again."""
+        for attempt in range(attempts):
+            result = subprocess.run([sys.executable, "-m", "airflow", *args], env=self.env, capture_output=True,
+                                    text=True, timeout=300)
+            if result.returncode == 0:
+                return result.stdout
+            if "database is locked" not in result.stderr + result.stdout or attempt == attempts - 1:
+                raise RuntimeError(f"airflow {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+            time.sleep(2 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def api(self, method: str, path: str, *, prefix: str = "/api/v2", **kwargs: Any) -> Any:
         """The public REST API; ``prefix="/ui"`` for the endpoints only the UI's pages call."""

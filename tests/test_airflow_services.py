@@ -86,8 +86,10 @@ def test_backfill_three_dates_then_reprocess(world):
     s = world["services"]
     t0 = time.monotonic()
     dag_id = "batchinfer_tabular_scoring"
+    # one run at a time: every job attaches to the session's 2-CPU Ray cluster, and two concurrent
+    # jobs each holding a CPU for their model replica leave none for either's reads (both stall)
     s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
-          "--dag-run-conf", json.dumps({"num_customers": 1000}))
+          "--dag-run-conf", json.dumps({"num_customers": 1000}), "--max-active-runs", "1")
     backfill_runs = lambda: sorted(r["dag_run_id"] for r in s.runs(dag_id) if r["run_type"] == "backfill")  # noqa: E731
     deadline = time.monotonic() + 60
     while len(backfill_runs()) < 3 and time.monotonic() < deadline:
@@ -108,7 +110,8 @@ def test_backfill_three_dates_then_reprocess(world):
     # reprocessing the same dates: same run ids, OVERWRITE replaces each directory cleanly
     t0 = time.monotonic()
     s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
-          "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"num_customers": 1000}))
+          "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"num_customers": 1000}),
+          "--max-active-runs", "1")
     deadline = time.monotonic() + 420
     while time.monotonic() < deadline:
         manifests = [read_valid_manifest(str(base / sanitize_run_key(r))) if (base / sanitize_run_key(r) / SUCCESS_MARKER).exists() else None

@@ -80,15 +80,23 @@ def _wait_for_status(launcher, sid, wanted=("RUNNING",), timeout=90):
     raise AssertionError(f"job {sid} never reached {wanted}: {launcher.find(sid)}")
 
 
-def test_example_dag_runs_through_the_jobs_api_deferrable(ray_jobs_conn, launcher, batchinfer_home):
-    state, tasks, run_id = run_dag("batchinfer_tabular_scoring", num_customers=2000)
+@pytest.mark.parametrize(
+    ("dag_id", "conf", "task_id", "subdir", "rows"),
+    [
+        ("batchinfer_tabular_scoring", {"num_customers": 2000}, "score_customers", ("scores", "churn"), 2000),
+        ("batchinfer_ticket_embeddings", {"num_tickets": 150}, "embed_tickets", ("embeddings", "tickets"), 150),
+    ],
+)
+def test_example_dags_run_through_the_jobs_api_deferrable(ray_jobs_conn, launcher, batchinfer_home, dag_id, conf,
+                                                          task_id, subdir, rows):
+    state, tasks, run_id = run_dag(dag_id, **conf)
     assert state == "success", tasks
-    run_dir = batchinfer_home / "stage" / "scores" / "churn" / sanitize_run_key(run_id)
+    run_dir = batchinfer_home.joinpath("stage", *subdir, sanitize_run_key(run_id))
     manifest = read_valid_manifest(str(run_dir))
-    assert manifest["counts"]["output_rows"] == 2000 and manifest["job"]["launcher"] == "ray_jobs"
-    sid = submission_id_for("batchinfer_tabular_scoring", "score_customers", run_id, -1, 1)
+    assert manifest["counts"]["output_rows"] == rows and manifest["job"]["launcher"] == "ray_jobs"
+    sid = submission_id_for(dag_id, task_id, run_id, -1, 1)
     assert launcher.find(sid)["status"] == "SUCCEEDED"
-    url = xcom_value("batchinfer_tabular_scoring", run_id, "score_customers", key="ray_job_url")
+    url = xcom_value(dag_id, run_id, task_id, key="ray_job_url")
     assert url.endswith(f"/#/jobs/{sid}")
     job_spec = (run_dir / "_job.json").read_text()
     assert ray_jobs_conn["extra"]["ray_token"] not in job_spec  # the token never reaches the spec
