@@ -277,6 +277,21 @@ def size_actor_pool(job: JobSpec, cluster: dict[str, float]) -> dict[str, Any]:
             "threads": threads, "notes": notes}
 
 
+def ray_init_kwargs(spec: dict[str, Any], environ: Any) -> dict[str, Any]:
+    """``ray.init`` arguments: the configured cluster, else a fresh local Ray for this job.
+
+    ``ray.init()`` with no address attaches to whatever cluster ``ray start`` last recorded in
+    ``/tmp/ray/ray_current_cluster`` (someone else's, or a dead one it then waits on forever), so
+    "no address" must say ``"local"`` explicitly."""
+    address = (spec.get("ray") or {}).get("address") or environ.get("RAY_ADDRESS")
+    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
+    if address:
+        kwargs["address"] = address
+    else:
+        kwargs.update(address="local", include_dashboard=False)
+    return kwargs
+
+
 def run(spec_location: str) -> dict[str, Any]:
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
@@ -310,11 +325,7 @@ def run(spec_location: str) -> dict[str, Any]:
     import ray
     import ray.data
 
-    ray_address = (spec.get("ray") or {}).get("address") or os.environ.get("RAY_ADDRESS")
-    init_kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
-    if not ray_address:
-        init_kwargs["include_dashboard"] = False
-    ray.init(address=ray_address or None, **init_kwargs)
+    ray.init(**ray_init_kwargs(spec, os.environ))
     t_ray = time.monotonic()
     try:
         ctx = ray.data.DataContext.get_current()
