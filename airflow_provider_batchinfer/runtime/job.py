@@ -30,7 +30,9 @@ from airflow_provider_batchinfer.runtime.io import (
     inspect_input,
     list_input_files,
     make_datasink,
+    row_bytes,
 )
+from airflow_provider_batchinfer.runtime.flavors import transfer_rows
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 from airflow_provider_batchinfer.stage import (
     JOB_SPEC_FILE,
@@ -161,17 +163,21 @@ class ModelReplica:
         device: str,
         threads: int,
         counter: Any = None,
+        max_rows: int | None = None,
     ) -> None:
         from airflow_provider_batchinfer.runtime.flavors import load_predictor
 
-        _set_torch_threads(device, threads)
-
+        started = time.monotonic()
+        self.threads = _set_torch_threads(device, threads)
         manifest = verify_local_copy(Path(model_dir), sha256)
-        self.predict = load_predictor(Path(model_dir), manifest, device=device, threads=threads)
+        verified = time.monotonic()
+        self.predict = load_predictor(Path(model_dir), manifest, device=device, threads=threads, max_rows=max_rows)
         self.plan = plan
         self.params = params
         self.model = f"{manifest['name']}/{manifest['version']}"
         self.counter = counter
+        print(f"[batchinfer] replica ready: {self.model} verified in {verified - started:.2f}s, loaded in "
+              f"{time.monotonic() - verified:.2f}s on {device}, {self.threads or '-'} torch thread(s)", flush=True)
 
     def __call__(self, batch: Any) -> Any:
         import numpy as np
@@ -206,17 +212,20 @@ class ModelReplica:
         return pa.table(columns)
 
 
-def _set_torch_threads(device: str, threads: int) -> None:
+def _set_torch_threads(device: str, threads: int) -> int | None:
     """Ray pins OMP_NUM_THREADS=1 in an actor that reserves one CPU; a CPU model should use the
-    threads the pool was sized for instead, or it runs at a fraction of the machine's speed."""
-    if device != "cpu":
-        return
-    os.environ["OMP_NUM_THREADS"] = str(threads)
+    threads the pool was sized for instead, or it runs at a fraction of the machine's speed.
+    Returns the intra-op threads torch will use (None without torch)."""
+    if device == "cpu":
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        os.environ["MKL_NUM_THREADS"] = str(threads)
     try:
         import torch
     except ImportError:
-        return
-    torch.set_num_threads(max(1, threads))
+        return None
+    if device == "cpu":
+        torch.set_num_threads(max(1, threads))
+    return torch.get_num_threads()
 
 
 # --- the driver -------------------------------------------------------------------------------------
@@ -318,6 +327,7 @@ def run(spec_location: str) -> dict[str, Any]:
     files = list_input_files(spec["input"]["locations"], storage)
     input_rows, schema = inspect_input(files, storage)
     plan = plan_columns(schema, model["signature"], input_spec, files[0])
+    batch_rows = transfer_rows(model["flavor"], job.max_batch_rows, row_bytes(files[0], plan["read"], storage))
     print(f"[batchinfer] input: {input_rows:,} rows in {len(files)} file(s); model reads {plan['sources']}, "
           f"passes through {plan['passthrough']}", flush=True)
 
@@ -336,7 +346,7 @@ def run(spec_location: str) -> dict[str, Any]:
             print(f"[batchinfer] resources: {note}", flush=True)
         print(f"[batchinfer] actor pool: {pool['replicas']} replica(s) x {pool['num_cpus']:g} CPU / "
               f"{pool['num_gpus']:g} GPU on {pool['device']}, {pool['threads']} thread(s) each, "
-              f"batches of {job.max_batch_rows} rows", flush=True)
+              f"batches of {batch_rows:,} rows, model calls of at most {job.max_batch_rows:,} rows", flush=True)
         counter = ray.remote(num_cpus=0)(ProgressCounter).remote()
         stats: dict[str, Any] = {}
         stop = threading.Event()
@@ -358,8 +368,9 @@ def run(spec_location: str) -> dict[str, Any]:
                 "device": pool["device"],
                 "threads": pool["threads"],
                 "counter": counter,
+                "max_rows": job.max_batch_rows,
             },
-            batch_size=job.max_batch_rows,
+            batch_size=batch_rows,
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=pool["replicas"]),
             num_cpus=pool["num_cpus"],
