@@ -175,6 +175,9 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
         raise RuntimeError(f"{system}/{workload} at {cfg['rows']} rows failed (exit {code}):\n{tail}")
     result.update(system=system, workload=workload, peak_rss_mb=round(peak[0] / 2**20, 1),
                   rows_per_s=result["rows"] / result["wall_s"])
+    if system == "provider":  # the job's own account of where its time went (pool, replica start-up)
+        result["job_log"] = [line.split("[batchinfer]", 1)[1].split(" [airflow.", 1)[0].strip()
+                             for line in lines if "[batchinfer]" in line and "progress:" not in line]
     if result["rows"] != cfg["rows"]:
         raise RuntimeError(f"{system}/{workload}: {result['rows']} rows out, {cfg['rows']} in")
     timings = result.get("timings") or {}
