@@ -1,4 +1,4 @@
-# Two entry points for a fresh machine with Python 3.11: `make demo` and `make test`.
+# Entry points for a fresh machine with Python 3.11: `make demo`, `make test` and `make bench`.
 # Each sets up its own virtualenv. torch is pinned to the CPU build on purpose: an unpinned
 # torch pulls a multi-GB CUDA build. GPU machines add the [llm]/CUDA stack themselves.
 
@@ -7,12 +7,16 @@ VENV   := .venv
 PIP    := $(VENV)/bin/python -m pip
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test test-fast clean
+.PHONY: demo test test-fast bench bench-quick clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)" -e ".[examples,test]"
+	touch $@
+
+$(VENV)/.installed-bench: $(VENV)/.installed
+	$(PIP) install -q "$(TORCH)" -e ".[examples,bench]"
 	touch $@
 
 demo: $(VENV)/.installed
@@ -23,6 +27,14 @@ test: $(VENV)/.installed
 
 test-fast: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q -ra -m "not slow"
+
+# raw model loop vs streaming loop vs plain Ray Data vs the provider, as ratios measured in one run
+# (~15 min on 2 cores); results in benchmarks/results/latest.{json,png}. BENCH_ARGS=--quick for small sizes.
+bench: $(VENV)/.installed-bench
+	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
+
+bench-quick: $(VENV)/.installed-bench
+	$(VENV)/bin/python -m benchmarks.run --quick $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .airflow .batchinfer

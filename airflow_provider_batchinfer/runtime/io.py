@@ -64,6 +64,24 @@ def inspect_input(files: list[str], storage_options: dict[str, Any] | None) -> t
     return total, schema
 
 
+def row_bytes(location: str, columns: list[str], storage_options: dict[str, Any] | None) -> float:
+    """Uncompressed bytes per row of ``columns``, from one file's footer (sizes batches)."""
+    import pyarrow.parquet as pq
+
+    stage = Stage.open(location, storage_options)
+    with stage.fs.open_input_file(stage.path) as f:
+        meta = pq.read_metadata(f)
+    wanted = set(columns)
+    total = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            if chunk.path_in_schema.split(".")[0] in wanted:
+                total += chunk.total_uncompressed_size
+    return total / meta.num_rows if meta.num_rows else 0.0
+
+
 class ProgressCounter:
     """A tiny Ray actor that write tasks report finished rows to; the driver reads it to log progress."""
 

@@ -30,8 +30,10 @@ from airflow_provider_batchinfer.runtime.io import (
     inspect_input,
     list_input_files,
     make_datasink,
+    row_bytes,
 )
 from airflow_provider_batchinfer.s3 import worker_env
+from airflow_provider_batchinfer.runtime.flavors import transfer_rows
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 from airflow_provider_batchinfer.stage import (
     JOB_SPEC_FILE,
@@ -162,17 +164,23 @@ class ModelReplica:
         device: str,
         threads: int,
         counter: Any = None,
+        max_rows: int | None = None,
     ) -> None:
         from airflow_provider_batchinfer.runtime.flavors import load_predictor
 
-        _set_torch_threads(device, threads)
-
+        started = time.monotonic()
+        self.threads = _set_torch_threads(device, threads)  # imports torch: seconds on a busy machine
+        imported = time.monotonic()
         manifest = verify_local_copy(Path(model_dir), sha256)
-        self.predict = load_predictor(Path(model_dir), manifest, device=device, threads=threads)
+        verified = time.monotonic()
+        self.predict = load_predictor(Path(model_dir), manifest, device=device, threads=threads, max_rows=max_rows)
         self.plan = plan
         self.params = params
         self.model = f"{manifest['name']}/{manifest['version']}"
         self.counter = counter
+        print(f"[batchinfer] replica ready: {self.model} torch imported in {imported - started:.2f}s, "
+              f"verified in {verified - imported:.2f}s, loaded in "
+              f"{time.monotonic() - verified:.2f}s on {device}, {self.threads or '-'} torch thread(s)", flush=True)
 
     def __call__(self, batch: Any) -> Any:
         import numpy as np
@@ -207,17 +215,20 @@ class ModelReplica:
         return pa.table(columns)
 
 
-def _set_torch_threads(device: str, threads: int) -> None:
+def _set_torch_threads(device: str, threads: int) -> int | None:
     """Ray pins OMP_NUM_THREADS=1 in an actor that reserves one CPU; a CPU model should use the
-    threads the pool was sized for instead, or it runs at a fraction of the machine's speed."""
-    if device != "cpu":
-        return
-    os.environ["OMP_NUM_THREADS"] = str(threads)
+    threads the pool was sized for instead, or it runs at a fraction of the machine's speed.
+    Returns the intra-op threads torch will use (None without torch)."""
+    if device == "cpu":
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        os.environ["MKL_NUM_THREADS"] = str(threads)
     try:
         import torch
     except ImportError:
-        return
-    torch.set_num_threads(max(1, threads))
+        return None
+    if device == "cpu":
+        torch.set_num_threads(max(1, threads))
+    return torch.get_num_threads()
 
 
 # --- the driver -------------------------------------------------------------------------------------
@@ -278,6 +289,21 @@ def size_actor_pool(job: JobSpec, cluster: dict[str, float]) -> dict[str, Any]:
             "threads": threads, "notes": notes}
 
 
+def ray_init_kwargs(spec: dict[str, Any], environ: Any) -> dict[str, Any]:
+    """``ray.init`` arguments: the configured cluster, else a fresh local Ray for this job.
+
+    ``ray.init()`` with no address attaches to whatever cluster ``ray start`` last recorded in
+    ``/tmp/ray/ray_current_cluster`` (someone else's, or a dead one it then waits on forever), so
+    "no address" must say ``"local"`` explicitly."""
+    address = (spec.get("ray") or {}).get("address") or environ.get("RAY_ADDRESS")
+    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
+    if address:
+        kwargs["address"] = address
+    else:
+        kwargs.update(address="local", include_dashboard=False)
+    return kwargs
+
+
 def run(spec_location: str) -> dict[str, Any]:
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
@@ -304,6 +330,7 @@ def run(spec_location: str) -> dict[str, Any]:
     files = list_input_files(spec["input"]["locations"], storage)
     input_rows, schema = inspect_input(files, storage)
     plan = plan_columns(schema, model["signature"], input_spec, files[0])
+    batch_rows = transfer_rows(model["flavor"], job.max_batch_rows, row_bytes(files[0], plan["read"], storage))
     print(f"[batchinfer] input: {input_rows:,} rows in {len(files)} file(s); model reads {plan['sources']}, "
           f"passes through {plan['passthrough']}", flush=True)
 
@@ -311,17 +338,10 @@ def run(spec_location: str) -> dict[str, Any]:
     import ray
     import ray.data
 
-    ray_address = (spec.get("ray") or {}).get("address") or os.environ.get("RAY_ADDRESS")
-    init_kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
-    if not ray_address:
-        # "local" starts this job's own Ray even when another cluster runs on the machine: with
-        # address=None, ray.init() attaches to the most recent `ray start` cluster it finds in
-        # /tmp/ray, which may belong to someone else (and hangs there if that cluster uses token auth)
-        ray_address = "local"
-        init_kwargs["include_dashboard"] = False
+    init_kwargs = ray_init_kwargs(spec, os.environ)
     if worker_env():  # S3 credentials reach the workers from this process's environment, never a file
         init_kwargs["runtime_env"] = {"env_vars": worker_env()}
-    ray.init(address=ray_address, **init_kwargs)
+    ray.init(**init_kwargs)
     t_ray = time.monotonic()
     try:
         ctx = ray.data.DataContext.get_current()
@@ -332,7 +352,7 @@ def run(spec_location: str) -> dict[str, Any]:
             print(f"[batchinfer] resources: {note}", flush=True)
         print(f"[batchinfer] actor pool: {pool['replicas']} replica(s) x {pool['num_cpus']:g} CPU / "
               f"{pool['num_gpus']:g} GPU on {pool['device']}, {pool['threads']} thread(s) each, "
-              f"batches of {job.max_batch_rows} rows", flush=True)
+              f"batches of {batch_rows:,} rows, model calls of at most {job.max_batch_rows:,} rows", flush=True)
         counter = ray.remote(num_cpus=0)(ProgressCounter).remote()
         stats: dict[str, Any] = {}
         stop = threading.Event()
@@ -354,8 +374,9 @@ def run(spec_location: str) -> dict[str, Any]:
                 "device": pool["device"],
                 "threads": pool["threads"],
                 "counter": counter,
+                "max_rows": job.max_batch_rows,
             },
-            batch_size=job.max_batch_rows,
+            batch_size=batch_rows,
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=pool["replicas"]),
             num_cpus=pool["num_cpus"],

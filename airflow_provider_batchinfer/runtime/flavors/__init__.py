@@ -1,9 +1,15 @@
 """One small adapter per model kind, all with the same shape.
 
-``load(model_dir, manifest, device, threads) -> predictor`` and ``predictor(inputs, params) ->
-{output column: values}``, where ``inputs`` is a ``pyarrow.Table`` holding exactly the model's
-input columns (signature names, signature order). Each flavor converts only what it needs, so
-text stays Python strings for a tokenizer and numbers go to numpy without a pandas detour.
+``load(model_dir, manifest, device, threads, max_rows) -> predictor`` and ``predictor(inputs,
+params) -> {output column: values}``, where ``inputs`` is a ``pyarrow.Table`` holding exactly the
+model's input columns (signature names, signature order). Each flavor converts only what it needs,
+so text stays Python strings for a tokenizer and numbers go to numpy without a pandas detour.
+
+``max_rows`` (``JobSpec.max_batch_rows``) bounds the rows of one model call. The batches Ray hands
+a replica may be larger (``transfer_rows``): moving and converting few large batches is cheaper
+than many small ones, and a text model sorts a larger batch by length before cutting it into
+model calls, so it pads less. A flavor whose ``TRANSFER_ROWS`` is 0 gets batches of exactly
+``max_rows`` (the user's own ``predict`` never sees more than that).
 """
 
 from __future__ import annotations
@@ -21,9 +27,26 @@ _MODULES = {
 }
 
 
-def load_predictor(model_dir: Path, manifest: dict[str, Any], device: str, threads: int) -> Predictor:
-    flavor = manifest["flavor"]
+def _module(flavor: str):
     if flavor not in _MODULES:
         raise ValueError(f"model flavor {flavor!r} is not supported by this runtime ({', '.join(_MODULES)})")
-    module = importlib.import_module(_MODULES[flavor])
-    return module.load(model_dir, manifest, device=device, threads=threads)
+    return importlib.import_module(_MODULES[flavor])
+
+
+def load_predictor(model_dir: Path, manifest: dict[str, Any], device: str, threads: int,
+                   max_rows: int | None = None) -> Predictor:
+    return _module(manifest["flavor"]).load(model_dir, manifest, device=device, threads=threads, max_rows=max_rows)
+
+
+# bytes of input per batch handed to a replica, at most: bounds a replica's memory per batch
+TRANSFER_BYTES = 32 << 20
+
+
+def transfer_rows(flavor: str, max_rows: int, row_bytes: float) -> int:
+    """Rows per batch Ray hands a replica: the flavor's preferred size, never below ``max_rows``,
+    and at most ``TRANSFER_BYTES`` of input (``row_bytes``: uncompressed bytes per input row)."""
+    preferred = getattr(_module(flavor), "TRANSFER_ROWS", 0)
+    if preferred <= max_rows:
+        return max_rows
+    by_bytes = int(TRANSFER_BYTES // max(row_bytes, 1.0))
+    return max(max_rows, min(preferred, by_bytes))

@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 
-def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int):
+TRANSFER_ROWS = 0  # predict() gets at most JobSpec.max_batch_rows rows, as the user sized it
+
+
+def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None):
     options = manifest["options"]
     code_dir = str(model_dir / options["code_dir"])
     if code_dir not in sys.path:

@@ -25,7 +25,11 @@ def _features(inputs) -> np.ndarray:
     return np.column_stack(cols) if len(cols) > 1 else cols[0].reshape(-1, 1)
 
 
-def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int):
+# tabular rows are small: hand a replica large batches and convert them to one matrix at once
+TRANSFER_ROWS = 65536
+
+
+def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None):
     import torch
 
     if device == "cpu":
@@ -36,8 +40,12 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int):
 
     def predict(inputs, params: dict[str, Any]) -> dict[str, Any]:
         x = torch.from_numpy(np.ascontiguousarray(_features(inputs))).to(device)
+        step = max_rows or len(x) or 1
         with torch.inference_mode():
-            y = model(x)
+            if len(x) <= step:
+                y = model(x)
+            else:  # model calls of at most max_rows rows (JobSpec.max_batch_rows)
+                y = _concat([model(x[i:i + step]) for i in range(0, len(x), step)])
         if isinstance(y, dict):
             return {name: _to_numpy(y[name]) for name in outputs}
         if isinstance(y, (tuple, list)):
@@ -52,6 +60,17 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int):
         return {name: arr[:, i] for i, name in enumerate(outputs)}
 
     return predict
+
+
+def _concat(parts: list[Any]) -> Any:
+    import torch
+
+    first = parts[0]
+    if isinstance(first, dict):
+        return {k: torch.cat([p[k] for p in parts]) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(torch.cat([p[i] for p in parts]) for i in range(len(first)))
+    return torch.cat(parts)
 
 
 def _to_numpy(t) -> np.ndarray:

@@ -1,0 +1,56 @@
+"""How the runtime batches and where it finds Ray: pure functions and one real TorchScript model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_provider_batchinfer.runtime.flavors import torchscript, transfer_rows
+from airflow_provider_batchinfer.runtime.io import row_bytes
+from airflow_provider_batchinfer.runtime.job import ray_init_kwargs
+
+
+def test_no_configured_address_means_a_fresh_local_ray_never_a_stray_cluster():
+    # ray.init(address=None) would attach to whatever /tmp/ray/ray_current_cluster names
+    assert ray_init_kwargs({"ray": {"address": None}}, {})["address"] == "local"
+    assert ray_init_kwargs({}, {})["include_dashboard"] is False
+    assert ray_init_kwargs({"ray": {"address": "127.0.0.1:6379"}}, {})["address"] == "127.0.0.1:6379"
+    assert ray_init_kwargs({}, {"RAY_ADDRESS": "auto"})["address"] == "auto"
+
+
+def test_transfer_batches_are_larger_than_model_calls_only_where_the_flavor_says_so():
+    assert transfer_rows("torchscript", 256, row_bytes=264.0) == 65536
+    assert transfer_rows("torchscript", 256, row_bytes=4 << 20) == 256  # bounded by bytes, never below max_rows
+    assert transfer_rows("torchscript", 100_000, row_bytes=8.0) == 100_000
+    assert transfer_rows("sentence_transformers", 256, row_bytes=500.0) == 1024
+    assert transfer_rows("python", 256, row_bytes=8.0) == 256  # a user's predict() sees what they asked for
+
+
+def test_row_bytes_reads_only_the_footer_of_the_columns_asked_for(tmp_path):
+    rng = np.random.default_rng(0)
+    table = pa.table({"id": rng.integers(0, 2**62, 1000), "x": rng.standard_normal(1000).astype(np.float32),
+                      "text": [f"{i:03d}" + "a" * 97 for i in range(1000)]})
+    pq.write_table(table, tmp_path / "in.parquet", compression="none", use_dictionary=False)
+    narrow = row_bytes(str(tmp_path / "in.parquet"), ["id", "x"], None)
+    wide = row_bytes(str(tmp_path / "in.parquet"), ["id", "x", "text"], None)
+    assert 12 <= narrow < 20 and wide > narrow + 50
+
+
+def test_torchscript_calls_the_model_with_at_most_max_batch_rows(tmp_path):
+    import torch
+
+    class RowsInCall(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.full((x.shape[0], 1), float(x.shape[0])) + 0 * x[:, :1]
+
+    torch.jit.script(RowsInCall()).save(str(tmp_path / "model.pt"))
+    manifest = {"options": {"file": "model.pt"}, "signature": {"inputs": {"a": "float32", "b": "float32"},
+                                                               "outputs": {"rows_in_call": "float32"}}}
+    predict = torchscript.load(tmp_path, manifest, device="cpu", threads=1, max_rows=256)
+    inputs = pa.table({"a": np.arange(1000, dtype=np.float32), "b": np.ones(1000, np.float32)})
+    out = predict(inputs, {})["rows_in_call"]
+    assert len(out) == 1000
+    assert out.max() == 256 and sorted(set(out.tolist())) == [232.0, 256.0]  # 3 x 256 + 232
+    whole = torchscript.load(tmp_path, manifest, device="cpu", threads=1, max_rows=None)(inputs, {})["rows_in_call"]
+    assert set(whole.tolist()) == {1000.0}
