@@ -84,7 +84,8 @@ def ray_cluster():
                 if s.connect_ex(("127.0.0.1", wait_port)) == 0:
                     break
             if head.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ray start --head did not come up; see {_HOME / 'ray-head.log'}")
+                tail = (_HOME / "ray-head.log").read_text()[-3000:]
+                raise RuntimeError(f"ray start --head did not come up (exit {head.poll()}):\n{tail}")
             time.sleep(0.5)
     address = f"127.0.0.1:{port}"
     os.environ["RAY_ADDRESS"] = address
