@@ -49,6 +49,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class BackgroundServer:
+    """A test server in its own process group: started, waited for on its ports, and stopped by
+    group, so whatever else runs on the machine (another Ray, another moto) is left alone."""
+
+    def __init__(self, name: str, cmd: list[str], ports: list[int], env: dict[str, str] | None = None,
+                 timeout: float = 120) -> None:
+        self.log_path = _HOME / f"{name}.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env or os.environ,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        for port in ports:
+            while True:
+                with socket.socket() as s:
+                    if s.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = self.log_path.read_text()[-3000:]
+                    self.stop()
+                    raise RuntimeError(f"{name} did not come up (exit {self.proc.poll()}):\n{tail}")
+                time.sleep(0.3)
+
+    def stop(self, timeout: float = 60) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.log.close()
+
+
 @pytest.fixture(scope="session")
 def airflow_db():
     """A migrated SQLite metadata DB (``airflow db migrate``, once per session)."""
@@ -60,13 +93,12 @@ def airflow_db():
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One real local Ray cluster (``ray start --head --block``, dashboard and Jobs API on 127.0.0.1)
-    for the session; local-launcher jobs attach to it through RAY_ADDRESS, ray_jobs submit to it. It runs in its own process group and only that group is stopped, so a
-    Ray started by anything else on the machine is left alone."""
+    for the session; local-launcher jobs attach to it through RAY_ADDRESS, ray_jobs submit to it."""
     port, dashboard_port = _free_port(), _free_port()
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = dict(os.environ, RAY_AUTH_MODE="token")
-    log = open(_HOME / "ray-head.log", "w")
-    head = subprocess.Popen(
+    head = BackgroundServer(
+        "ray-head",
         [ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--disable-usage-stats",
          # every fixed default port picked anew: another Ray on the machine (a developer's, a stale
@@ -75,30 +107,15 @@ def ray_cluster():
          f"--dashboard-agent-grpc-port={_free_port()}", f"--metrics-export-port={_free_port()}",
          f"--runtime-env-agent-port={_free_port()}", f"--node-manager-port={_free_port()}",
          f"--object-manager-port={_free_port()}"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        ports=[port, dashboard_port], env=env,
     )
-    deadline = time.monotonic() + 120
-    for wait_port in (port, dashboard_port):
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", wait_port)) == 0:
-                    break
-            if head.poll() is not None or time.monotonic() > deadline:
-                tail = (_HOME / "ray-head.log").read_text()[-3000:]
-                raise RuntimeError(f"ray start --head did not come up (exit {head.poll()}):\n{tail}")
-            time.sleep(0.5)
     address = f"127.0.0.1:{port}"
     os.environ["RAY_ADDRESS"] = address
     os.environ["RAY_AUTH_MODE"] = "token"
     yield {"address": address, "dashboard": f"http://127.0.0.1:{dashboard_port}",
            "token": (Path.home() / ".ray" / "auth_token").read_text().strip()}
     os.environ.pop("RAY_ADDRESS", None)
-    os.killpg(head.pid, signal.SIGTERM)
-    try:
-        head.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(head.pid, signal.SIGKILL)
-    log.close()
+    head.stop()
 
 
 @pytest.fixture
@@ -179,24 +196,9 @@ def s3_server():
     yields its endpoint URL. Runs in its own process group, and only that group is stopped."""
     port = _free_port()
     moto_bin = str(Path(sys.executable).parent / "moto_server")
-    log = open(_HOME / "moto-server.log", "w")
-    server = subprocess.Popen([moto_bin, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    deadline = time.monotonic() + 60
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        if server.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"moto_server did not come up; see {_HOME / 'moto-server.log'}")
-        time.sleep(0.2)
+    server = BackgroundServer("moto-server", [moto_bin, "-H", "127.0.0.1", "-p", str(port)], ports=[port], timeout=60)
     yield f"http://127.0.0.1:{port}"
-    os.killpg(server.pid, signal.SIGTERM)
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-    log.close()
+    server.stop(timeout=30)
 
 
 @pytest.fixture
