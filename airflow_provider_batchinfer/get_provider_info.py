@@ -68,6 +68,18 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "Where logged models live: <root>/<name>/<version>/.",
                         "schema": {"type": ["string", "null"]},
                     },
+                    "allowed_roots": {
+                        "label": "Allowed file roots",
+                        "description": "Besides the stage root, where InputSpec.column_handling may read the files "
+                        "a column points at: comma-separated absolute paths or URIs (s3://bucket/prefix).",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "llm_engine": {
+                        "label": "LLM engine",
+                        "description": "Default engine of text_generation jobs: 'vllm' (GPU, ray.data.llm) or "
+                        "'transformers' (CPU). Empty: vLLM exactly when the job asks for GPUs.",
+                        "schema": {"type": ["string", "null"], "enum": ["vllm", "transformers", None]},
+                    },
                     "endpoint_url": {
                         "label": "S3 endpoint URL",
                         "description": "For S3-compatible stores (MinIO, R2, ...): e.g. http://minio:9000. "

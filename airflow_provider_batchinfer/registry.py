@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import os
 import re
 import shutil
@@ -25,7 +26,9 @@ from airflow_provider_batchinfer.stage import Stage, StageError, join
 
 MODEL_MANIFEST = "MODEL.json"
 REGISTRY_FORMAT = "batchinfer.model/1"
-FLAVORS = ("torchscript", "sentence_transformers", "python")
+FLAVORS = ("torchscript", "sentence_transformers", "python", "text_generation", "image_classification")
+# flavors whose artifact is a transformers save_pretrained directory (model + tokenizer/processor)
+PRETRAINED_FLAVORS = ("text_generation", "image_classification")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -110,6 +113,10 @@ def normalize_signature(signature: dict[str, Any] | None, flavor: str) -> dict[s
     defaults = {
         "sentence_transformers": {"inputs": {"text": "string"}, "outputs": {"embedding": "list<float32>"}},
         "python": {"inputs": {}, "outputs": {}},
+        # messages: OpenAI chat messages (list of structs or JSON); sampling_params: optional per-row overrides
+        "text_generation": {"inputs": {"messages": "messages", "sampling_params": "optional"},
+                            "outputs": {"choices": "list<struct>", "usage": "struct"}},
+        "image_classification": {"inputs": {"image": "binary"}, "outputs": {"label": "string", "score": "float32"}},
     }
     if signature is None:
         if flavor not in defaults:
@@ -281,6 +288,9 @@ class ModelRegistry:
             else:
                 artifact.save(str(art))
             options["dir"] = "artifact"
+        elif flavor in PRETRAINED_FLAVORS:
+            _stage_pretrained(art, flavor, artifact)
+            options["dir"] = "artifact"
         elif flavor == "python":
             if python_class is None:
                 raise RegistryError("a python model needs python_class=<class with load(path) and predict(batch)>")
@@ -358,6 +368,35 @@ def verify_local_copy(path: Path, expected_sha256: str | None = None) -> dict[st
             f"model at {path} has sha256 {digest[:12]}… but {expected_sha256 or manifest['sha256']} was pinned; refusing to use it"
         )
     return manifest
+
+
+def _stage_pretrained(art: Path, flavor: str, artifact: Any) -> None:
+    """Copy a ``save_pretrained`` directory, or save ``(model, tokenizer_or_processor)`` into one.
+
+    A chat model without a chat template is refused here, at log time, rather than on a worker."""
+    what = "tokenizer" if flavor == "text_generation" else "image processor"
+    if isinstance(artifact, (str, os.PathLike)):
+        if not Path(artifact).is_dir():
+            raise RegistryError(f"{flavor} artifact {artifact!s} is not a directory (save_pretrained output)")
+        shutil.copytree(artifact, art, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".cache"))
+    elif isinstance(artifact, (tuple, list)) and len(artifact) == 2 and all(hasattr(a, "save_pretrained") for a in artifact):
+        art.mkdir()
+        for part in artifact:
+            part.save_pretrained(str(art))
+    else:
+        raise RegistryError(
+            f"a {flavor} model needs artifact=<directory written by save_pretrained> or (model, {what}), "
+            f"got {type(artifact).__name__}"
+        )
+    if not (art / "config.json").exists():
+        raise RegistryError(f"{flavor} artifact has no config.json; save the model with save_pretrained")
+    if flavor == "text_generation":
+        config = json.loads((art / "tokenizer_config.json").read_text()) if (art / "tokenizer_config.json").exists() else {}
+        if not (art / "chat_template.jinja").exists() and not config.get("chat_template"):
+            raise RegistryError(
+                "a text_generation model needs a tokenizer with a chat template (chat_template.jinja or "
+                "tokenizer_config.json's chat_template); set tokenizer.chat_template before saving"
+            )
 
 
 def _python_class_source(python_class: Any, code_paths: list[str] | None) -> tuple[str, str, list[str]]:

@@ -62,13 +62,18 @@ class InputSpec:
     unchanged next to the predictions, typically ids (``None``: every read column the model does not
     consume). ``column_mapping``: input column -> model input name, for inputs whose names differ
     from the model's signature. ``params``: flavor parameters passed to the model on every batch
-    (``batch_size`` for sentence-transformers, ``normalize_embeddings``, ...).
+    (``batch_size`` for sentence-transformers, ``normalize_embeddings``; ``temperature``,
+    ``top_p``, ``max_tokens``, ``stop``, ``seed`` for text generation).
+    ``column_handling``: input column -> how its file locations (local paths or ``s3://`` URIs)
+    reach the model: ``"bytes"``, ``"base64"`` or ``"data_url"`` (or ``{"encoding": ...,
+    "mime_type": ...}``). Files are read on the Ray side, only under the connection's allowed roots.
     """
 
     columns: tuple[str, ...] | None = None
     passthrough_columns: tuple[str, ...] | None = None
     column_mapping: dict[str, str] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    column_handling: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", _check_columns("InputSpec", "columns", self.columns))
@@ -81,6 +86,7 @@ class InputSpec:
         if not isinstance(self.params, dict):
             raise SpecError("InputSpec.params must be a dict of model parameters, e.g. {'batch_size': 64}.")
         object.__setattr__(self, "params", dict(self.params))
+        object.__setattr__(self, "column_handling", _check_column_handling(self.column_handling))
         if self.columns is not None:
             missing = [c for c in (self.passthrough_columns or ()) if c not in self.columns]
             if missing:
@@ -94,6 +100,12 @@ class InputSpec:
                     f"InputSpec.column_mapping maps {missing}, which are not in InputSpec.columns "
                     f"{list(self.columns)}; add them to columns."
                 )
+            missing = [c for c in self.column_handling if c not in self.columns]
+            if missing:
+                raise SpecError(
+                    f"InputSpec.column_handling names {missing}, which are not in InputSpec.columns "
+                    f"{list(self.columns)}; add them to columns."
+                )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -105,6 +117,30 @@ class InputSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InputSpec:
         return cls(**_known_fields(cls, data))
+
+
+FILE_ENCODINGS = ("bytes", "base64", "data_url")
+
+
+def _check_column_handling(value: Any) -> dict[str, dict[str, Any]]:
+    """``{column: "data_url"}`` or ``{column: {"encoding": "data_url", "mime_type": "image/png"}}``,
+    normalized to the second form so the runtime sees one shape."""
+    if not isinstance(value, dict):
+        raise SpecError("InputSpec.column_handling must be a dict of {column: encoding}, e.g. {'image_path': 'bytes'}.")
+    out: dict[str, dict[str, Any]] = {}
+    for column, how in value.items():
+        if not isinstance(column, str) or not column:
+            raise SpecError(f"InputSpec.column_handling keys must be column names, got {column!r}.")
+        rule = {"encoding": how} if isinstance(how, str) else dict(how) if isinstance(how, dict) else None
+        if rule is None or set(rule) - {"encoding", "mime_type"} or rule.get("encoding") not in FILE_ENCODINGS:
+            raise SpecError(
+                f"InputSpec.column_handling[{column!r}]={how!r}: use one of {list(FILE_ENCODINGS)} "
+                "or {'encoding': <one of them>, 'mime_type': 'image/png'}."
+            )
+        if rule.get("mime_type") is not None and (not isinstance(rule["mime_type"], str) or "/" not in rule["mime_type"]):
+            raise SpecError(f"InputSpec.column_handling[{column!r}]: mime_type must look like 'image/png', got {rule['mime_type']!r}.")
+        out[column] = {"encoding": rule["encoding"], "mime_type": rule.get("mime_type")}
+    return out
 
 
 @dataclass(frozen=True)
@@ -147,6 +183,9 @@ class OutputSpec:
         return cls(**_known_fields(cls, data))
 
 
+LLM_ENGINES = ("vllm", "transformers")
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """Compute for one job, in Ray's terms.
@@ -155,6 +194,10 @@ class JobSpec:
     the job may spread over (informational for the local launcher). ``num_cpus`` / ``num_gpus`` /
     ``memory`` (bytes): what each replica reserves. ``max_batch_rows``: rows per model call.
     ``progress_interval_s``: how often the job logs rows done, rows/s and ETA.
+    ``engine``: for ``text_generation`` models, ``"vllm"`` (GPU, through ``ray.data.llm``) or
+    ``"transformers"`` (CPU or GPU, a transformers model per replica); ``None`` lets the connection
+    decide (extra ``llm_engine``), else vLLM when ``num_gpus > 0``. ``engine_kwargs``: passed to the
+    vLLM engine (``max_model_len``, ``dtype``, ``tensor_parallel_size``, ...).
     """
 
     replicas: int = 1
@@ -164,8 +207,15 @@ class JobSpec:
     memory: int | None = None
     max_batch_rows: int = 256
     progress_interval_s: float = 10.0
+    engine: str | None = None
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.engine is not None and self.engine not in LLM_ENGINES:
+            raise SpecError(f"JobSpec.engine={self.engine!r}: use one of {list(LLM_ENGINES)} or None (decided by the connection).")
+        if not isinstance(self.engine_kwargs, dict):
+            raise SpecError("JobSpec.engine_kwargs must be a dict, e.g. {'max_model_len': 4096, 'dtype': 'bfloat16'}.")
+        object.__setattr__(self, "engine_kwargs", dict(self.engine_kwargs))
         for name in ("replicas", "num_workers", "max_batch_rows"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

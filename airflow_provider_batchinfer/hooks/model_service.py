@@ -37,11 +37,35 @@ class ServiceConfig:
     runtime_env: dict[str, Any] | None = None
     python: str = "python"
     s3: dict[str, Any] = field(default_factory=dict)  # endpoint_url, region: never credentials
+    allowed_roots: tuple[str, ...] = ()  # beyond stage_root: where column_handling may read files
+    llm_engine: str | None = None  # default engine of text_generation jobs: vllm | transformers
 
     def to_dict(self) -> dict[str, Any]:
         return {"stage_root": self.stage_root, "registry_root": self.registry_root,
                 "launcher": self.launcher, "ray_address": self.ray_address,
-                "runtime_env": self.runtime_env, "python": self.python, "s3": dict(self.s3)}
+                "runtime_env": self.runtime_env, "python": self.python, "s3": dict(self.s3),
+                "allowed_roots": list(self.allowed_roots), "llm_engine": self.llm_engine}
+
+    @property
+    def file_roots(self) -> list[str]:
+        """Roots under which model inputs may reference files: the stage root and ``allowed_roots``."""
+        return [self.stage_root, *self.allowed_roots]
+
+
+def _allowed_roots(value: Any, conn_id: str) -> tuple[str, ...]:
+    """Extra ``allowed_roots``: a JSON list or a comma-separated string of absolute paths / URIs."""
+    if not value:
+        return ()
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip().startswith("[") else [v.strip() for v in value.split(",")]
+    roots = tuple(str(v).rstrip("/") for v in value if str(v).strip())
+    for root in roots:
+        if not (root.startswith("/") or "://" in root) or ".." in root.split("/"):
+            raise ValueError(
+                f"connection {conn_id!r}: allowed_roots entry {root!r} must be an absolute path or a URI such as "
+                "s3://bucket/prefix, without '..'"
+            )
+    return roots
 
 
 def embedded_home() -> str:
@@ -57,7 +81,9 @@ class ModelServiceHook(BaseHook):
 
     :param model_service_conn_id: a ``batchinfer`` connection. Host: an existing Ray cluster's
         address for the local launcher to attach to (empty: a local Ray per job). Extras:
-        ``stage_root``, ``registry_root``, ``launcher``. For ``s3://`` locations: login/password
+        ``stage_root``, ``registry_root``, ``launcher``, ``allowed_roots`` (where
+        ``InputSpec.column_handling`` may read files besides the stage root), ``llm_engine``
+        (``vllm`` | ``transformers``: the default engine of text_generation jobs). For ``s3://`` locations: login/password
         (access key id / secret), extras ``endpoint_url``, ``region_name``, or ``aws_conn_id``.
     """
 
@@ -96,6 +122,12 @@ class ModelServiceHook(BaseHook):
             )
         if launcher == "ray_jobs" and "://" not in address:
             address = f"http://{address}"
+        llm_engine = extra.get("llm_engine") or None
+        if llm_engine not in (None, "vllm", "transformers"):
+            raise ValueError(
+                f"connection {self.model_service_conn_id!r}: llm_engine {llm_engine!r} is not available; use 'vllm', "
+                "'transformers' or leave it empty (vLLM exactly when a job asks for GPUs)"
+            )
         runtime_env = extra.get("runtime_env")
         if isinstance(runtime_env, str):
             runtime_env = json.loads(runtime_env) if runtime_env.strip() else None
@@ -107,6 +139,8 @@ class ModelServiceHook(BaseHook):
             runtime_env=runtime_env,
             python=str(extra.get("python") or "python"),
             s3=public_options(self.storage_options),
+            allowed_roots=_allowed_roots(extra.get("allowed_roots"), self.model_service_conn_id),
+            llm_engine=llm_engine,
         )
 
     @cached_property

@@ -241,6 +241,8 @@ class BatchInferenceOperator(BaseOperator):
             "job_spec": self.job_spec.to_dict(),
             "model": mv.to_dict(),
             "registry_root": self.hook.config.registry_root,
+            "file_roots": self.hook.config.file_roots,  # InputSpec.column_handling reads only below these
+            "llm_engine": self.hook.config.llm_engine,
             "airflow": owner,
             # a Jobs API driver finds its cluster by itself; only the local launcher attaches
             "ray": {"address": self.hook.config.ray_address if local else None},

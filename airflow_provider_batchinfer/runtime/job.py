@@ -33,6 +33,8 @@ from airflow_provider_batchinfer.runtime.io import (
     row_bytes,
 )
 from airflow_provider_batchinfer.s3 import worker_env
+from airflow_provider_batchinfer.runtime import llm
+from airflow_provider_batchinfer.runtime.dereference import dereference_inputs, dereference_plan
 from airflow_provider_batchinfer.runtime.flavors import transfer_rows
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 from airflow_provider_batchinfer.stage import (
@@ -103,7 +105,9 @@ def plan_columns(schema: Any, signature: dict[str, Any], input_spec: InputSpec, 
     """Decide what to read, what the model gets and what passes through, failing with the column's
     name before any compute when the input cannot match the model's signature."""
     available = list(schema.names)
-    model_inputs = list(signature.get("inputs", {}))
+    # an "optional" input (a text model's per-row sampling_params) is read only when the input has it
+    model_inputs = [m for m, dtype in signature.get("inputs", {}).items()
+                    if str(dtype).lower() != "optional" or m in available or m in input_spec.column_mapping.values()]
     source_of = {model: model for model in model_inputs}
     for src, model in input_spec.column_mapping.items():
         if model not in source_of:
@@ -195,6 +199,7 @@ class ModelReplica:
             if col.null_count:
                 raise ValueError(f"column {src!r} has {col.null_count} null value(s) in a batch of {batch.num_rows} rows; "
                                  "fill or filter them in data_prep")
+        inputs = dereference_inputs(inputs, plan.get("dereference"))  # file locations -> contents (column_handling)
         outputs = self.predict(inputs, self.params)
         columns = {c: batch.column(c) for c in plan["passthrough"]}
         for name, values in outputs.items():
@@ -331,6 +336,11 @@ def run(spec_location: str) -> dict[str, Any]:
     input_rows, schema = inspect_input(files, storage)
     plan = plan_columns(schema, model["signature"], input_spec, files[0])
     batch_rows = transfer_rows(model["flavor"], job.max_batch_rows, row_bytes(files[0], plan["read"], storage))
+    plan["dereference"] = dereference_plan(input_spec.column_handling, plan["sources"], plan["model_inputs"],
+                                           model["signature"].get("inputs", {}), spec.get("file_roots") or [], storage)
+    engine = llm.resolve_engine(model["flavor"], job, spec.get("llm_engine"))
+    if engine == "vllm":
+        llm.check_vllm_job(job)  # no vllm or no GPUs asked for: fail before Ray starts
     print(f"[batchinfer] input: {input_rows:,} rows in {len(files)} file(s); model reads {plan['sources']}, "
           f"passes through {plan['passthrough']}", flush=True)
 
@@ -347,6 +357,8 @@ def run(spec_location: str) -> dict[str, Any]:
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False
         ctx.print_on_execution_start = False
+        if engine == "vllm":
+            llm.check_cluster(job, ray.cluster_resources())
         pool = size_actor_pool(job, ray.cluster_resources())
         for note in pool["notes"]:
             print(f"[batchinfer] resources: {note}", flush=True)
@@ -364,25 +376,30 @@ def run(spec_location: str) -> dict[str, Any]:
         map_kwargs: dict[str, Any] = {}
         if job.memory:
             map_kwargs["memory"] = job.memory
-        ds = ds.map_batches(
-            ModelReplica,
-            fn_constructor_kwargs={
-                "model_dir": str(model_dir),
-                "sha256": model["sha256"],
-                "plan": plan,
-                "params": input_spec.params,
-                "device": pool["device"],
-                "threads": pool["threads"],
-                "counter": counter,
-                "max_rows": job.max_batch_rows,
-            },
-            batch_size=batch_rows,
-            batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=pool["replicas"]),
-            num_cpus=pool["num_cpus"],
-            num_gpus=pool["num_gpus"] or None,
-            **map_kwargs,
-        )
+        if engine == "vllm":  # ray.data.llm runs its own stages and engine actors
+            print(f"[batchinfer] engine: vLLM via ray.data.llm, {job.replicas} engine replica(s) x "
+                  f"{llm.gpus_per_replica(job)} GPU(s)", flush=True)
+            ds = llm.build_pipeline(ds, model_dir, model["signature"], plan, input_spec.params, job, counter)
+        else:
+            ds = ds.map_batches(
+                ModelReplica,
+                fn_constructor_kwargs={
+                    "model_dir": str(model_dir),
+                    "sha256": model["sha256"],
+                    "plan": plan,
+                    "params": input_spec.params,
+                    "device": pool["device"],
+                    "threads": pool["threads"],
+                    "counter": counter,
+                    "max_rows": job.max_batch_rows,
+                },
+                batch_size=batch_rows,
+                batch_format="pyarrow",
+                compute=ray.data.ActorPoolStrategy(size=pool["replicas"]),
+                num_cpus=pool["num_cpus"],
+                num_gpus=pool["num_gpus"] or None,
+                **map_kwargs,
+            )
         sink = make_datasink(run_dir.location, attempt, storage)
         ticker.start()
         t_map = time.monotonic()

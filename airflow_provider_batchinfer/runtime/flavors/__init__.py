@@ -24,6 +24,8 @@ _MODULES = {
     "torchscript": "airflow_provider_batchinfer.runtime.flavors.torchscript",
     "sentence_transformers": "airflow_provider_batchinfer.runtime.flavors.sentence_transformers",
     "python": "airflow_provider_batchinfer.runtime.flavors.python_class",
+    "text_generation": "airflow_provider_batchinfer.runtime.flavors.text_generation",
+    "image_classification": "airflow_provider_batchinfer.runtime.flavors.image_classification",
 }
 
 

@@ -1,0 +1,185 @@
+"""The vLLM engine for ``text_generation`` models, through ``ray.data.llm`` (the ``[llm]`` extra).
+
+``ray.data.llm`` builds the whole GPU pipeline (chat template -> tokenize -> vLLM engine ->
+detokenize, each a Ray Data stage sized on its own); this module only maps our contract onto it:
+
+- ``JobSpec``: ``replicas`` -> engine ``concurrency``, ``max_batch_rows`` -> ``batch_size``,
+  ``num_gpus`` -> ``tensor_parallel_size`` (unless ``engine_kwargs`` sets it), ``engine_kwargs``
+  (``max_model_len``, ``dtype``, ...) -> vLLM as is;
+- ``InputSpec.params`` and a row's ``sampling_params`` -> vLLM sampling parameters;
+- vLLM's output (``generated_text``, ``num_input_tokens``, ``num_generated_tokens``) -> the same
+  ``choices`` / ``usage`` columns the transformers engine writes, joined to the passthrough ids.
+
+Which engine runs is decided once per job (:func:`resolve_engine`), and a job that asks for vLLM
+without vLLM installed, without ``num_gpus`` or on a cluster without GPUs fails before any work,
+with what to change. Nothing here imports vllm or ray at module level.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_batchinfer.chat import finish_reason, response, response_types, sampling_params
+from airflow_provider_batchinfer.runtime.dereference import dereference_messages, normalize_roots, parse_messages
+
+LLM_FLAVOR = "text_generation"
+INSTALL_HINT = "pip install 'airflow-provider-batchinfer[llm]' (vllm and ray[llm]) in the image the Ray workers run"
+
+
+class LLMEngineError(RuntimeError):
+    """The requested LLM engine cannot run here; the message says what to change."""
+
+
+def resolve_engine(flavor: str, job: Any, default_engine: str | None = None) -> str | None:
+    """``None`` for models that are not text generation; else ``"vllm"`` or ``"transformers"``:
+    ``JobSpec.engine``, else the connection's ``llm_engine``, else vLLM exactly when the job has GPUs."""
+    if flavor != LLM_FLAVOR:
+        if job.engine is not None:
+            raise LLMEngineError(f"JobSpec.engine={job.engine!r} applies to text_generation models, not {flavor}; drop it")
+        return None
+    engine = job.engine or default_engine or ("vllm" if job.num_gpus > 0 else "transformers")
+    if engine not in ("vllm", "transformers"):
+        raise LLMEngineError(f"llm_engine={engine!r} in the connection: use 'vllm' or 'transformers'")
+    return engine
+
+
+def gpus_per_replica(job: Any) -> int:
+    kwargs = job.engine_kwargs
+    tp = int(kwargs.get("tensor_parallel_size") or max(1, int(job.num_gpus)))
+    pp = int(kwargs.get("pipeline_parallel_size") or 1)
+    return tp * pp
+
+
+def check_vllm_job(job: Any, find_spec: Any = importlib.util.find_spec) -> None:
+    """Before Ray starts: the job asks for GPUs and vLLM is importable."""
+    if job.num_gpus <= 0:
+        raise LLMEngineError(
+            "the vLLM engine runs on GPUs, but JobSpec.num_gpus is 0: set JobSpec(num_gpus=1) (or more, for "
+            "tensor parallelism), or run on CPU with JobSpec(engine='transformers')"
+        )
+    missing = [name for name in ("vllm",) if find_spec(name) is None]
+    if missing:
+        raise LLMEngineError(f"the vLLM engine needs the vllm package, which is not installed here: {INSTALL_HINT}; "
+                             "or run on CPU with JobSpec(engine='transformers')")
+
+
+def check_cluster(job: Any, cluster: dict[str, float]) -> None:
+    """After Ray starts: the cluster has the GPUs one engine replica needs."""
+    need = gpus_per_replica(job)
+    have = float(cluster.get("GPU", 0))
+    if have < need:
+        raise LLMEngineError(
+            f"the vLLM engine needs {need} GPU(s) per replica (tensor_parallel_size x pipeline_parallel_size) but the "
+            f"Ray cluster has {have:g}: no CUDA GPU is available to this job. Run on a GPU cluster (launcher "
+            "ray_jobs) or on CPU with JobSpec(engine='transformers')"
+        )
+
+
+def is_multimodal(model_dir: Path) -> bool:
+    """Vision/audio models need ray.data.llm's multimodal stage to load the images in messages."""
+    config_path = Path(model_dir) / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    return any(k in config for k in ("vision_config", "audio_config", "image_token_id", "audio_token_id"))
+
+
+def processor_config(model_dir: Path, job: Any) -> dict[str, Any]:
+    """Keyword arguments of ``ray.data.llm.vLLMEngineProcessorConfig`` for this job (pure)."""
+    engine_kwargs = dict(job.engine_kwargs)
+    engine_kwargs.setdefault("tensor_parallel_size", max(1, int(job.num_gpus)))
+    return {
+        "model_source": str(model_dir),
+        "engine_kwargs": engine_kwargs,
+        "concurrency": job.replicas,
+        "batch_size": job.max_batch_rows,
+        "chat_template_stage": True,
+        "tokenize_stage": True,
+        "detokenize_stage": True,
+        "prepare_multimodal_stage": is_multimodal(model_dir),
+    }
+
+
+def vllm_sampling_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Our checked sampling parameters as vLLM's ``SamplingParams`` fields."""
+    out = {"temperature": float(params["temperature"]), "top_p": float(params["top_p"]),
+           "max_tokens": int(params["max_tokens"]), "detokenize": False}
+    if params["stop"]:
+        out["stop"] = list(params["stop"])
+    if params["seed"] is not None:
+        out["seed"] = int(params["seed"])
+    return out
+
+
+class Preprocess:
+    """Row -> what the processor's first stage reads (``messages``, ``sampling_params``), keeping
+    the passthrough columns; stage files in ``image_url`` / ``input_audio`` parts are inlined under
+    the allowed roots, exactly as on the CPU path."""
+
+    def __init__(self, message_col: str, passthrough: list[str], params: dict[str, Any],
+                 dereference: dict[str, Any] | None) -> None:
+        self.message_col = message_col
+        self.passthrough = passthrough
+        self.params = params
+        self.dereference = dereference
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        messages = parse_messages(row[self.message_col], self.message_col)
+        if self.dereference and self.message_col in self.dereference.get("messages", []):
+            messages = dereference_messages(messages, normalize_roots(self.dereference["roots"]),
+                                            self.dereference.get("storage_options"), self.message_col)
+        sp = sampling_params(self.params, row.get("sampling_params"))
+        return {**{c: row[c] for c in self.passthrough}, "messages": messages,
+                "sampling_params": vllm_sampling_params(sp)}
+
+
+class Postprocess:
+    """vLLM's output row -> the passthrough columns plus one OpenAI-shaped response."""
+
+    def __init__(self, passthrough: list[str]) -> None:
+        self.passthrough = passthrough
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        max_tokens = int(row["sampling_params"]["max_tokens"])
+        generated = int(row["num_generated_tokens"])
+        # vLLM stops early only at EOS or a stop string: fewer tokens than max_tokens means it stopped
+        out = response(str(row["generated_text"]).strip(), finish_reason(generated, max_tokens, False),
+                       int(row["num_input_tokens"]), generated)
+        return {**{c: row[c] for c in self.passthrough}, "choices": json.dumps(out["choices"]),
+                "usage": json.dumps(out["usage"])}
+
+
+def to_response_table(batch: Any, passthrough: list[str], counter: Any = None) -> Any:
+    """The final batch in exactly the CPU engine's Arrow types (JSON crossed the processor, so
+    Ray never has to guess struct types from Python rows)."""
+    import pyarrow as pa
+
+    choices_type, usage_type = response_types()
+    columns = {c: batch.column(c) for c in passthrough}
+    columns["choices"] = pa.array([json.loads(v) for v in batch.column("choices").to_pylist()], choices_type)
+    columns["usage"] = pa.array([json.loads(v) for v in batch.column("usage").to_pylist()], usage_type)
+    if counter is not None:
+        counter.add.remote(batch.num_rows)
+    return pa.table(columns)
+
+
+def build_pipeline(ds: Any, model_dir: Path, manifest_signature: dict[str, Any], plan: dict[str, Any],
+                   params: dict[str, Any], job: Any, counter: Any = None) -> Any:
+    """``ds`` through the vLLM engine processor, ending in passthrough + ``choices`` + ``usage``."""
+    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+
+    inputs = manifest_signature.get("inputs", {})
+    message_col = next((m for m, t in inputs.items() if t == "messages"), "messages")
+    names = dict(zip(plan["model_inputs"], plan["sources"]))
+    source = names.get(message_col, message_col)
+    passthrough = list(plan["passthrough"])
+    if source != message_col or names.get("sampling_params", "sampling_params") != "sampling_params":
+        ds = ds.rename_columns({s: m for m, s in names.items() if s != m})
+    processor = build_processor(
+        vLLMEngineProcessorConfig(**processor_config(model_dir, job)),
+        preprocess=Preprocess(message_col, passthrough, params, plan.get("dereference")),
+        postprocess=Postprocess(passthrough),
+    )
+    return processor(ds).map_batches(to_response_table, batch_format="pyarrow",
+                                     fn_kwargs={"passthrough": passthrough, "counter": counter})
