@@ -28,8 +28,10 @@ CORPUS = [
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
 
 
-def build_tiny_chat_model(path: str | Path, seed: int = 0) -> Path:
-    """Save a tiny Llama causal LM and its tokenizer (with a chat template) to ``path``."""
+def build_tiny_chat_model(path: str | Path, seed: int = 0, hidden_size: int = 32, num_heads: int = 4) -> Path:
+    """Save a tiny Llama causal LM and its tokenizer (with a chat template) to ``path``.
+
+    GPU attention kernels want a head size of 64 or more: for vLLM use ``hidden_size=128, num_heads=2``."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -42,8 +44,9 @@ def build_tiny_chat_model(path: str | Path, seed: int = 0) -> Path:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<pad>",
                                         bos_token="<s>", eos_token="</s>")
     tokenizer.chat_template = CHAT_TEMPLATE
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=2, num_attention_heads=num_heads, num_key_value_heads=max(1, num_heads // 2),
+                         head_dim=hidden_size // num_heads, max_position_embeddings=512,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
     torch.manual_seed(seed)
