@@ -76,11 +76,7 @@ def build_tiny_image_classifier(path: str | Path, seed: int = 0, steps: int = 40
     """Save a tiny ViT (32x32, one layer) trained on synthetic red/green/blue images, and its processor."""
     import torch
     from transformers import ViTConfig, ViTForImageClassification
-
-    try:
-        from transformers import ViTImageProcessorPil as Processor  # transformers 5: no torchvision needed
-    except ImportError:
-        from transformers import ViTImageProcessor as Processor
+    from transformers import ViTImageProcessorPil as Processor  # needs no torchvision
 
     path = Path(path)
     labels = list(COLORS)

@@ -171,6 +171,22 @@ def test_prompt_template_helper_and_sampling_params():
         sampling_params({}, {"max_tokens": 0})
 
 
+@pytest.mark.usefixtures("airflow_db")
+def test_connection_sets_allowed_roots_and_llm_engine(tmp_path, monkeypatch):
+    from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_BI_LLM", json.dumps({"conn_type": "batchinfer", "extra": {
+        "stage_root": str(tmp_path / "s"), "allowed_roots": "s3://images/products/, /mnt/photos", "llm_engine": "vllm"}}))
+    cfg = ModelServiceHook("bi_llm").config
+    assert cfg.file_roots == [str(tmp_path / "s"), "s3://images/products", "/mnt/photos"] and cfg.llm_engine == "vllm"
+    for extra, message in (({"allowed_roots": ["photos"]}, "allowed_roots entry 'photos' must be an absolute path"),
+                           ({"allowed_roots": ["/data/../etc"]}, "without '..'"),
+                           ({"llm_engine": "tgi"}, "llm_engine 'tgi' is not available")):
+        monkeypatch.setenv("AIRFLOW_CONN_BI_BAD", json.dumps({"conn_type": "batchinfer", "extra": extra}))
+        with pytest.raises(ValueError, match=message):
+            ModelServiceHook("bi_bad").config
+
+
 # --- the vLLM engine: everything but the GPU ----------------------------------------------------------
 
 

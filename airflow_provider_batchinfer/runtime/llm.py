@@ -103,8 +103,10 @@ def processor_config(model_dir: Path, job: Any) -> dict[str, Any]:
 
 def vllm_sampling_params(params: dict[str, Any]) -> dict[str, Any]:
     """Our checked sampling parameters as vLLM's ``SamplingParams`` fields."""
+    # the processor's detokenize stage turns tokens into text; vLLM itself detokenizes only when it
+    # must match stop strings (it refuses stop strings with detokenize=False)
     out = {"temperature": float(params["temperature"]), "top_p": float(params["top_p"]),
-           "max_tokens": int(params["max_tokens"]), "detokenize": False}
+           "max_tokens": int(params["max_tokens"]), "detokenize": bool(params["stop"])}
     if params["stop"]:
         out["stop"] = list(params["stop"])
     if params["seed"] is not None:

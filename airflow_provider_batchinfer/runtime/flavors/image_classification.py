@@ -47,10 +47,8 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     path = str(model_dir / manifest["options"]["dir"])
-    try:  # transformers 5: the PIL backend needs no torchvision
-        processor = AutoImageProcessor.from_pretrained(path, local_files_only=True, backend="pil")
-    except TypeError:
-        processor = AutoImageProcessor.from_pretrained(path, local_files_only=True, use_fast=False)
+    # the PIL backend needs no torchvision (the default backend does)
+    processor = AutoImageProcessor.from_pretrained(path, local_files_only=True, backend="pil")
     model = AutoModelForImageClassification.from_pretrained(path, local_files_only=True).to(device).eval()
     labels = model.config.id2label
     (image_col,) = list(manifest["signature"]["inputs"])[:1]
