@@ -100,9 +100,19 @@ def check_location(location: Any, roots: list[tuple[str, str]], column: str = ""
     )
 
 
+_FILESYSTEMS: dict[str, Any] = {}
+
+
 def _read(location: str, storage_options: dict[str, Any] | None) -> bytes:
-    """The one place that opens a referenced file (tests count its calls)."""
-    return Stage.open(location, storage_options).read_bytes()
+    """The one place that opens a referenced file (tests count its calls). One filesystem per
+    scheme and options for the worker's life: an S3 client per row would cost more than the read."""
+    scheme, path = _split(location)
+    key = json.dumps([scheme, storage_options or {}], sort_keys=True, default=str)
+    fs = _FILESYSTEMS.get(key)
+    if fs is None:
+        fs = _FILESYSTEMS[key] = Stage.open(location, storage_options).fs
+    with fs.open_input_stream(path) as f:
+        return f.read()
 
 
 def read_location(location: Any, roots: list[tuple[str, str]], storage_options: dict[str, Any] | None,
@@ -114,9 +124,7 @@ def read_location(location: Any, roots: list[tuple[str, str]], storage_options: 
         return _read(checked, storage_options)
     except FileNotFoundError:
         raise FileReferenceError(f"{where}file {checked} does not exist; fix the location in data_prep") from None
-    except (OSError, RuntimeError) as exc:  # StageError (S3) is a RuntimeError
-        if "NoSuchKey" in str(exc) or "not found" in str(exc).lower() or "does not exist" in str(exc):
-            raise FileReferenceError(f"{where}file {checked} does not exist; fix the location in data_prep") from None
+    except OSError as exc:
         raise FileReferenceError(f"{where}cannot read {checked}: {exc}") from None
 
 
