@@ -36,15 +36,22 @@ from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SpecError
 from airflow_provider_batchinfer.stage import SUCCESS_MARKER, Stage, read_valid_manifest, sanitize_run_key
 
 
+def run_runtime(spec_location: str, **env: str) -> tuple[int, str]:
+    """The Ray-side entrypoint as the local launcher runs it: a subprocess (its own Ray driver)."""
+    import subprocess
+    import sys
+
+    environ = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **env}
+    environ = {k: v for k, v in environ.items() if v is not None and v != ""}
+    proc = subprocess.run([sys.executable, "-m", "airflow_provider_batchinfer.runtime", "--spec", spec_location],
+                          capture_output=True, text=True, env=environ, timeout=900)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
 def png_bytes(color: str = "red", fmt: str = "PNG") -> bytes:
     buf = io.BytesIO()
     color_image(color, seed=7).save(buf, format=fmt)
     return buf.getvalue()
-
-
-@pytest.fixture(scope="module")
-def chat_model_dir(tmp_path_factory) -> Path:
-    return build_tiny_chat_model(tmp_path_factory.mktemp("chat") / "model")
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +202,7 @@ def test_connection_sets_allowed_roots_and_llm_engine(tmp_path, monkeypatch):
 # --- the vLLM engine: everything but the GPU ----------------------------------------------------------
 
 
-def test_engine_choice_and_early_failures_without_gpu_or_vllm(chat_model_dir):
+def test_engine_choice_and_early_failures_without_gpu_or_vllm(tmp_path):
     assert llm.resolve_engine("text_generation", JobSpec()) == "transformers"
     assert llm.resolve_engine("text_generation", JobSpec(num_gpus=1)) == "vllm"
     assert llm.resolve_engine("text_generation", JobSpec(), default_engine="vllm") == "vllm"  # the connection's
@@ -210,7 +217,12 @@ def test_engine_choice_and_early_failures_without_gpu_or_vllm(chat_model_dir):
     with pytest.raises(llm.LLMEngineError, match=r"needs 2 GPU\(s\) per replica .* has 1: no CUDA GPU"):
         llm.check_cluster(JobSpec(num_gpus=1, engine_kwargs={"tensor_parallel_size": 2}), {"CPU": 8, "GPU": 1})
     llm.check_cluster(JobSpec(num_gpus=2), {"GPU": 2})
+    chat_model_dir, vision_model_dir = tmp_path / "chat", tmp_path / "vision"
+    for path, config in ((chat_model_dir, {"model_type": "llama"}), (vision_model_dir, {"vision_config": {}})):
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(config))
     job = JobSpec(replicas=3, num_gpus=2, max_batch_rows=128, engine_kwargs={"max_model_len": 4096, "dtype": "bfloat16"})
+    assert llm.processor_config(vision_model_dir, job)["prepare_multimodal_stage"] is True
     config = llm.processor_config(chat_model_dir, job)
     assert config == {"model_source": str(chat_model_dir), "concurrency": 3, "batch_size": 128,
                       "engine_kwargs": {"max_model_len": 4096, "dtype": "bfloat16", "tensor_parallel_size": 2},
@@ -291,7 +303,7 @@ def test_model_replica_reads_files_and_fails_a_row_with_its_path(registry, image
 @pytest.mark.usefixtures("ray_cluster")
 def test_ray_job_with_a_missing_image_fails_naming_it_and_commits_nothing(registry, image_model_dir, stage_root,
                                                                             tmp_path):
-    from airflow_provider_batchinfer.runtime.job import JOB_FORMAT, run
+    from airflow_provider_batchinfer.runtime.job import ERROR_PREFIX, JOB_FORMAT
 
     mv = registry.log_model("labeler", "v1", "image_classification", str(image_model_dir))
     good = stage_root / "images" / "ok.png"
@@ -309,12 +321,10 @@ def test_ray_job_with_a_missing_image_fails_naming_it_and_commits_nothing(regist
         "model": mv.to_dict(), "registry_root": registry.root, "file_roots": [str(stage_root)],
     }
     run_dir.child("_job.json").write_json(spec)
-    with pytest.raises(Exception) as info:
-        run(run_dir.child("_job.json").location)
-    from airflow_provider_batchinfer.runtime.job import _root_message
-
-    assert _root_message(info.value) == (f"FileReferenceError: column 'image': file {missing} does not exist; "
-                                         "fix the location in data_prep")
+    rc, output = run_runtime(run_dir.child("_job.json").location)
+    (error_line,) = [line for line in output.splitlines() if line.startswith(ERROR_PREFIX)]
+    assert rc != 0 and json.loads(error_line[len(ERROR_PREFIX):])["error"] == (
+        f"FileReferenceError: column 'image': file {missing} does not exist; fix the location in data_prep")
     assert not run_dir.child(SUCCESS_MARKER).exists()
 
 
@@ -390,14 +400,12 @@ def _no_gpu_reason() -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(_no_gpu_reason() is not None, reason=_no_gpu_reason() or "")
-def test_vllm_engine_on_a_gpu_end_to_end(registry, tmp_path, monkeypatch):
+def test_vllm_engine_on_a_gpu_end_to_end(registry, tmp_path):
     """Runs the job through ray.data.llm's vLLM engine on a tiny Llama (head size 64, fp16) and
     reports its throughput; the same output shape and token reconciliation as on CPU."""
     from transformers import AutoTokenizer
 
-    from airflow_provider_batchinfer.runtime.job import JOB_FORMAT, run
-
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a fresh local Ray with every CPU and GPU of the machine
+    from airflow_provider_batchinfer.runtime.job import JOB_FORMAT
 
     model_dir = build_tiny_chat_model(tmp_path / "gpu-model", hidden_size=128, num_heads=2)
     mv = registry.log_model("gpu_chat", "v1", "text_generation", str(model_dir))
@@ -417,7 +425,10 @@ def test_vllm_engine_on_a_gpu_end_to_end(registry, tmp_path, monkeypatch):
         "ray": {"address": None},
     }
     run_dir.child("_job.json").write_json(spec)
-    manifest = run(run_dir.child("_job.json").location)
+    # a fresh local Ray with every CPU and GPU of the machine, not the tests' 2-CPU head
+    rc, output = run_runtime(run_dir.child("_job.json").location, RAY_ADDRESS="")
+    assert rc == 0, output[-3000:]
+    manifest = read_valid_manifest(run_dir.location)
     assert manifest["counts"]["output_rows"] == n
     out = pq.read_table([f"{manifest['run_dir']}/{f['name']}" for f in manifest["files"]])
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
