@@ -271,6 +271,35 @@ def test_vllm_pre_and_postprocess_map_rows_to_the_response_columns(stage_root):
 # --- the CPU engines through the model replica (the code each Ray actor runs) -------------------------
 
 
+def test_transformers_engine_honours_row_overrides_stop_strings_and_seeds(registry, tmp_path):
+    from airflow_provider_batchinfer.runtime.flavors import load_predictor
+
+    mv = registry.log_model("chat", "v1", "text_generation", str(build_tiny_chat_model(tmp_path / "m")))
+    model_dir = registry.local_copy("chat", "v1")
+    predict = load_predictor(model_dir, json.loads((model_dir / "MODEL.json").read_text()), "cpu", 1)
+    assert mv.signature["inputs"] == {"messages": "messages", "sampling_params": "optional"}
+    base = text_to_messages(pa.table({"text": ["the billing page fails", "login is slow"]}), "summarize : {text}")
+    greedy = predict(base.select(["messages"]), {"temperature": 0, "max_tokens": 12})
+    full = greedy["choices"].to_pylist()[0][0]["message"]["content"]
+    words = full.split()
+    k = next(i for i in range(2, len(words)) if f" {words[i]}" not in f" {' '.join(words[:i])}" and words[i] != ":")
+    overrides = pa.array([json.dumps({"stop": f" {words[k]}"}), json.dumps({"max_tokens": 3})])
+    out = predict(base.select(["messages"]).append_column("sampling_params", overrides),
+                  {"temperature": 0, "max_tokens": 12})
+    (stopped,), (short,) = out["choices"].to_pylist()
+    assert stopped["message"]["content"] == " ".join(words[:k]) and stopped["finish_reason"] == "stop"
+    assert out["usage"].to_pylist()[0]["completion_tokens"] == k + 1  # the stop word was generated, then cut
+    assert short["finish_reason"] == "length" and out["usage"].to_pylist()[1]["completion_tokens"] == 3
+    assert short["message"]["content"] == " ".join(greedy["choices"].to_pylist()[1][0]["message"]["content"].split()[:3])
+    sampled = [predict(base.select(["messages"]), {"temperature": 1.0, "max_tokens": 12, "seed": seed})["choices"]
+               for seed in (5, 5, 6)]
+    assert sampled[0].equals(sampled[1]) and not sampled[0].equals(sampled[2])
+    image = [[{"role": "user", "content": [{"type": "text", "text": "what"},
+                                           {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]]
+    with pytest.raises(ValueError, match=r"model chat/v1 reads text only, but a message has \['image_url'\] parts"):
+        predict(pa.table({"messages": [json.dumps(m) for m in image]}), {})
+
+
 def test_model_replica_reads_files_and_fails_a_row_with_its_path(registry, image_model_dir, stage_root, tmp_path,
                                                                  monkeypatch):
     from airflow_provider_batchinfer.runtime.job import ModelReplica, plan_columns

@@ -40,7 +40,20 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+
+    class _StopOnText(StoppingCriteria):
+        """Stop once the generated text holds a stop string. transformers' own ``stop_strings``
+        needs tokenizers whose pieces decode with a static prefix (BPE, SentencePiece) and fails on
+        others (word-level), so this decodes and looks, which works with every tokenizer."""
+
+        def __init__(self, tok: Any, prompt_len: int, stops: list[str]) -> None:
+            self.tok, self.prompt_len, self.stops = tok, prompt_len, stops
+
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            done = [any(s in self.tok.decode(row[self.prompt_len:], skip_special_tokens=True) for s in self.stops)
+                    for row in input_ids]
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
     path = str(model_dir / manifest["options"]["dir"])
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -64,7 +77,7 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if sp["stop"]:
-            kwargs.update(stop_strings=sp["stop"], tokenizer=tokenizer)
+            kwargs["stopping_criteria"] = StoppingCriteriaList([_StopOnText(tokenizer, ids.shape[1], sp["stop"])])
         if sp["seed"] is not None:
             torch.manual_seed(int(sp["seed"]))
         with torch.inference_mode():
