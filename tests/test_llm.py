@@ -55,6 +55,11 @@ def png_bytes(color: str = "red", fmt: str = "PNG") -> bytes:
 
 
 @pytest.fixture(scope="module")
+def chat_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_chat_model(tmp_path_factory.mktemp("chat") / "model")
+
+
+@pytest.fixture(scope="module")
 def image_model_dir(tmp_path_factory) -> Path:
     return build_tiny_image_classifier(tmp_path_factory.mktemp("vit") / "model")
 
@@ -234,6 +239,29 @@ def test_engine_choice_and_early_failures_without_gpu_or_vllm(tmp_path):
     assert parsed.engine_kwargs["tensor_parallel_size"] == 2 and parsed.concurrency == 3
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_vllm_job_without_vllm_fails_before_ray_starts_and_commits_nothing(registry, chat_model_dir, tmp_path):
+    from airflow_provider_batchinfer.runtime.job import ERROR_PREFIX, JOB_FORMAT
+
+    mv = registry.log_model("chat", "v1", "text_generation", str(chat_model_dir))
+    (tmp_path / "input").mkdir()
+    table = text_to_messages(pa.table({"ticket_id": [1, 2], "text": ["export fails", "login loops"]}), "{text}")
+    pq.write_table(table.select(["ticket_id", "messages"]), tmp_path / "input" / "t.parquet")
+    run_dir = Stage.open(str(tmp_path / "out"))
+    spec = {"format": JOB_FORMAT, "job_id": "t-vllm", "attempt": "t01v", "run_dir": run_dir.location,
+            "input": {"locations": [str(tmp_path / "input")]}, "input_spec": InputSpec().to_dict(),
+            "job_spec": JobSpec(num_gpus=1).to_dict(), "model": mv.to_dict(), "registry_root": registry.root,
+            "file_roots": [str(tmp_path)], "ray": {"address": "127.0.0.1:1"}}  # never reached: fails before Ray
+    run_dir.child("_job.json").write_json(spec)
+    rc, output = run_runtime(run_dir.child("_job.json").location)
+    (error_line,) = [line for line in output.splitlines() if line.startswith(ERROR_PREFIX)]
+    error = json.loads(error_line[len(ERROR_PREFIX):])
+    assert rc != 0 and error["type"] == "LLMEngineError"
+    assert error["error"].startswith("LLMEngineError: the vLLM engine needs the vllm package, which is not installed")
+    assert "[llm]" in error["error"] and "JobSpec(engine='transformers')" in error["error"]
+    assert sorted(name for name, _ in run_dir.list_files()) == ["_job.json"]
+
+
 def test_vllm_pre_and_postprocess_map_rows_to_the_response_columns(stage_root):
     (stage_root / "images" / "p.png").write_bytes(png_bytes())
     plan = dereference.dereference_plan({}, ["messages"], ["messages"], {"messages": "messages"}, [str(stage_root)], None)
@@ -271,10 +299,10 @@ def test_vllm_pre_and_postprocess_map_rows_to_the_response_columns(stage_root):
 # --- the CPU engines through the model replica (the code each Ray actor runs) -------------------------
 
 
-def test_transformers_engine_honours_row_overrides_stop_strings_and_seeds(registry, tmp_path):
+def test_transformers_engine_honours_row_overrides_stop_strings_and_seeds(registry, chat_model_dir):
     from airflow_provider_batchinfer.runtime.flavors import load_predictor
 
-    mv = registry.log_model("chat", "v1", "text_generation", str(build_tiny_chat_model(tmp_path / "m")))
+    mv = registry.log_model("chat", "v1", "text_generation", str(chat_model_dir))
     model_dir = registry.local_copy("chat", "v1")
     predict = load_predictor(model_dir, json.loads((model_dir / "MODEL.json").read_text()), "cpu", 1)
     assert mv.signature["inputs"] == {"messages": "messages", "sampling_params": "optional"}
