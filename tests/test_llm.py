@@ -99,6 +99,8 @@ def test_every_encoding_of_column_handling_local_and_s3(stage_root, s3_server, s
         read_location(f"s3://{s3_bucket}/stage/gone.png", roots, s3_opts, "raw")
     with pytest.raises(FileReferenceError, match=rf"cannot read {stage_root}/images: .*is a directory"):
         read_location(f"{stage_root}/images", roots, None, "raw")
+    with pytest.raises(ValueError, match=r"column_handling names \['color'\], which the model does not read"):
+        dereference.dereference_plan({"color": {"encoding": "bytes"}}, ["path"], ["image"], {}, [], None)
     with pytest.raises(SpecError, match=r"column_handling\['x'\]='hex': use one of \['bytes', 'base64', 'data_url'\]"):
         InputSpec(column_handling={"x": "hex"})
     with pytest.raises(SpecError, match=r"column_handling names \['img'\], which are not in InputSpec.columns"):

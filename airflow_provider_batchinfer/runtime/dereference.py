@@ -238,7 +238,15 @@ def dereference_plan(input_spec_handling: dict[str, dict[str, Any]], sources: li
     """What :func:`dereference_inputs` does to each batch, keyed by model input name (the batch's
     column names at that point); ``None`` when no column needs it."""
     names = dict(zip(sources, model_inputs or sources))
-    handling = {names.get(src, src): rule for src, rule in input_spec_handling.items() if src in names}
+    unread = sorted(set(input_spec_handling) - set(names))
+    if unread:
+        from airflow_provider_batchinfer.runtime.io import InputError
+
+        raise InputError(
+            f"InputSpec.column_handling names {unread}, which the model does not read (its input columns: "
+            f"{list(names)}); map the column to a model input with InputSpec.column_mapping"
+        )
+    handling = {names[src]: rule for src, rule in input_spec_handling.items()}
     messages = [m for m, dtype in signature_inputs.items() if str(dtype).lower() == MESSAGES_DTYPE and m in names.values()]
     if not handling and not messages:
         return None
