@@ -325,7 +325,9 @@ def test_a_zombie_attempts_late_commit_is_refused(tmp_path):
 
 # --- jobs: model errors, dead letters ---------------------------------------------------------------
 
-pytest_jobs = pytest.mark.usefixtures("airflow_db", "ray_cluster")
+def pytest_jobs(test):
+    """A test that runs jobs on the session's Ray cluster (skipped by ``make test-fast``)."""
+    return pytest.mark.slow(pytest.mark.usefixtures("airflow_db", "ray_cluster")(test))
 
 
 def _bad_rows_input(directory: Path) -> Path:

@@ -188,6 +188,8 @@ class ModelReplica:
     def __call__(self, batch: Any) -> Any:
         """Score a batch; with ``on_error="dead_letter"`` rows that raise come back marked instead
         (``runtime/errors.py``), and only a batch that raised pays for finding them."""
+        if batch.num_rows == 0:  # a block RESUME filtered empty: nothing to score, nothing to write
+            return batch.select(self.plan["passthrough"])
         if self.policy.get("on_error") == "dead_letter":
             return score_isolating(self._score, batch, self.policy.get("keep_columns", []))
         return self._score(batch)
