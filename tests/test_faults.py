@@ -321,6 +321,13 @@ def test_a_zombie_attempts_late_commit_is_refused(tmp_path):
                                           r"took over; not committing"):
         commit_manifest(Stage.open(str(run_dir)), "t01zombie", late)
     assert (run_dir / SUCCESS_MARKER).read_text() == newer
+    # nor can a zombie that starts late with RESUME clean up (delete) parts in the newer attempt's directory
+    from airflow_provider_batchinfer.runtime.job import _resume_state
+
+    (run_dir / "part-00001-t02newer.parquet").write_bytes(b"PAR1 being written")
+    with pytest.raises(FencedError, match="attempt t01zombie does not own"):
+        _resume_state({"resume": True, "attempt": "t01zombie"}, Stage.open(str(run_dir)), InputSpec(id_column="ticket_id"))
+    assert (run_dir / "part-00001-t02newer.parquet").exists()
 
 
 # --- jobs: model errors, dead letters ---------------------------------------------------------------

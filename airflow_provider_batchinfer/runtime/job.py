@@ -488,6 +488,10 @@ def _resume_state(spec: dict[str, Any], run_dir: Stage, input_spec: InputSpec) -
 
     if not input_spec.id_column:
         raise JobError("SaveMode.RESUME needs InputSpec.id_column to know which rows are done")
+    owner = run_dir.child(JOB_SPEC_FILE).read_json()
+    if owner.get("attempt") != spec["attempt"]:  # a late zombie must not delete another attempt's parts
+        raise FencedError(f"attempt {spec['attempt']} does not own {run_dir.location} (attempt {owner.get('attempt')} "
+                          "does); not resuming")
     kept = collect_committed(run_dir, input_spec.id_column)
     print(f"[batchinfer] resume: keeping {len(kept['files'])} part(s) with {kept['rows']:,} row(s) and "
           f"{len(kept['error_files'])} dead-letter file(s) with {kept['error_rows']:,} row(s) from earlier attempts",
