@@ -231,8 +231,11 @@ def test_bad_input_path_traversal_in_run_key_params_or_manifest(tmp_path):
         key = sanitize_run_key(hostile)  # one path segment, never "." / "..", never absolute
         assert "/" not in key and not key.startswith(".")
         assert os.path.normpath(os.path.join(str(tmp_path), key)).startswith(str(tmp_path) + "/")
+    param = "../../../etc"  # e.g. a templated stage_location="stage/{{ params.table }}"
     with pytest.raises(StageError, match="contains '..'"):
-        resolve_location("stage/{{params}}/../../../etc".replace("{{params}}", "x"), str(tmp_path))
+        resolve_location(f"stage/{param}", str(tmp_path))
+    with pytest.raises(StageError, match="contains '..'"):
+        resolve_location(f"s3://lake/stage/{param}", None)
     # a manifest naming a file outside its run directory is refused by every reader
     manifest = {"format": "batchinfer.manifest/1", "files": [{"name": "../other/part.parquet", "size": 1, "rows": 1}],
                 "counts": {"input_rows": 1, "output_rows": 1, "error_rows": 0}}
