@@ -23,10 +23,14 @@ class SaveMode(str, enum.Enum):
     ``ERROR`` (the default) refuses to touch a non-empty run directory, checked before any work.
     ``OVERWRITE`` removes the old ``_SUCCESS`` first and then the rest, so a stale marker never
     sits beside new partial files: this is how retries and backfill re-runs work.
+    ``RESUME`` keeps the complete parts that earlier attempts of the *same* run (same task, run,
+    model sha256 and input) wrote, and scores only the rows whose ids they do not hold; it needs
+    ``InputSpec.id_column``. Anything else in the directory is treated as with ``OVERWRITE``.
     """
 
     ERROR = "error"
     OVERWRITE = "overwrite"
+    RESUME = "resume"
 
 
 def _parse_save_mode(value: SaveMode | str) -> SaveMode:
@@ -67,6 +71,9 @@ class InputSpec:
     ``column_handling``: input column -> how its file locations (local paths or ``s3://`` URIs)
     reach the model: ``"bytes"``, ``"base64"`` or ``"data_url"`` (or ``{"encoding": ...,
     "mime_type": ...}``). Files are read on the Ray side, only under the connection's allowed roots.
+    ``id_column``: a column whose values are unique per row; it is checked for duplicates before any
+    compute, always written next to the predictions and the dead-lettered rows, and it is what
+    ``SaveMode.RESUME`` uses to skip rows an earlier attempt already scored.
     """
 
     columns: tuple[str, ...] | None = None
@@ -74,6 +81,7 @@ class InputSpec:
     column_mapping: dict[str, str] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
     column_handling: dict[str, Any] = field(default_factory=dict)
+    id_column: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", _check_columns("InputSpec", "columns", self.columns))
@@ -87,6 +95,12 @@ class InputSpec:
             raise SpecError("InputSpec.params must be a dict of model parameters, e.g. {'batch_size': 64}.")
         object.__setattr__(self, "params", dict(self.params))
         object.__setattr__(self, "column_handling", _check_column_handling(self.column_handling))
+        if self.id_column is not None and (not isinstance(self.id_column, str) or not self.id_column):
+            raise SpecError(f"InputSpec.id_column must be a column name, got {self.id_column!r}.")
+        if self.columns is not None and self.id_column is not None and self.id_column not in self.columns:
+            raise SpecError(
+                f"InputSpec.id_column {self.id_column!r} is not in InputSpec.columns {list(self.columns)}; add it."
+            )
         if self.columns is not None:
             missing = [c for c in (self.passthrough_columns or ()) if c not in self.columns]
             if missing:
@@ -198,6 +212,19 @@ class JobSpec:
     ``"transformers"`` (CPU or GPU, a transformers model per replica); ``None`` lets the connection
     decide (extra ``llm_engine``), else vLLM when ``num_gpus > 0``. ``engine_kwargs``: passed to the
     vLLM engine (``max_model_len``, ``dtype``, ``tensor_parallel_size``, ...).
+
+    Error policy: ``on_error="fail"`` (default) fails the whole job on the first row the model or
+    the input checks reject, and nothing is committed. ``on_error="dead_letter"`` isolates such rows
+    (the batch is re-scored by halves), writes them with their error message and id/passthrough
+    columns to ``_errors/`` and commits the rest, unless more than ``max_error_fraction`` of the
+    input rows failed (default 1%), in which case the job fails and nothing is committed.
+    ``max_value_bytes``: the largest value (string, binary or list) one row may hand the model;
+    a larger one is a bad row (default 64 MiB; ``None``: no limit).
+
+    ``rows_per_part``: the commit granularity. By default Ray Data hands a replica whole read blocks
+    (up to ~128 MiB of input) and each becomes one output part, so a preempted attempt loses at most
+    the blocks in flight; a smaller value cuts blocks to this many rows (a streaming repartition),
+    so ``SaveMode.RESUME`` keeps more of an interrupted run, at the cost of more, smaller files.
     """
 
     replicas: int = 1
@@ -209,6 +236,17 @@ class JobSpec:
     progress_interval_s: float = 10.0
     engine: str | None = None
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    on_error: str = "fail"
+    max_error_fraction: float | None = None
+    max_value_bytes: int | None = 64 << 20
+    rows_per_part: int | None = None
+
+    @property
+    def error_fraction_limit(self) -> float:
+        """The effective limit: 0 with ``fail``, ``max_error_fraction`` (default 0.01) with ``dead_letter``."""
+        if self.on_error != "dead_letter":
+            return 0.0
+        return 0.01 if self.max_error_fraction is None else float(self.max_error_fraction)
 
     def __post_init__(self) -> None:
         if self.engine is not None and self.engine not in LLM_ENGINES:
@@ -242,6 +280,22 @@ class JobSpec:
             raise SpecError(
                 f"JobSpec.progress_interval_s must be in (0, 30] seconds, got {self.progress_interval_s!r}."
             )
+        if self.on_error not in ("fail", "dead_letter"):
+            raise SpecError(f"JobSpec.on_error must be 'fail' or 'dead_letter', got {self.on_error!r}.")
+        if self.max_error_fraction is not None:
+            if self.on_error != "dead_letter":
+                raise SpecError("JobSpec.max_error_fraction applies only with on_error='dead_letter'; set both.")
+            value = self.max_error_fraction
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise SpecError(f"JobSpec.max_error_fraction must be a fraction in [0, 1], got {value!r}.")
+        if self.rows_per_part is not None and (
+            isinstance(self.rows_per_part, bool) or not isinstance(self.rows_per_part, int) or self.rows_per_part < 1
+        ):
+            raise SpecError(f"JobSpec.rows_per_part must be a whole number >= 1 or None, got {self.rows_per_part!r}.")
+        if self.max_value_bytes is not None and (
+            isinstance(self.max_value_bytes, bool) or not isinstance(self.max_value_bytes, int) or self.max_value_bytes < 1
+        ):
+            raise SpecError(f"JobSpec.max_value_bytes must be a whole number of bytes > 0 or None, got {self.max_value_bytes!r}.")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,6 +9,7 @@ Layout of one run directory::
     <run dir>/_job.json                     the job spec (the contract), written by the operator
     <run dir>/_input/part-*.parquet         materialized SQL input, when the input was a query
     <run dir>/part-<block>-<attempt>.parquet predictions
+    <run dir>/_errors/part-*.parquet        dead-lettered rows (ids + error), JobSpec(on_error="dead_letter")
     <run dir>/_SUCCESS                      JSON manifest, written last; readers trust only its files
 """
 
@@ -237,23 +238,25 @@ def validate_manifest(run_dir: Stage, manifest: dict[str, Any]) -> None:
     if not isinstance(files, list):
         raise ManifestError(f"{run_dir.location}/{SUCCESS_MARKER} lists no files")
     present = dict(run_dir.list_files())
-    listed_rows = 0
-    for entry in files:
-        name, size = entry.get("name"), entry.get("size")
-        check_relative_path(str(name), "manifest file name")
-        if name not in present:
-            raise ManifestError(f"{run_dir.location}/{name} is listed in {SUCCESS_MARKER} but missing")
-        if present[name] != size:
-            raise ManifestError(
-                f"{run_dir.location}/{name} is {present[name]} bytes but {SUCCESS_MARKER} says {size}"
-            )
-        listed_rows += int(entry.get("rows", 0))
     counts = manifest.get("counts", {})
-    if listed_rows != counts.get("output_rows"):
-        raise ManifestError(
-            f"{run_dir.location}/{SUCCESS_MARKER}: files hold {listed_rows} rows but output_rows is "
-            f"{counts.get('output_rows')}"
-        )
+    error_files = manifest.get("error_files") or []
+    for key, entries, count in (("files", files, "output_rows"), ("error_files", error_files, "error_rows")):
+        listed_rows = 0
+        for entry in entries:
+            name, size = entry.get("name"), entry.get("size")
+            check_relative_path(str(name), "manifest file name")
+            if name not in present:
+                raise ManifestError(f"{run_dir.location}/{name} is listed in {SUCCESS_MARKER} but missing")
+            if present[name] != size:
+                raise ManifestError(
+                    f"{run_dir.location}/{name} is {present[name]} bytes but {SUCCESS_MARKER} says {size}"
+                )
+            listed_rows += int(entry.get("rows", 0))
+        if listed_rows != counts.get(count, 0):
+            raise ManifestError(
+                f"{run_dir.location}/{SUCCESS_MARKER}: {key} hold {listed_rows} rows but {count} is "
+                f"{counts.get(count)}"
+            )
     if counts.get("input_rows") != counts.get("output_rows", 0) + counts.get("error_rows", 0):
         raise ManifestError(
             f"{run_dir.location}/{SUCCESS_MARKER}: input_rows {counts.get('input_rows')} != output_rows "
@@ -278,3 +281,8 @@ def read_valid_manifest(location: str, storage_options: dict[str, Any] | None = 
 def committed_files(manifest: dict[str, Any]) -> list[str]:
     """Full locations of the files a manifest commits: what ``publish`` should read, and nothing else."""
     return [join(manifest["run_dir"], entry["name"]) for entry in manifest["files"]]
+
+
+def dead_letter_files(manifest: dict[str, Any]) -> list[str]:
+    """Full locations of the dead-lettered rows a manifest lists (``_errors/``): ids + error message."""
+    return [join(manifest["run_dir"], *entry["name"].split("/")) for entry in manifest.get("error_files") or []]

@@ -36,6 +36,19 @@ class SlowLength(TextLength):
         return super().predict(batch)
 
 
+class PidLength(TextLength):
+    """TextLength that leaves a file named after its worker's pid in ``pid_dir`` and scores at a
+    fixed pace, so a test can ``kill -9`` the Ray worker mid-job and see that a new one took over."""
+
+    def predict(self, batch, pid_dir=None, delay=0.3):
+        import time
+
+        if pid_dir:
+            Path(pid_dir, str(os.getpid())).touch()
+        time.sleep(delay)
+        return super().predict(batch)
+
+
 def write_tickets(directory: Path, rows: int = 500, files: int = 4, bad_row: int | None = None,
                   fail_once_flag: Path | None = None) -> Path:
     import pyarrow as pa

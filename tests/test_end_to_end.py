@@ -146,32 +146,6 @@ def test_overwrite_refuses_directories_it_does_not_own(batchinfer_home, text_len
     assert expected in capfd.readouterr().out
 
 
-def test_a_model_error_fails_the_task_with_its_message_and_no_marker(batchinfer_home, text_length_model, tmp_path, capfd):
-    bad = write_tickets(tmp_path / "bad", rows=200, files=2, bad_row=123)
-    out = tmp_path / "out"
-    state, tasks, _ = run_dag("bi_test_error_mode", input=str(bad), out=str(out))
-    assert state == "failed"
-    assert not (out / SUCCESS_MARKER).exists()
-    captured = capfd.readouterr().out
-    assert "cannot score text 'boom'" in captured
-
-
-def test_a_tampered_model_is_refused_before_anything_runs(batchinfer_home, text_length_model, tickets, tmp_path, capfd):
-    code = Path(text_length_model.uri) / "code" / "models.py"
-    code.write_text(code.read_text() + "\n# injected\n")
-    out = tmp_path / "out"
-    state, tasks, _ = run_dag("bi_test_error_mode", input=str(tickets[0]), out=str(out))
-    assert state == "failed"
-    assert not out.exists()
-    assert "code/models.py does not match its recorded sha256" in capfd.readouterr().out
-
-
-def test_unknown_model_version_fails_with_the_known_versions(batchinfer_home, text_length_model, tickets, tmp_path, capfd):
-    state, _, _ = run_dag("bi_test_error_mode", input=str(tickets[0]), out=str(tmp_path / "out"), version="v7")
-    assert state == "failed"
-    assert "known versions of 'text_length': v1" in capfd.readouterr().out
-
-
 def test_sql_input_is_materialized_in_chunks(batchinfer_home, text_length_model, tmp_path, monkeypatch):
     db = tmp_path / "tickets.db"
     with sqlite3.connect(db) as conn:

@@ -139,6 +139,11 @@ class BatchInferenceOperator(BaseOperator):
             raise SpecError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
         if job_timeout is not None and job_timeout <= 0:
             raise SpecError(f"job_timeout must be > 0 seconds, got {job_timeout!r}")
+        if output_spec.mode is SaveMode.RESUME and (input_spec is None or not input_spec.id_column):
+            raise SpecError(
+                f"{kwargs.get('task_id')}: SaveMode.RESUME needs InputSpec(id_column=<a unique id column>) to know "
+                "which rows an earlier attempt already scored"
+            )
         self.model = model
         self.version = version
         self.input = input
@@ -224,7 +229,11 @@ class BatchInferenceOperator(BaseOperator):
             except InputError as exc:
                 raise AirflowFailException(str(exc)) from exc
 
-        self._apply_save_mode(run_dir, owner)
+        resume = self.save_mode is SaveMode.RESUME and self._resume_allowed(run_dir, owner, mv, input_locations)
+        if resume:
+            self._clear_for_resume(run_dir)
+        else:
+            self._apply_save_mode(run_dir, owner)
         attempt = new_attempt_id(owner["try_number"])
         if input_locations is None:
             input_locations = [run_dir.child(INPUT_DIR).location]
@@ -247,6 +256,7 @@ class BatchInferenceOperator(BaseOperator):
             # a Jobs API driver finds its cluster by itself; only the local launcher attaches
             "ray": {"address": self.hook.config.ray_address if local else None},
             "storage_options": self.hook.runtime_storage_options(),  # no credentials: see runtime_env()
+            "resume": resume,
             **extra,
         }
         # claim the directory before anything else is written into it, so a retry recognizes
@@ -351,6 +361,44 @@ class BatchInferenceOperator(BaseOperator):
             f"Ray job {submission_id} ended {status}: {error or 'no error line in the driver log; last lines:'}"
             + ("" if error else f"\n{tail}")
         )
+
+    def _resume_allowed(self, run_dir: Stage, owner: dict[str, Any], mv: Any, input_locations: list[str] | None) -> bool:
+        """RESUME keeps earlier parts only when they were written for this very result: the same
+        dag/task/run/map index, the same model (sha256), the same input and id column. Otherwise the
+        directory is handled as with OVERWRITE (and a foreign directory is refused there)."""
+        job_file = run_dir.child(JOB_SPEC_FILE)
+        if not job_file.exists():
+            return False
+        try:
+            recorded = job_file.read_json()
+        except ValueError:
+            return False
+        airflow = recorded.get("airflow", {})
+        same = {
+            "task and run": tuple(airflow.get(k) for k in ("dag_id", "task_id", "run_id", "map_index"))
+            == tuple(owner[k] for k in ("dag_id", "task_id", "run_id", "map_index")),
+            "model sha256": recorded.get("model", {}).get("sha256") == mv.sha256,
+            "input": input_locations is None
+            or recorded.get("input", {}).get("locations") == list(input_locations),
+            "id column": recorded.get("input_spec", {}).get("id_column") == self.input_spec.id_column,
+        }
+        differs = [what for what, ok in same.items() if not ok]
+        if differs:
+            self.log.warning("SaveMode.RESUME: the earlier attempt in %s differs in %s; starting over as with "
+                             "OVERWRITE", run_dir.location, ", ".join(differs))
+            return False
+        return True
+
+    def _clear_for_resume(self, run_dir: Stage) -> None:
+        """Keep the parts (the runtime decides which are complete); remove the marker first, so a
+        stale one never sits beside new parts, and a materialized SQL input, which is re-queried."""
+        marker = run_dir.child(SUCCESS_MARKER)
+        if marker.exists():
+            marker.delete()
+        if self.sql is not None:
+            run_dir.child(INPUT_DIR).delete()
+        self.log.info("SaveMode.RESUME: keeping the parts of earlier attempts in %s; only the remaining rows "
+                      "will be scored", run_dir.location)
 
     def _apply_save_mode(self, run_dir: Stage, owner: dict[str, Any]) -> None:
         files = run_dir.list_files()
@@ -464,6 +512,7 @@ class BatchInferenceOperator(BaseOperator):
             "input_rows": counts["input_rows"],
             "error_rows": counts["error_rows"],
             "files": [f["name"] for f in manifest["files"]],
+            "error_files": [f["name"] for f in manifest.get("error_files") or []],
             "model": manifest["model"]["name"],
             "model_version": manifest["model"]["version"],
             "sha256": manifest["model"]["sha256"],

@@ -61,6 +61,9 @@ def inspect_input(files: list[str], storage_options: dict[str, Any] | None) -> t
         elif not file_schema.equals(schema, check_metadata=False):
             diff = sorted(set(map(str, file_schema)) ^ set(map(str, schema)))
             raise InputError(f"input file {location} has a different schema from {files[0]}: {diff}")
+    if total == 0:
+        raise InputError(f"input {', '.join(files[:3])}{' …' if len(files) > 3 else ''} holds 0 rows; nothing to "
+                         "score. Check data_prep's output (a run that legitimately has no rows should skip this task)")
     return total, schema
 
 
@@ -95,57 +98,91 @@ class ProgressCounter:
         return self.rows
 
 
-class PartsDatasink:
-    """Writes Parquet parts into the run directory and returns (name, size, rows) per part."""
+class _PartWriter:
+    """One Parquet part, opened on its first non-empty table (an empty part is never written)."""
 
-    def __init__(self, run_dir: str, attempt: str, storage_options: dict[str, Any] | None, counter: Any = None) -> None:
+    def __init__(self, stage: Stage, name: str) -> None:
+        self.stage, self.name = stage, name
+        self.writer = self.sink = None
+        self.rows = 0
+
+    def write(self, table: Any) -> None:
+        import pyarrow.parquet as pq
+
+        if self.writer is None:
+            self.stage.fs.create_dir(self.stage.path.rsplit("/", 1)[0], recursive=True)
+            self.sink = self.stage.fs.open_output_stream(self.stage.path)
+            self.writer = pq.ParquetWriter(self.sink, table.schema, compression="zstd")
+        elif not table.schema.equals(self.writer.schema):
+            table = table.select(self.writer.schema.names).cast(self.writer.schema)
+        self.writer.write_table(table)
+        self.rows += table.num_rows
+
+    def close(self) -> dict[str, Any] | None:
+        if self.writer is None:
+            return None
+        self.writer.close()
+        self.sink.close()
+        return {"name": self.name, "size": self.stage.fs.get_file_info(self.stage.path).size, "rows": self.rows}
+
+
+class PartsDatasink:
+    """Writes Parquet parts into the run directory and returns (name, size, rows) per part.
+
+    Rows the model could not score (dead-lettered, see ``runtime/errors.py``) go to
+    ``_errors/part-<task>-<attempt>.parquet`` with their ``error_columns`` and message."""
+
+    def __init__(self, run_dir: str, attempt: str, storage_options: dict[str, Any] | None, counter: Any = None,
+                 error_columns: list[str] | None = None) -> None:
         self.run_dir = run_dir
         self.attempt = attempt
         self.storage_options = storage_options
         self.counter = counter
+        self.error_columns = list(error_columns or [])
         self.parts: list[dict[str, Any]] = []
+        self.error_parts: list[dict[str, Any]] = []
 
     # Ray Data looks these up on the datasink class; see ray.data.Datasink.
-    def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any] | None:
-        import pyarrow.parquet as pq
+    def write(self, blocks: Iterable[Any], ctx: Any) -> list[dict[str, Any]]:
         from ray.data.block import BlockAccessor
 
+        from airflow_provider_batchinfer.runtime.errors import ERRORS_DIR, split_errors
+
         name = f"part-{ctx.task_idx:05d}-{self.attempt}.parquet"
-        stage = Stage.open(self.run_dir, self.storage_options).child(name)
-        writer = None
-        rows = 0
+        run_dir = Stage.open(self.run_dir, self.storage_options)
+        out = _PartWriter(run_dir.child(name), name)
+        errors = _PartWriter(run_dir.child(ERRORS_DIR, name), f"{ERRORS_DIR}/{name}")
         try:
             for block in blocks:
                 table = BlockAccessor.for_block(block).to_arrow()
-                if table.num_rows == 0:
-                    continue
-                if writer is None:
-                    stage.fs.create_dir(stage.path.rsplit("/", 1)[0], recursive=True)
-                    sink = stage.fs.open_output_stream(stage.path)
-                    writer = pq.ParquetWriter(sink, table.schema, compression="zstd")
-                writer.write_table(table)
-                rows += table.num_rows
-                if self.counter is not None:
-                    self.counter.add.remote(table.num_rows)
+                good, bad = split_errors(table, self.error_columns)
+                if good is not None:
+                    out.write(good)
+                    if self.counter is not None:
+                        self.counter.add.remote(good.num_rows)
+                if bad is not None:
+                    errors.write(bad)
         finally:
-            if writer is not None:
-                writer.close()
-                sink.close()
-        if writer is None:
-            return None
-        size = stage.fs.get_file_info(stage.path).size
-        return {"name": name, "size": size, "rows": rows}
+            written = [out.close(), errors.close()]
+        return [w for w in written if w]
 
 
-def make_datasink(run_dir: str, attempt: str, storage_options: dict[str, Any] | None, counter: Any = None):
+def make_datasink(run_dir: str, attempt: str, storage_options: dict[str, Any] | None, counter: Any = None,
+                  error_columns: list[str] | None = None):
     """A ``ray.data.Datasink`` subclass instance; built lazily so importing this module needs no Ray."""
     from ray.data import Datasink
 
+    from airflow_provider_batchinfer.runtime.errors import ERRORS_DIR
+
     class _Sink(PartsDatasink, Datasink):
         def on_write_complete(self, write_result) -> None:
-            self.parts = sorted((r for r in write_result.write_returns if r), key=lambda r: r["name"])
+            entries = [e for returned in write_result.write_returns if returned for e in returned]
+            self.parts = sorted((e for e in entries if not e["name"].startswith(ERRORS_DIR + "/")),
+                                key=lambda e: e["name"])
+            self.error_parts = sorted((e for e in entries if e["name"].startswith(ERRORS_DIR + "/")),
+                                      key=lambda e: e["name"])
 
         def get_name(self) -> str:
             return "WriteParts"
 
-    return _Sink(run_dir, attempt, storage_options, counter)
+    return _Sink(run_dir, attempt, storage_options, counter, error_columns)

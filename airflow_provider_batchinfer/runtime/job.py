@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_batchinfer.registry import ModelRegistry, verify_local_copy
+from airflow_provider_batchinfer.runtime.errors import check_batch, check_unique_ids, score_isolating
 from airflow_provider_batchinfer.runtime.io import (
     InputError,
     ProgressCounter,
@@ -169,6 +170,7 @@ class ModelReplica:
         threads: int,
         counter: Any = None,
         max_rows: int | None = None,
+        policy: dict[str, Any] | None = None,
     ) -> None:
         from airflow_provider_batchinfer.runtime.flavors import load_predictor
 
@@ -182,11 +184,21 @@ class ModelReplica:
         self.params = params
         self.model = f"{manifest['name']}/{manifest['version']}"
         self.counter = counter
+        self.policy = policy or {}
         print(f"[batchinfer] replica ready: {self.model} torch imported in {imported - started:.2f}s, "
               f"verified in {verified - imported:.2f}s, loaded in "
               f"{time.monotonic() - verified:.2f}s on {device}, {self.threads or '-'} torch thread(s)", flush=True)
 
     def __call__(self, batch: Any) -> Any:
+        """Score a batch; with ``on_error="dead_letter"`` rows that raise come back marked instead
+        (``runtime/errors.py``), and only a batch that raised pays for finding them."""
+        if batch.num_rows == 0:  # a block RESUME filtered empty: nothing to score, nothing to write
+            return batch.select(self.plan["passthrough"])
+        if self.policy.get("on_error") == "dead_letter":
+            return score_isolating(self._score, batch, self.policy.get("keep_columns", []))
+        return self._score(batch)
+
+    def _score(self, batch: Any) -> Any:
         import numpy as np
         import pyarrow as pa
 
@@ -194,11 +206,9 @@ class ModelReplica:
         inputs = batch.select(plan["sources"])
         if plan["model_inputs"]:
             inputs = inputs.rename_columns(plan["model_inputs"])
-        for name, src in zip(inputs.column_names, plan["sources"]):
-            col = inputs.column(name)
-            if col.null_count:
-                raise ValueError(f"column {src!r} has {col.null_count} null value(s) in a batch of {batch.num_rows} rows; "
-                                 "fill or filter them in data_prep")
+        id_column = self.policy.get("id_column")
+        check_batch(inputs, plan["sources"], (id_column, batch.column(id_column)) if id_column else None,
+                    self.policy.get("max_value_bytes"))
         inputs = dereference_inputs(inputs, plan.get("dereference"))  # file locations -> contents (column_handling)
         outputs = self.predict(inputs, self.params)
         columns = {c: batch.column(c) for c in plan["passthrough"]}
@@ -334,7 +344,11 @@ def run(spec_location: str) -> dict[str, Any]:
     verify_local_copy(model_dir, model["sha256"])
     files = list_input_files(spec["input"]["locations"], storage)
     input_rows, schema = inspect_input(files, storage)
-    plan = plan_columns(schema, model["signature"], input_spec, files[0])
+    plan = with_id_column(plan_columns(schema, model["signature"], input_spec, files[0]), input_spec.id_column)
+    if input_spec.id_column:
+        check_unique_ids(files, input_spec.id_column, storage)
+    kept = _resume_state(spec, run_dir, input_spec)
+    todo_rows = input_rows - kept["rows"] - kept["error_rows"]
     batch_rows = transfer_rows(model["flavor"], job.max_batch_rows, row_bytes(files[0], plan["read"], storage))
     plan["dereference"] = dereference_plan(input_spec.column_handling, plan["sources"], plan["model_inputs"],
                                            model["signature"].get("inputs", {}), spec.get("file_roots") or [], storage)
@@ -369,10 +383,17 @@ def run(spec_location: str) -> dict[str, Any]:
         stats: dict[str, Any] = {}
         stop = threading.Event()
         ticker = threading.Thread(
-            target=_log_progress, args=(counter, input_rows, time.monotonic(), job.progress_interval_s, stop, stats),
+            target=_log_progress, args=(counter, todo_rows, time.monotonic(), job.progress_interval_s, stop, stats),
             daemon=True,
         )
         ds = ray.data.read_parquet(files, columns=plan["read"], filesystem=Stage.open(files[0], storage).fs if storage else None)
+        if len(kept["ids"]):
+            from airflow_provider_batchinfer.runtime.resume import drop_done
+
+            ds = ds.map_batches(drop_done, fn_kwargs={"id_column": input_spec.id_column, "done": kept["ids"]},
+                                batch_size=None, batch_format="pyarrow")
+        if job.rows_per_part:  # commit granularity for RESUME: one part per this many rows
+            ds = ds.repartition(target_num_rows_per_block=job.rows_per_part)
         map_kwargs: dict[str, Any] = {}
         if job.memory:
             map_kwargs["memory"] = job.memory
@@ -392,6 +413,8 @@ def run(spec_location: str) -> dict[str, Any]:
                     "threads": pool["threads"],
                     "counter": counter,
                     "max_rows": job.max_batch_rows,
+                    "policy": {"on_error": job.on_error, "keep_columns": plan["passthrough"],
+                               "id_column": input_spec.id_column, "max_value_bytes": job.max_value_bytes},
                 },
                 batch_size=batch_rows,
                 batch_format="pyarrow",
@@ -400,7 +423,7 @@ def run(spec_location: str) -> dict[str, Any]:
                 num_gpus=pool["num_gpus"] or None,
                 **map_kwargs,
             )
-        sink = make_datasink(run_dir.location, attempt, storage)
+        sink = make_datasink(run_dir.location, attempt, storage, error_columns=plan["passthrough"])
         ticker.start()
         t_map = time.monotonic()
         try:
@@ -412,26 +435,31 @@ def run(spec_location: str) -> dict[str, Any]:
         ray.shutdown()
 
     # 3. reconcile, fence, commit
-    parts = sink.parts
-    output_rows = sum(p["rows"] for p in parts)
-    if output_rows != input_rows:
+    new_rows = sum(p["rows"] for p in sink.parts)
+    new_errors = sum(p["rows"] for p in sink.error_parts)
+    parts = sorted(kept["files"] + sink.parts, key=lambda p: p["name"])
+    error_parts = sorted(kept["error_files"] + sink.error_parts, key=lambda p: p["name"])
+    output_rows = kept["rows"] + new_rows
+    error_rows = kept["error_rows"] + new_errors
+    if output_rows + error_rows != input_rows:
         raise JobError(
-            f"row counts do not reconcile: {input_rows:,} input rows but {output_rows:,} written; not committing "
+            f"row counts do not reconcile: {input_rows:,} input rows but {output_rows:,} written + {error_rows:,} "
+            f"dead-lettered ({kept['rows'] + kept['error_rows']:,} kept from earlier attempts); not committing "
             f"(parts of attempt {attempt} stay in {run_dir.location} without a {SUCCESS_MARKER})"
         )
-    owner = run_dir.child(JOB_SPEC_FILE).read_json()
-    if owner.get("attempt") != attempt:
-        raise FencedError(
-            f"attempt {attempt} is no longer the owner of {run_dir.location}: attempt {owner.get('attempt')} "
-            f"(try {owner.get('airflow', {}).get('try_number')}) took over; not committing"
-        )
+    check_error_fraction(error_rows, input_rows, job, run_dir, error_parts)
     finished_at = datetime.now(timezone.utc)
     map_seconds = t_done - t_map
     manifest = {
         "format": MANIFEST_FORMAT,
         "run_dir": run_dir.location,
         "files": parts,
-        "counts": {"input_rows": input_rows, "output_rows": output_rows, "error_rows": 0},
+        "error_files": error_parts,
+        "counts": {"input_rows": input_rows, "output_rows": output_rows, "error_rows": error_rows},
+        "error_policy": {"on_error": job.on_error, "max_error_fraction": job.error_fraction_limit},
+        "resume": {"resumed": bool(spec.get("resume")), "kept_files": len(kept["files"]) + len(kept["error_files"]),
+                   "kept_rows": kept["rows"] + kept["error_rows"], "processed_rows": new_rows + new_errors,
+                   "removed_files": kept["removed"]},
         "columns": {"passthrough": plan["passthrough"], "outputs": list(model["signature"].get("outputs", {}))},
         "model": {k: model[k] for k in ("name", "version", "flavor", "sha256", "uri")},
         "input": {"locations": spec["input"]["locations"], "files": files},
@@ -444,16 +472,84 @@ def run(spec_location: str) -> dict[str, Any]:
             "total_s": round(time.monotonic() - t0, 3),
             "ray_init_s": round(t_ray - t0, 3),
             "pipeline_s": round(map_seconds, 3),
-            "rows_per_s": round(output_rows / map_seconds, 2) if map_seconds > 0 else None,
-            "steady_rows_per_s": _steady_rate(stats, t_done, output_rows),
+            "rows_per_s": round((new_rows + new_errors) / map_seconds, 2) if map_seconds > 0 else None,
+            "steady_rows_per_s": _steady_rate(stats, t_done, new_rows + new_errors),
         },
     }
-    validate_manifest(run_dir, manifest)
-    run_dir.child(SUCCESS_MARKER).write_json(manifest)
+    commit_manifest(run_dir, attempt, manifest)
+    if error_rows:
+        print(f"[batchinfer] dead-lettered {error_rows:,} row(s) into {len(error_parts)} file(s) under "
+              f"{run_dir.location}/_errors/", flush=True)
     print(f"[batchinfer] committed {output_rows:,} rows in {len(parts)} part(s) to {run_dir.location} "
           f"({manifest['timings']['rows_per_s']} rows/s over the pipeline, {manifest['timings']['total_s']}s total)",
           flush=True)
     return manifest
+
+
+def with_id_column(plan: dict[str, Any], id_column: str | None) -> dict[str, Any]:
+    """The plan with ``id_column`` read and passed through: predictions and dead-lettered rows
+    always carry the row's id, and RESUME finds finished rows by it."""
+    if not id_column or id_column in plan["passthrough"]:
+        return plan
+    return {**plan, "passthrough": [*plan["passthrough"], id_column],
+            "read": list(dict.fromkeys([*plan["read"], id_column]))}
+
+
+def _resume_state(spec: dict[str, Any], run_dir: Stage, input_spec: InputSpec) -> dict[str, Any]:
+    """What earlier attempts of this run committed (SaveMode.RESUME), or nothing."""
+    import numpy as np
+
+    if not spec.get("resume"):
+        return {"files": [], "error_files": [], "rows": 0, "error_rows": 0, "ids": np.array([]), "removed": []}
+    from airflow_provider_batchinfer.runtime.resume import collect_committed
+
+    if not input_spec.id_column:
+        raise JobError("SaveMode.RESUME needs InputSpec.id_column to know which rows are done")
+    owner = run_dir.child(JOB_SPEC_FILE).read_json()
+    if owner.get("attempt") != spec["attempt"]:  # a late zombie must not delete another attempt's parts
+        raise FencedError(f"attempt {spec['attempt']} does not own {run_dir.location} (attempt {owner.get('attempt')} "
+                          "does); not resuming")
+    kept = collect_committed(run_dir, input_spec.id_column)
+    print(f"[batchinfer] resume: keeping {len(kept['files'])} part(s) with {kept['rows']:,} row(s) and "
+          f"{len(kept['error_files'])} dead-letter file(s) with {kept['error_rows']:,} row(s) from earlier attempts",
+          flush=True)
+    return kept
+
+
+def check_error_fraction(error_rows: int, input_rows: int, job: JobSpec, run_dir: Stage,
+                         error_parts: list[dict[str, Any]]) -> None:
+    """Fail (nothing committed) when more rows were dead-lettered than ``max_error_fraction`` allows,
+    quoting the first messages so the log says what went wrong."""
+    if not error_rows or error_rows <= job.error_fraction_limit * input_rows:
+        return
+    samples: list[str] = []
+    try:
+        import pyarrow.parquet as pq
+
+        first = run_dir.child(*error_parts[0]["name"].split("/"))
+        with first.fs.open_input_file(first.path) as f:
+            samples = pq.read_table(f, columns=["error"]).column("error").to_pylist()[:3]
+    except Exception:  # the samples only decorate the message
+        pass
+    raise JobError(
+        f"{error_rows:,} of {input_rows:,} rows ({100 * error_rows / input_rows:.2f}%) could not be scored, above "
+        f"JobSpec.max_error_fraction={job.error_fraction_limit:g}; not committing. First errors: "
+        f"{'; '.join(samples) or 'see the _errors/ files'}. The failed rows are in {run_dir.location}/_errors/"
+    )
+
+
+def commit_manifest(run_dir: Stage, attempt: str, manifest: dict[str, Any]) -> None:
+    """The commit: refuse when another attempt owns the run directory (its ``_job.json`` names a
+    newer attempt: this one is a zombie), check the manifest against the files, then write
+    ``_SUCCESS`` last."""
+    owner = run_dir.child(JOB_SPEC_FILE).read_json()
+    if owner.get("attempt") != attempt:
+        raise FencedError(
+            f"attempt {attempt} is no longer the owner of {run_dir.location}: attempt {owner.get('attempt')} "
+            f"(try {owner.get('airflow', {}).get('try_number')}) took over; not committing"
+        )
+    validate_manifest(run_dir, manifest)
+    run_dir.child(SUCCESS_MARKER).write_json(manifest)
 
 
 def _steady_rate(stats: dict, t_done: float, rows: int) -> float | None:

@@ -1,0 +1,541 @@
+"""The fault-injection suite: bad inputs, faults mid-job, resume, fencing.
+
+Each bad-input kind has its own test that feeds it and asserts a clear error naming what is wrong
+and that nothing was committed (no ``_SUCCESS``), or, with ``on_error="dead_letter"``, a manifest
+that reconciles (input rows = output rows + dead-lettered rows). Failures that happen before Ray
+starts are tested on the runtime's own entrypoint (``runtime.job.run``) with ``ray.init`` made to
+fail, which also proves that no compute was requested. Only what needs a running pipeline
+(a model that raises, dead-lettering, killed workers, killed tasks, resume) starts jobs, on the
+session's Ray cluster, driven through ``BatchInferenceOperator.execute`` as a task runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_batchinfer.runtime.errors import BadRowError, check_batch
+from airflow_provider_batchinfer.runtime.io import InputError
+from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
+from airflow_provider_batchinfer.stage import (
+    JOB_SPEC_FILE,
+    SUCCESS_MARKER,
+    ManifestError,
+    Stage,
+    StageError,
+    dead_letter_files,
+    read_valid_manifest,
+    resolve_location,
+    sanitize_run_key,
+    validate_manifest,
+)
+from tests.models import PidLength, SlowLength, write_tickets
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException  # isort: skip
+
+SIGNATURE = {"inputs": {"text": "string"}, "outputs": {"length": "int64"}}
+
+
+# --- shared set-up ------------------------------------------------------------------------------------
+
+
+@dataclass
+class TaskInstanceStandIn:
+    """What the operator reads from ``context["ti"]`` when a test drives it outside a scheduler."""
+
+    dag_id: str = "bi_faults"
+    task_id: str = "infer"
+    run_id: str = "scheduled__2026-11-23T00:00:00+00:00"
+    try_number: int = 1
+    map_index: int = -1
+    xcoms: dict = field(default_factory=dict)
+
+    def xcom_push(self, key, value):
+        self.xcoms[key] = value
+
+
+def _operator(inputs, out, mode=SaveMode.ERROR, model="text_length", input_spec=None, **job):
+    from airflow_provider_batchinfer import BatchInferenceOperator
+
+    return BatchInferenceOperator(
+        task_id="infer", model=model, version="v1", input=str(inputs),
+        input_spec=input_spec or InputSpec(id_column="ticket_id"),
+        output_spec=OutputSpec(stage_location=str(out), mode=mode),
+        job_spec=JobSpec(**{"max_batch_rows": 50, "progress_interval_s": 1, **job}),
+    )
+
+
+def _write_spec(run_dir: Path, mv, registry_root: str, inputs: list[str], input_spec=None, job_spec=None) -> str:
+    """A job spec as the operator writes it, for driving the runtime's entrypoint directly."""
+    from airflow_provider_batchinfer.runtime.job import JOB_FORMAT
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "format": JOB_FORMAT, "job_id": "batchinfer-faults", "attempt": "t01faults", "launcher": "local",
+        "run_dir": str(run_dir), "input": {"locations": inputs},
+        "input_spec": (input_spec or InputSpec(id_column="ticket_id")).to_dict(),
+        "job_spec": (job_spec or JobSpec()).to_dict(), "model": mv.to_dict(), "registry_root": registry_root,
+        "airflow": {"dag_id": "bi_faults", "task_id": "infer", "run_id": "r1", "try_number": 1, "map_index": -1},
+        "ray": {"address": None}, "storage_options": None,
+    }
+    (run_dir / JOB_SPEC_FILE).write_text(json.dumps(spec))
+    return str(run_dir / JOB_SPEC_FILE)
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Make any attempt to start Ray fail loudly: these failures must come before any compute."""
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray was started, but this bad input must fail before any compute")
+
+    monkeypatch.setattr(ray, "init", refuse)
+
+
+@pytest.fixture
+def fails_before_ray(no_ray, text_length_model, registry, tmp_path):
+    """``check(inputs, match, **spec)``: the runtime fails with ``match`` before Ray, commits nothing."""
+    from airflow_provider_batchinfer.runtime.job import run
+
+    def check(inputs, match, error=(InputError,), **kwargs):
+        run_dir = tmp_path / "out"
+        spec = _write_spec(run_dir, text_length_model, registry.root, [str(p) for p in inputs], **kwargs)
+        with pytest.raises(error, match=match):
+            run(spec)
+        assert not (run_dir / SUCCESS_MARKER).exists()
+        assert sorted(p.name for p in run_dir.iterdir()) == [JOB_SPEC_FILE]  # no part, no marker
+
+    return check
+
+
+def _table(texts, ids=None):
+    return pa.table({"ticket_id": pa.array(ids if ids is not None else range(len(texts)), pa.int64()),
+                     "text": pa.array(texts, pa.string())})
+
+
+# --- bad inputs that fail before Ray starts -----------------------------------------------------------
+
+
+def test_bad_input_corrupt_parquet_file(fails_before_ray, tmp_path):
+    good = write_tickets(tmp_path / "in", rows=20, files=1)
+    (good / "tickets-99.parquet").write_bytes(b"PAR1 this is not a parquet footer")
+    fails_before_ray([good], r"input file .*tickets-99.parquet is not a readable Parquet file")
+
+
+def test_bad_input_empty_input(fails_before_ray, tmp_path):
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(_table([]), empty)
+    fails_before_ray([empty], r"holds 0 rows; nothing to score")
+    (tmp_path / "nothing").mkdir()
+    fails_before_ray([tmp_path / "nothing"], r"holds no Parquet files")
+
+
+def test_bad_input_missing_column(fails_before_ray, tmp_path):
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"ticket_id": [1, 2], "body": ["a", "b"]}), path)
+    fails_before_ray([path], r"model input 'text' needs column 'text', which the input .* does not have "
+                             r"\(columns: \['ticket_id', 'body'\]\).*column_mapping")
+
+
+def test_bad_input_wrong_dtype(fails_before_ray, tmp_path):
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"ticket_id": [1, 2], "text": [1.5, 2.5]}), path)
+    fails_before_ray([path], r"column 'text' of .* is double, but model input 'text' expects string")
+
+
+def test_bad_input_duplicate_ids(fails_before_ray, tmp_path):
+    path = tmp_path / "in.parquet"
+    pq.write_table(_table(["a", "b", "c"], ids=[1, 7, 7]), path)
+    fails_before_ray([path], r"id column 'ticket_id' is not unique: 1 value\(s\) appear more than once "
+                             r"\(e.g. 7 appears 2 times\)")
+
+
+def test_bad_input_unreadable_file_reference(fails_before_ray, tmp_path):
+    """An input reference that points at nothing readable (here a dangling symlink among the files)."""
+    good = write_tickets(tmp_path / "in", rows=20, files=1)
+    dangling = tmp_path / "gone.parquet"
+    dangling.symlink_to(tmp_path / "deleted-by-data-prep.parquet")
+    fails_before_ray([good / "tickets-00.parquet", dangling], r"input .*gone.parquet does not exist")
+
+
+def test_bad_input_tampered_model_is_refused_by_the_runtime_and_by_every_replica(
+        fails_before_ray, text_length_model, registry, tmp_path):
+    from airflow_provider_batchinfer.registry import TamperedModelError, verify_local_copy
+
+    tickets = write_tickets(tmp_path / "in", rows=20, files=1)
+    code = Path(text_length_model.uri) / "code" / "models.py"
+    code.write_text(code.read_text() + "\n# injected\n")
+    fails_before_ray([tickets], r"code/models.py does not match its recorded sha256", error=(TamperedModelError,))
+    # the operator re-hashes first: the task fails before it writes anything
+    out = tmp_path / "task-out"
+    with pytest.raises(AirflowFailException, match=r"code/models.py does not match its recorded sha256"):
+        _operator(tickets, out).execute({"ti": TaskInstanceStandIn()})
+    assert not out.exists()
+    # ModelReplica.__init__ runs this on every actor before loading: a copy changed on a worker's disk
+    with pytest.raises(TamperedModelError, match="does not match its recorded sha256"):
+        verify_local_copy(Path(text_length_model.uri), text_length_model.sha256)
+
+
+# --- bad inputs refused by pure checks (no job) ------------------------------------------------------
+
+
+def test_bad_input_nulls_and_nan():
+    ids = ("ticket_id", pa.array([10, 11, 12]))
+    with pytest.raises(BadRowError, match=r"column 'body' has 1 null value\(s\) in a batch of 3 rows "
+                                          r"\(first at ticket_id=11\)"):
+        check_batch(pa.table({"text": ["a", None, "c"]}), ["body"], ids, None)
+    with pytest.raises(BadRowError, match=r"column 'x' has 1 NaN value\(s\).*\(first at ticket_id=12\)"):
+        check_batch(pa.table({"x": [1.0, 2.0, float("nan")]}), ["x"], ids, None)
+    check_batch(pa.table({"text": ["a", "b", "c"], "x": [1.0, 2.0, 3.0]}), ["text", "x"], ids, None)  # clean
+
+
+def test_bad_input_oversized_row():
+    with pytest.raises(BadRowError, match=r"column 'text' has a value of 5,000 bytes, above "
+                                          r"JobSpec.max_value_bytes=1,000 \(first at row 1 of the batch\)"):
+        check_batch(pa.table({"text": ["ok", "x" * 5000]}), ["text"], None, 1000)
+
+
+def test_bad_input_non_utf8_text():
+    texts = pa.array([b"fine", b"\xff\xfe latin-1?"], pa.binary()).view(pa.string())
+    with pytest.raises(BadRowError, match=r"column 'text' holds text that is not valid UTF-8 in 1 row\(s\) "
+                                          r"\(first at ticket_id=2\)"):
+        check_batch(pa.table({"text": texts}), ["text"], ("ticket_id", pa.array([1, 2])), None)
+
+
+def test_bad_input_unknown_model_or_version(registry, text_length_model, tmp_path):
+    from airflow_provider_batchinfer import BatchInferenceOperator
+    from airflow_provider_batchinfer.registry import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match=r"'no_such_model'"):
+        registry.get("no_such_model", "v1")
+    op = BatchInferenceOperator(task_id="infer", model="text_length", version="v7", input=str(tmp_path),
+                                output_spec=OutputSpec(stage_location=str(tmp_path / "out")))
+    with pytest.raises(AirflowFailException, match=r"known versions of 'text_length': v1"):
+        op.execute({"ti": TaskInstanceStandIn()})
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_input_path_traversal_in_run_key_params_or_manifest(tmp_path):
+    for hostile in ("../../etc", "/etc/passwd", "..", "a/../../b"):
+        key = sanitize_run_key(hostile)  # one path segment, never "." / "..", never absolute
+        assert "/" not in key and not key.startswith(".")
+        assert os.path.normpath(os.path.join(str(tmp_path), key)).startswith(str(tmp_path) + "/")
+    param = "../../../etc"  # e.g. a templated stage_location="stage/{{ params.table }}"
+    with pytest.raises(StageError, match="contains '..'"):
+        resolve_location(f"stage/{param}", str(tmp_path))
+    with pytest.raises(StageError, match="contains '..'"):
+        resolve_location(f"s3://lake/stage/{param}", None)
+    # a manifest naming a file outside its run directory is refused by every reader
+    manifest = {"format": "batchinfer.manifest/1", "files": [{"name": "../other/part.parquet", "size": 1, "rows": 1}],
+                "counts": {"input_rows": 1, "output_rows": 1, "error_rows": 0}}
+    with pytest.raises(StageError, match="contains '..'"):
+        validate_manifest(Stage.open(str(tmp_path)), manifest)
+
+
+def test_bad_input_wrong_credentials(tmp_path):
+    """A store that checks credentials (moto_server with IAM auth on, its own process on 127.0.0.1)
+    refuses an unknown key: the task fails at once (permanent), naming bucket and key, and the
+    secret never appears in the message."""
+    from airflow_provider_batchinfer.s3 import S3StageError, check_bucket
+    from tests.conftest import BackgroundServer, _free_port
+
+    port = _free_port()
+    moto = BackgroundServer("moto-auth", [str(Path(os.sys.executable).parent / "moto_server"), "-H", "127.0.0.1",
+                                          "-p", str(port)], ports=[port], timeout=60,
+                            env=dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="1"))
+    try:
+        import boto3
+
+        # the one unauthenticated action creates the bucket; every later request must authenticate
+        boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                     aws_access_key_id="AKIDSETUP", aws_secret_access_key="unused").create_bucket(Bucket="lake")
+        stage = Stage.open("s3://lake/stage/run1", {"endpoint_url": f"http://127.0.0.1:{port}", "region": "us-east-1",
+                                                    "access_key": "AKIAWRONGKEY", "secret_key": "s3cr3t-value",
+                                                    "max_attempts": 1})
+        with pytest.raises(S3StageError, match=r"bucket 'lake'.*(InvalidAccessKeyId|INVALID_ACCESS_KEY_ID|"
+                                               r"AccessDenied|ACCESS_DENIED|Forbidden)") as info:
+            check_bucket(stage.fs, stage.location)
+            stage.child(JOB_SPEC_FILE).write_json({})
+        assert info.value.permanent, str(info.value)
+        assert "s3cr3t-value" not in str(info.value)
+    finally:
+        moto.stop(timeout=30)
+
+
+def test_bad_input_stage_location_does_not_exist(s3_server, tmp_path):
+    from airflow_provider_batchinfer.s3 import S3StageError, check_bucket
+
+    stage = Stage.open("s3://no-such-stage-bucket/out/run1", {"endpoint_url": s3_server, "region": "us-east-1"})
+    with pytest.raises(S3StageError, match="S3 bucket 'no-such-stage-bucket' does not exist") as info:
+        check_bucket(stage.fs, stage.location)
+    assert info.value.permanent
+    with pytest.raises(StageError, match="is relative but no stage root is configured"):
+        resolve_location("out/run1", None)
+
+
+def test_error_policy_specs_are_checked_when_the_dag_is_parsed():
+    with pytest.raises(SpecError, match="on_error must be 'fail' or 'dead_letter'"):
+        JobSpec(on_error="ignore")
+    with pytest.raises(SpecError, match="max_error_fraction applies only with on_error='dead_letter'"):
+        JobSpec(max_error_fraction=0.1)
+    with pytest.raises(SpecError, match=r"max_error_fraction must be a fraction in \[0, 1\]"):
+        JobSpec(on_error="dead_letter", max_error_fraction=2)
+    assert JobSpec(on_error="dead_letter").error_fraction_limit == 0.01 and JobSpec().error_fraction_limit == 0
+    with pytest.raises(SpecError, match="SaveMode.RESUME needs InputSpec\\(id_column="):
+        _operator("in", "out", mode=SaveMode.RESUME, input_spec=InputSpec())
+
+
+def test_pickle_flavors_are_not_loadable(registry, tmp_path):
+    from airflow_provider_batchinfer.registry import RegistryError
+
+    (tmp_path / "model.pkl").write_bytes(b"\x80\x04K\x01.")
+    for flavor in ("sklearn", "pickle", "joblib"):
+        with pytest.raises(RegistryError, match=f"unknown flavor '{flavor}'"):
+            registry.log_model("pickled", "v1", flavor, str(tmp_path / "model.pkl"))
+
+
+def test_a_zombie_attempts_late_commit_is_refused(tmp_path):
+    """Attempt t01 was presumed dead and t02 took over (its _job.json, even its _SUCCESS); when t01
+    wakes up and tries to commit, it is fenced off and t02's result stays as it was."""
+    from airflow_provider_batchinfer.runtime.job import FencedError, commit_manifest
+
+    run_dir = tmp_path / "out"
+    run_dir.mkdir()
+    pq.write_table(_table(["a"]), run_dir / "part-00000-t01zombie.parquet")
+    (run_dir / JOB_SPEC_FILE).write_text(json.dumps({"attempt": "t02newer", "airflow": {"try_number": 2}}))
+    newer = json.dumps({"job": {"attempt": "t02newer"}})
+    (run_dir / SUCCESS_MARKER).write_text(newer)
+    late = {"format": "batchinfer.manifest/1", "run_dir": str(run_dir), "job": {"attempt": "t01zombie"},
+            "files": [{"name": "part-00000-t01zombie.parquet", "rows": 1,
+                       "size": (run_dir / "part-00000-t01zombie.parquet").stat().st_size}],
+            "counts": {"input_rows": 1, "output_rows": 1, "error_rows": 0}}
+    with pytest.raises(FencedError, match=r"attempt t01zombie is no longer the owner .* attempt t02newer \(try 2\) "
+                                          r"took over; not committing"):
+        commit_manifest(Stage.open(str(run_dir)), "t01zombie", late)
+    assert (run_dir / SUCCESS_MARKER).read_text() == newer
+    # nor can a zombie that starts late with RESUME clean up (delete) parts in the newer attempt's directory
+    from airflow_provider_batchinfer.runtime.job import _resume_state
+
+    (run_dir / "part-00001-t02newer.parquet").write_bytes(b"PAR1 being written")
+    with pytest.raises(FencedError, match="attempt t01zombie does not own"):
+        _resume_state({"resume": True, "attempt": "t01zombie"}, Stage.open(str(run_dir)), InputSpec(id_column="ticket_id"))
+    assert (run_dir / "part-00001-t02newer.parquet").exists()
+
+
+# --- jobs: model errors, dead letters ---------------------------------------------------------------
+
+def pytest_jobs(test):
+    """A test that runs jobs on the session's Ray cluster (skipped by ``make test-fast``)."""
+    return pytest.mark.slow(pytest.mark.usefixtures("airflow_db", "ray_cluster")(test))
+
+
+def _bad_rows_input(directory: Path) -> Path:
+    """200 tickets in 2 files with four bad rows: the model raises on 17, 50 is null, 90 is
+    oversized (above max_value_bytes=1000), 130 is not UTF-8."""
+    directory.mkdir(parents=True)
+    texts: list = [f"ticket {i}" for i in range(200)]
+    texts[17], texts[50], texts[90] = "boom", None, "y" * 2000
+    raw = [None if t is None else t.encode() for t in texts]
+    raw[130] = b"\xff\xfe not utf-8"
+    table = pa.table({"ticket_id": pa.array(range(200), pa.int64()),
+                      "text": pa.array(raw, pa.binary()).view(pa.string())})
+    pq.write_table(table.slice(0, 100), directory / "a.parquet")
+    pq.write_table(table.slice(100), directory / "b.parquet")
+    return directory
+
+
+@pytest_jobs
+def test_bad_input_row_that_makes_the_model_raise_fails_the_job_by_default(batchinfer_home, text_length_model, tmp_path):
+    bad = write_tickets(tmp_path / "bad", rows=200, files=2, bad_row=123)
+    out = tmp_path / "out"
+    with pytest.raises(AirflowException, match=r"ValueError: cannot score text 'boom'"):
+        _operator(bad, out).execute({"ti": TaskInstanceStandIn()})
+    assert not (out / SUCCESS_MARKER).exists()
+    assert not (out / "_errors").exists()
+
+
+@pytest_jobs
+def test_dead_letter_isolates_bad_rows_and_the_manifest_reconciles(batchinfer_home, text_length_model, tmp_path):
+    inputs = _bad_rows_input(tmp_path / "in")
+    out = tmp_path / "out"
+    xcom = _operator(inputs, out, on_error="dead_letter", max_error_fraction=0.05, max_value_bytes=1000).execute(
+        {"ti": TaskInstanceStandIn()})
+    manifest = read_valid_manifest(str(out))
+    assert manifest["counts"] == {"input_rows": 200, "output_rows": 196, "error_rows": 4}
+    assert xcom["error_rows"] == 4 and xcom["error_files"] and all(f.startswith("_errors/") for f in xcom["error_files"])
+    errors = pq.read_table(dead_letter_files(manifest)).sort_by("ticket_id").to_pylist()
+    assert [e["ticket_id"] for e in errors] == [17, 50, 90, 130]
+    assert "cannot score text 'boom'" in errors[0]["error"]
+    assert "null value" in errors[1]["error"]
+    assert "above JobSpec.max_value_bytes=1,000" in errors[2]["error"]
+    assert "not valid UTF-8" in errors[3]["error"]
+    scored = pq.read_table([str(out / f["name"]) for f in manifest["files"]])
+    assert scored.column_names == ["ticket_id", "length"]
+    assert sorted(scored.column("ticket_id").to_pylist()) == sorted(set(range(200)) - {17, 50, 90, 130})
+
+    # the same dead letters over a 1% limit: the driver refuses to commit (check_error_fraction runs
+    # right before commit_manifest), quoting the first errors
+    from airflow_provider_batchinfer.runtime.job import JobError, check_error_fraction
+
+    (out / SUCCESS_MARKER).unlink()
+    strict = JobSpec(on_error="dead_letter", max_error_fraction=0.01)
+    with pytest.raises(JobError, match=r"4 of 200 rows \(2.00%\) could not be scored, above "
+                                       r"JobSpec.max_error_fraction=0.01; not committing. First errors: .*"):
+        check_error_fraction(4, 200, strict, Stage.open(str(out)), manifest["error_files"])
+    check_error_fraction(2, 200, strict, Stage.open(str(out)), manifest["error_files"])  # 1%: allowed
+
+
+# --- jobs: killed workers and tasks, resume ----------------------------------------------------------
+
+
+@pytest.fixture
+def pid_model(registry):
+    return registry.log_model("pid_length", "v1", "python", python_class=PidLength, signature=SIGNATURE)
+
+
+@pytest.fixture
+def slow_model(registry):
+    return registry.log_model("slow_length", "v1", "python", python_class=SlowLength, signature=SIGNATURE)
+
+
+def _ids(out: Path, manifest: dict) -> list[int]:
+    return sorted(pq.read_table([str(out / f["name"]) for f in manifest["files"]]).column("ticket_id").to_pylist())
+
+
+@pytest_jobs
+def test_a_ray_worker_killed_mid_job_is_replaced_and_counts_stay_exact(batchinfer_home, pid_model, tmp_path):
+    inputs = write_tickets(tmp_path / "in", rows=300, files=6)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    killed: list[int] = []
+
+    def kill_first_worker():
+        deadline = time.monotonic() + 120
+        while not killed and time.monotonic() < deadline:
+            pids = [int(p.name) for p in pid_dir.iterdir()]
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_first_worker, daemon=True)
+    killer.start()
+    op = _operator(inputs, tmp_path / "out", model="pid_length",
+                   input_spec=InputSpec(id_column="ticket_id", params={"pid_dir": str(pid_dir), "delay": 0.3}))
+    xcom = op.execute({"ti": TaskInstanceStandIn()})
+    killer.join(timeout=5)
+    assert killed, "the test never saw a worker to kill"
+    workers = {int(p.name) for p in pid_dir.iterdir()}
+    assert workers - set(killed), "no new worker took over after the kill"
+    manifest = read_valid_manifest(str(tmp_path / "out"))
+    assert xcom["rows"] == 300 and manifest["counts"] == {"input_rows": 300, "output_rows": 300, "error_rows": 0}
+    assert _ids(tmp_path / "out", manifest) == list(range(300))  # exactly once: no loss, no duplicate
+
+
+def _complete_parts(out: Path) -> list[Path]:
+    done = []
+    for part in sorted(out.glob("part-*.parquet")):
+        try:
+            pq.read_metadata(part)
+            done.append(part)
+        except Exception:
+            pass
+    return done
+
+
+def _settled(out: Path, quiet_s: float = 2.0, timeout: float = 30) -> None:
+    """Wait until no part changes for ``quiet_s``: the killed driver's Ray workers are gone."""
+    last, since, deadline = None, time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = sorted((p.name, p.stat().st_size) for p in out.glob("part-*.parquet"))
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.2)
+
+
+@pytest_jobs
+def test_task_killed_mid_job_then_retried_with_overwrite_and_with_resume(batchinfer_home, slow_model, tmp_path):
+    rows = 240
+    inputs = write_tickets(tmp_path / "in", rows=rows, files=6)
+    out = tmp_path / "out"
+    spec = InputSpec(id_column="ticket_id")
+    first = _operator(inputs, out, mode=SaveMode.RESUME, model="slow_length", input_spec=spec, max_batch_rows=40,
+                      rows_per_part=40)
+    failure: list[BaseException] = []
+
+    def run_first():
+        try:
+            first.execute({"ti": TaskInstanceStandIn(try_number=1)})
+        except BaseException as exc:  # the killed job fails the try
+            failure.append(exc)
+
+    task = threading.Thread(target=run_first)
+    task.start()
+    deadline = time.monotonic() + 180
+    while len(_complete_parts(out)) < 2 and time.monotonic() < deadline and task.is_alive():
+        time.sleep(0.1)
+    proc = first._launcher._proc if first._launcher is not None else None
+    assert proc is not None, f"the first try ended before it could be killed: {failure}"
+    os.killpg(proc.pid, signal.SIGKILL)  # the task's job dies with no chance to clean up
+    task.join(timeout=60)
+    assert failure and not (out / SUCCESS_MARKER).exists()
+    _settled(out)
+    kept = _complete_parts(out)
+    assert 2 <= len(kept) < 6
+    # a part cut off mid-write (what a kill during a write leaves): no footer
+    whole = kept[0].read_bytes()
+    (out / "part-00099-t01cutoff.parquet").write_bytes(whole[: len(whole) // 2])
+    overwrite_dir = tmp_path / "out-overwrite"
+    shutil.copytree(out, overwrite_dir)
+
+    # retry with RESUME: the complete parts stay, only the remaining rows are scored
+    resumed = _operator(inputs, out, mode=SaveMode.RESUME, model="slow_length", input_spec=spec, max_batch_rows=40,
+                        rows_per_part=40)
+    xcom = resumed.execute({"ti": TaskInstanceStandIn(try_number=2)})
+    manifest = read_valid_manifest(str(out))
+    kept_rows = sum(pq.read_metadata(p).num_rows for p in kept)
+    assert manifest["resume"]["kept_rows"] == kept_rows > 0
+    assert manifest["resume"]["processed_rows"] == rows - kept_rows  # only the remaining rows were scored
+    assert manifest["resume"]["removed_files"] == ["part-00099-t01cutoff.parquet"]
+    assert not (out / "part-00099-t01cutoff.parquet").exists()
+    assert {p.name for p in kept} <= {f["name"] for f in manifest["files"]}
+    assert xcom["rows"] == rows and manifest["counts"] == {"input_rows": rows, "output_rows": rows, "error_rows": 0}
+    assert _ids(out, manifest) == list(range(rows))  # exactly once
+
+    # retry with OVERWRITE (on a copy of the same leftovers): one clean result of the new attempt only
+    clean = _operator(inputs, overwrite_dir, mode=SaveMode.OVERWRITE, model="slow_length", input_spec=spec,
+                      max_batch_rows=40, rows_per_part=120)
+    xcom = clean.execute({"ti": TaskInstanceStandIn(try_number=2)})
+    manifest = read_valid_manifest(str(overwrite_dir))
+    assert manifest["resume"]["processed_rows"] == rows and manifest["resume"]["kept_rows"] == 0
+    assert sorted(p.name for p in overwrite_dir.glob("part-*.parquet")) == sorted(f["name"] for f in manifest["files"])
+    assert all(xcom["attempt"] in f["name"] for f in manifest["files"])
+    assert _ids(overwrite_dir, manifest) == list(range(rows))
+
+
+def test_resume_refuses_parts_that_repeat_rows_and_recounts_them(tmp_path):
+    """Two complete parts holding the same row (a retried write under another attempt id) must not
+    both be listed: the later one is dropped and its rows are scored again."""
+    from airflow_provider_batchinfer.runtime.resume import collect_committed, drop_done
+
+    pq.write_table(_table(["a", "b"], ids=[1, 2]), tmp_path / "part-00000-t01a.parquet")
+    pq.write_table(_table(["b", "c"], ids=[2, 3]), tmp_path / "part-00001-t02b.parquet")
+    (tmp_path / "_errors").mkdir()
+    pq.write_table(pa.table({"ticket_id": [9], "error": ["ValueError: x"]}), tmp_path / "_errors" / "part-00000-t01a.parquet")
+    kept = collect_committed(Stage.open(str(tmp_path)), "ticket_id")
+    assert [f["name"] for f in kept["files"]] == ["part-00000-t01a.parquet"]
+    assert kept["error_rows"] == 1 and kept["removed"] == ["part-00001-t02b.parquet"]
+    assert drop_done(_table(list("wxyz"), ids=[1, 2, 3, 9]), "ticket_id", kept["ids"]).column("ticket_id").to_pylist() == [3]
