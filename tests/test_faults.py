@@ -539,3 +539,51 @@ def test_resume_refuses_parts_that_repeat_rows_and_recounts_them(tmp_path):
     assert [f["name"] for f in kept["files"]] == ["part-00000-t01a.parquet"]
     assert kept["error_rows"] == 1 and kept["removed"] == ["part-00001-t02b.parquet"]
     assert drop_done(_table(list("wxyz"), ids=[1, 2, 3, 9]), "ticket_id", kept["ids"]).column("ticket_id").to_pylist() == [3]
+
+
+# --- file columns (InputSpec.column_handling): traversal and unreadable references, per row --------------
+
+
+def test_bad_input_file_column_traversal_and_unreadable_reference_fail_or_dead_letter_per_row(
+        registry, text_length_model, tmp_path, monkeypatch):
+    """A file column holding a path that escapes the allowed roots (``..``, elsewhere) or a file that
+    cannot be read: by default the batch fails naming the row's path; with ``dead_letter`` only those
+    rows go to ``_errors/`` with that message. An escaping file is never opened, even when it exists."""
+    from airflow_provider_batchinfer.runtime import dereference
+    from airflow_provider_batchinfer.runtime.dereference import FileReferenceError
+    from airflow_provider_batchinfer.runtime.errors import split_errors
+    from airflow_provider_batchinfer.runtime.job import ModelReplica, plan_columns
+
+    root = tmp_path / "stage"
+    (root / "docs").mkdir(parents=True)
+    (root / "docs" / "ok.txt").write_text("fine")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not read")
+    paths = [str(root / "docs" / "ok.txt"), str(root / "docs" / ".." / ".." / "secret.txt"), str(secret),
+             str(root / "docs" / "missing.txt"), str(root / "docs")]
+    batch = pa.table({"id": list(range(len(paths))), "path": paths})
+    spec = InputSpec(column_mapping={"path": "text"}, column_handling={"path": "base64"}, id_column="id")
+    plan = plan_columns(batch.schema, SIGNATURE, spec, "in.parquet")
+    plan["dereference"] = dereference.dereference_plan(spec.column_handling, plan["sources"], plan["model_inputs"],
+                                                       SIGNATURE["inputs"], [str(root)], None)
+    opened: list[str] = []
+    real_read = dereference._read
+    monkeypatch.setattr(dereference, "_read", lambda loc, so: opened.append(loc) or real_read(loc, so))
+    model_dir = str(registry.local_copy("text_length", "v1"))
+
+    fail = ModelReplica(model_dir, text_length_model.sha256, plan, {}, "cpu", 1,
+                        policy={"on_error": "fail", "keep_columns": ["id"], "id_column": "id"})
+    with pytest.raises(FileReferenceError, match=r"column 'text': '.*/\.\./secret.txt' contains '\.\.'; file locations may not climb out"):
+        fail(batch)
+
+    dead = ModelReplica(model_dir, text_length_model.sha256, plan, {}, "cpu", 1,
+                        policy={"on_error": "dead_letter", "keep_columns": ["id"], "id_column": "id"})
+    good, bad = split_errors(dead(batch), ["id"])
+    assert good.column("id").to_pylist() == [0]
+    assert good.column("length").to_pylist() == [len("ZmluZQ==")]  # base64 of "fine"
+    errors = dict(zip(bad.column("id").to_pylist(), bad.column("error").to_pylist()))
+    assert sorted(errors) == [1, 2, 3, 4]
+    assert "contains '..'" in errors[1] and "outside the allowed roots" in errors[2]
+    assert "missing.txt" in errors[3] and "does not exist" in errors[3]
+    assert str(root / "docs") in errors[4]
+    assert str(secret) not in opened and not any("secret" in o for o in opened)
