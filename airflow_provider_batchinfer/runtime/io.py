@@ -107,11 +107,16 @@ class PartsDatasink:
 
     # Ray Data looks these up on the datasink class; see ray.data.Datasink.
     def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any] | None:
+        name = f"part-{ctx.task_idx:05d}-{self.attempt}.parquet"
+        stage = Stage.open(self.run_dir, self.storage_options).child(name)
+        # an S3 failure that outlived the client's retries names the bucket, key and what was done
+        with stage._io("write"):
+            return self._write(blocks, stage, name)
+
+    def _write(self, blocks: Iterable[Any], stage: Stage, name: str) -> dict[str, Any] | None:
         import pyarrow.parquet as pq
         from ray.data.block import BlockAccessor
 
-        name = f"part-{ctx.task_idx:05d}-{self.attempt}.parquet"
-        stage = Stage.open(self.run_dir, self.storage_options).child(name)
         writer = None
         rows = 0
         try:
