@@ -465,17 +465,18 @@ _EMPTY_MARKERS = ("SystemException",)
 
 
 def _exception_chain(exc: BaseException) -> list[BaseException]:
-    """The exception and everything behind it, depth first: what a Ray wrapper carries as
-    ``cause`` (the worker's own exception) before ``__cause__``, then ``__context__``."""
+    """The exception and what lies behind it, one step at a time: ``__cause__``, else what a Ray
+    wrapper carries as ``cause`` (the worker's own exception), else ``__context__``. A message-less
+    marker as ``__cause__`` is stepped over, so the wrapper's ``cause`` is still reached."""
     chain: list[BaseException] = []
-    stack: list[BaseException | None] = [exc]
-    while stack:
-        current = stack.pop()
-        if current is None or any(current is c for c in chain):
-            continue
+    current: BaseException | None = exc
+    while current is not None and all(current is not c for c in chain):
         chain.append(current)
+        explicit = current.__cause__
+        if explicit is not None and type(explicit).__name__ in _EMPTY_MARKERS:
+            explicit = None
         cause = getattr(current, "cause", None)
-        stack.extend([current.__context__, current.__cause__, cause if isinstance(cause, BaseException) else None])
+        current = explicit or (cause if isinstance(cause, BaseException) else None) or current.__context__
     return chain
 
 
