@@ -107,10 +107,11 @@ def world(s3_server, s3_bucket, proxy, monkeypatch, tmp_path):
     return SimpleNamespace(bucket=s3_bucket, root=bucket, model=model, input=f"{bucket}/input", rows=500, cache=cache)
 
 
-def operator(out: str):
+def operator(input: str, out: str):
+    """A fresh operator, as Airflow builds one for every try."""
     from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec
 
-    return BatchInferenceOperator(task_id="infer", model="text_length", version="v1", input="s3://placeholder",
+    return BatchInferenceOperator(task_id="infer", model="text_length", version="v1", input=input,
                                   output_spec=OutputSpec(stage_location=out),  # SaveMode.ERROR, the default
                                   job_spec=JobSpec(max_batch_rows=100, progress_interval_s=2))
 
@@ -161,8 +162,7 @@ def test_access_denied_fails_at_once_without_retries_naming_bucket_and_key(world
     from airflow.sdk.exceptions import AirflowFailException
 
     proxy.start({**rule, "match": rule["match"].format(bucket=world.bucket)})
-    op = operator(f"{world.root}/out/run1")
-    op.input = world.input
+    op = operator(world.input, f"{world.root}/out/run1")
     with pytest.raises(AirflowFailException, match=rf"S3 {operation} failed for bucket '{world.bucket}', key "
                                                    rf"'{key}'.*(ACCESS_DENIED|AccessDenied)"):
         op.execute(context(1))
@@ -176,15 +176,14 @@ def test_access_denied_fails_at_once_without_retries_naming_bucket_and_key(world
 @pytest.mark.slow
 @pytest.mark.usefixtures("airflow_db", "ray_cluster")
 def test_store_crashing_mid_write_fails_the_try_retryably_then_the_retry_commits_one_clean_set(
-        world, proxy, s3_server):
+        world, proxy, s3_server, capfd):
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     out = f"{world.root}/out/run1"
     parts = f"PUT /{world.bucket}/out/run1/part-"
     # try 1: the store dies while the bytes of a part are being uploaded
     proxy.start({"match": parts, "action": "die"})
-    op = operator(out)
-    op.input = world.input
+    op = operator(world.input, out)
     with pytest.raises(AirflowException) as info:
         op.execute(context(1))
     assert not isinstance(info.value, AirflowFailException)  # an outage: Airflow's retry applies
@@ -197,9 +196,9 @@ def test_store_crashing_mid_write_fails_the_try_retryably_then_the_retry_commits
     # the store is back (same endpoint, moto kept the objects) and throttles the retry's first uploads
     seen = len(proxy.requests())
     proxy.start({"match": parts, "status": 503, "code": "SlowDown", "times": 2})
-    retry = operator(out)
-    retry.input = world.input
+    retry = operator(world.input, out)
     result = retry.execute(context(2))
+    assert f"retry clean-up: removed 1 file(s) (no {SUCCESS_MARKER}) from {out}" in capfd.readouterr().out
     assert result["rows"] == world.rows and result["attempt"].startswith("t02")
     manifest = read_valid_manifest(out, direct(s3_server))
     assert manifest["counts"] == {"input_rows": 500, "output_rows": 500, "error_rows": 0}

@@ -394,8 +394,12 @@ class BatchInferenceOperator(BaseOperator):
                 "location or remove them yourself"
             )
         removed = run_dir.clear_run_directory()
-        self.log.info("SaveMode.OVERWRITE: removed %s then %d other file(s) from %s", SUCCESS_MARKER, removed - 1
-                      if SUCCESS_MARKER in names else removed, run_dir.location)
+        what = "SaveMode.OVERWRITE" if self.save_mode is SaveMode.OVERWRITE else "retry clean-up"
+        if SUCCESS_MARKER in names:
+            self.log.info("%s: removed %s then %d other file(s) from %s", what, SUCCESS_MARKER, removed - 1,
+                          run_dir.location)
+        else:
+            self.log.info("%s: removed %d file(s) (no %s) from %s", what, removed, SUCCESS_MARKER, run_dir.location)
 
     def _materialize_sql(self, target: Stage) -> str:
         """Stream a query's result into Parquet parts of ``materialize_chunk_rows`` rows (never the
