@@ -320,22 +320,122 @@ class ModelRegistry:
         return options
 
     # --- verification --------------------------------------------------------------------------------
-    def local_copy(self, name: str, version: str, cache_dir: str | None = None) -> Path:
-        """A local directory holding the version's files: the registry itself when it is local, else
-        a cache keyed by content hash (an object-store registry is downloaded once per node)."""
-        target = self._stage(name, version)
+    @property
+    def is_local(self) -> bool:
         import pyarrow.fs as pafs
 
-        if isinstance(target.fs, pafs.LocalFileSystem):
-            return Path(target.path)
+        return isinstance(Stage.open(self.root, self.storage_options).fs, pafs.LocalFileSystem)
+
+    def local_copy(self, name: str, version: str, cache_dir: str | None = None) -> Path:
+        """A local directory holding the version's files: the registry itself when it is local, else
+        a node-local cache keyed by content hash (see :func:`fetch_version`). Not verified."""
+        check_name(name, "name")
+        check_name(version, "version")
+        sha256 = self.read_manifest(name, version)["sha256"]
+        return fetch_version(join(self.root, name, version), sha256, self.storage_options, cache_dir, verify=False)[0]
+
+    def check_listing(self, name: str, version: str, expected_sha256: str | None = None) -> dict[str, Any]:
+        """Check a remote version without downloading it: every file its manifest records is there
+        with its recorded size, nothing was added, and the manifest's digest matches its per-file
+        hashes and the pinned one. What no listing can see (same-size content changes) is caught
+        where the files are read: every Ray actor re-hashes its copy before loading it.
+
+        This is how the Airflow side vets an object-store model: a multi-GB model is never pulled
+        onto an Airflow worker just to be hashed."""
         manifest = self.read_manifest(name, version)
-        cache = Path(cache_dir or tempfile.gettempdir()) / "batchinfer-models" / manifest["sha256"]
-        if not (cache / MODEL_MANIFEST).exists():
-            tmp = Path(tempfile.mkdtemp(prefix="dl-", dir=cache.parent if cache.parent.exists() else None))
-            pafs.copy_files(target.path, str(tmp), source_filesystem=target.fs, destination_filesystem=pafs.LocalFileSystem())
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, cache) if not cache.exists() else shutil.rmtree(tmp)
-        return cache
+        where = self._stage(name, version)
+        present = {rel: size for rel, size in where.list_files() if rel != MODEL_MANIFEST}
+        recorded = manifest["files"]
+        for rel in sorted(set(recorded) | set(present)):
+            if rel not in present:
+                raise TamperedModelError(f"model file {where.location}/{rel} was removed after the model was logged; "
+                                         "re-log the model")
+            if rel not in recorded:
+                raise TamperedModelError(f"model file {where.location}/{rel} was added after the model was logged; "
+                                         "re-log the model")
+            if present[rel] != recorded[rel]["size"]:
+                raise TamperedModelError(
+                    f"model file {where.location}/{rel} is {present[rel]} bytes but was {recorded[rel]['size']} when "
+                    "logged: it changed after the model was logged; refusing to use it")
+        digest = tree_digest(recorded)
+        if digest != manifest["sha256"] or (expected_sha256 and digest != expected_sha256):
+            raise TamperedModelError(f"model at {where.location}: its {MODEL_MANIFEST} was edited (digest {digest[:12]}… "
+                                     f"but {expected_sha256 or manifest['sha256']} was pinned); refusing to use it")
+        return manifest
+
+
+MODEL_CACHE_ENV = "BATCHINFER_MODEL_CACHE"
+
+
+def model_cache_dir(cache_dir: str | None = None) -> Path:
+    """Where object-store models are cached on this node: ``$BATCHINFER_MODEL_CACHE``, else
+    ``<tmp>/batchinfer-models``. One directory per content hash, so versions never collide."""
+    return Path(cache_dir or os.environ.get(MODEL_CACHE_ENV) or Path(tempfile.gettempdir()) / "batchinfer-models")
+
+
+def fetch_version(
+    uri: str,
+    sha256: str,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | None = None,
+    verify: bool = True,
+) -> tuple[Path, dict[str, Any] | None]:
+    """The local directory of the model version at ``uri`` (and, with ``verify``, its re-hashed manifest).
+
+    A local registry is used in place. An object-store one is downloaded into this node's cache
+    under the pinned ``sha256``: this runs in every Ray actor, so each node of a multi-node cluster
+    fetches the model for itself, once, whichever node the job's driver is on. Concurrent replicas
+    on one node each download into a private directory and publish it with one atomic rename; the
+    loser of the race discards its copy. A cached copy that fails verification (a disk fault, a
+    hand edit) is dropped and downloaded again once; if the fresh copy fails too, the registry
+    itself holds a changed model and the error says so.
+    """
+    import pyarrow.fs as pafs
+
+    source = Stage.open(uri, storage_options)
+    if isinstance(source.fs, pafs.LocalFileSystem):
+        path = Path(source.path)
+        return path, (verify_local_copy(path, sha256) if verify else None)
+    cache = model_cache_dir(cache_dir) / sha256
+    for fresh in (False, True):
+        if fresh or not (cache / MODEL_MANIFEST).exists():
+            _download(source, cache, replace=fresh)
+        if not verify:
+            return cache, None
+        try:
+            return cache, verify_local_copy(cache, sha256)
+        except TamperedModelError as exc:
+            if fresh:
+                raise TamperedModelError(f"{exc} (downloaded just now from {source.location}: the registry's copy "
+                                         "changed after it was logged)") from exc
+    raise AssertionError("unreachable")
+
+
+def _download(source: Stage, cache: Path, replace: bool) -> None:
+    import pyarrow.fs as pafs
+
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name[:12]}-", dir=cache.parent))
+    try:
+        with source._io("download"):
+            pafs.copy_files(source.path, str(tmp), source_filesystem=source.fs,
+                            destination_filesystem=pafs.LocalFileSystem())
+        if not (tmp / MODEL_MANIFEST).exists():
+            raise RegistryError(f"{source.location} holds no {MODEL_MANIFEST}; it is not a logged model version")
+        if replace and cache.exists():
+            stale = cache.with_name(f".{cache.name[:12]}-stale-{os.getpid()}-{tmp.name}")
+            try:
+                os.replace(cache, stale)
+                shutil.rmtree(stale, ignore_errors=True)
+            except FileNotFoundError:
+                pass
+        try:
+            os.replace(tmp, cache)
+        except OSError:  # another replica on this node published the same content first
+            if not (cache / MODEL_MANIFEST).exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def verify_local_copy(path: Path, expected_sha256: str | None = None) -> dict[str, Any]:

@@ -37,17 +37,22 @@ WORKER_ENV = (
 )
 DEFAULT_MAX_ATTEMPTS = 5
 # errors that retrying cannot fix: fail at once, without Airflow retries
-_PERMANENT = re.compile(
+_DENIED = re.compile(
     r"NO_SUCH_BUCKET|NoSuchBucket|ACCESS_DENIED|AccessDenied|INVALID_ACCESS_KEY_ID|InvalidAccessKeyId|"
-    r"SIGNATURE_DOES_NOT_MATCH|SignatureDoesNotMatch|does not exist|Forbidden|Could not resolve host|"
-    r"Could not connect to server|Failed to connect"
+    r"SIGNATURE_DOES_NOT_MATCH|SignatureDoesNotMatch|does not exist|Forbidden"
 )
+# the store cannot be reached at all: a wrong endpoint when a task starts, an outage mid-job
+_UNREACHABLE = re.compile(r"Could not resolve host|Could not connect to server|Failed to connect")
 
 
 class S3StageError(StageError):
-    """Base for S3 failures; ``permanent`` says whether a retry could ever help."""
+    """Base for S3 failures. ``permanent``: no retry could help (no such bucket, access denied, an
+    endpoint that cannot be reached when the task starts). ``unreachable``: the store did not answer
+    at all; the runtime treats that as an outage rather than a misconfiguration, because the task
+    reached the same store moments before the job started (see ``runtime.job.is_permanent``)."""
 
     permanent = False
+    unreachable = False
 
 
 def is_s3(location: str) -> bool:
@@ -146,5 +151,6 @@ def translate_errors(location: str, operation: str) -> Iterator[None]:
     except OSError as exc:
         bucket, key = split_uri(location)
         error = S3StageError(f"S3 {operation} failed for bucket {bucket!r}, key {key!r} ({location}): {exc}")
-        error.permanent = bool(_PERMANENT.search(str(exc)))
+        error.unreachable = bool(_UNREACHABLE.search(str(exc)))
+        error.permanent = bool(_DENIED.search(str(exc))) or error.unreachable
         raise error from exc

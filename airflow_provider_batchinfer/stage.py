@@ -286,3 +286,18 @@ def committed_files(manifest: dict[str, Any]) -> list[str]:
 def dead_letter_files(manifest: dict[str, Any]) -> list[str]:
     """Full locations of the dead-lettered rows a manifest lists (``_errors/``): ids + error message."""
     return [join(manifest["run_dir"], *entry["name"].split("/")) for entry in manifest.get("error_files") or []]
+
+
+def read_committed(manifest: dict[str, Any], storage_options: dict[str, Any] | None = None,
+                   columns: list[str] | None = None) -> Any:
+    """The committed predictions as one ``pyarrow.Table``: exactly the files the manifest lists, read
+    through the stage's own filesystem, so an ``s3://`` run directory on a custom endpoint (MinIO,
+    R2) reads with the connection's settings (``ModelServiceHook.read_committed`` passes them)."""
+    import pyarrow.parquet as pq
+
+    run_dir = Stage.open(manifest["run_dir"], storage_options)
+    paths = [run_dir.child(entry["name"]).path for entry in manifest["files"]]
+    if not paths:
+        raise ManifestError(f"{run_dir.location}/{SUCCESS_MARKER} commits no files; there is nothing to read")
+    with run_dir._io("read"):
+        return pq.read_table(paths, filesystem=run_dir.fs, columns=columns)

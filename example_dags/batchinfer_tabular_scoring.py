@@ -73,14 +73,15 @@ def batchinfer_tabular_scoring():
         import pyarrow.parquet as pq
 
         from airflow_provider_batchinfer import ModelServiceHook
-        from airflow_provider_batchinfer.stage import Stage, sanitize_run_key
+        from airflow_provider_batchinfer.stage import sanitize_run_key
 
         n = int(params["num_customers"])
         rng = np.random.default_rng(zlib.crc32(run_id.encode()))
         features = rng.standard_normal((n, NUM_FEATURES), dtype=np.float32)
         columns = {"customer_id": pa.array(np.arange(1, n + 1, dtype=np.int64))}
         columns.update({name: features[:, i] for i, name in enumerate(FEATURES)})
-        out = Stage.open(ModelServiceHook().resolve_location(f"prepared/customers/{sanitize_run_key(run_id)}"))
+        # under the connection's stage_root, local or s3://, with its credentials
+        out = ModelServiceHook().open_stage(f"prepared/customers/{sanitize_run_key(run_id)}")
         out.fs.create_dir(out.path, recursive=True)
         table = pa.table(columns)
         for part, start in enumerate(range(0, n, 10000)):
@@ -109,14 +110,14 @@ def batchinfer_tabular_scoring():
     def publish(manifest: dict, run_id: str) -> str:
         import pyarrow.compute as pc
         import pyarrow.csv as pacsv
-        import pyarrow.parquet as pq
 
         from airflow_provider_batchinfer import ModelServiceHook
-        from airflow_provider_batchinfer.stage import Stage, committed_files, sanitize_run_key
+        from airflow_provider_batchinfer.stage import sanitize_run_key
 
-        table = pq.read_table(committed_files(manifest))
+        hook = ModelServiceHook()
+        table = hook.read_committed(manifest)  # only the files _SUCCESS lists
         top = table.take(pc.sort_indices(table, [("churn_probability", "descending")])[:100])
-        out = Stage.open(ModelServiceHook().resolve_location(f"published/churn/{sanitize_run_key(run_id)}"))
+        out = hook.open_stage(f"published/churn/{sanitize_run_key(run_id)}")
         out.fs.create_dir(out.path, recursive=True)
         target = out.child("top_100_at_risk.csv")
         with target.fs.open_output_stream(target.path) as sink:

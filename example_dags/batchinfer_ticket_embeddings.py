@@ -72,7 +72,7 @@ def batchinfer_ticket_embeddings():
         import pyarrow.parquet as pq
 
         from airflow_provider_batchinfer import ModelServiceHook
-        from airflow_provider_batchinfer.stage import Stage, sanitize_run_key
+        from airflow_provider_batchinfer.stage import sanitize_run_key
 
         rng = random.Random(zlib.crc32(run_id.encode()))
         n = int(params["num_tickets"])
@@ -80,8 +80,8 @@ def batchinfer_ticket_embeddings():
             f"The {rng.choice(PRODUCTS)} {rng.choice(PROBLEMS)}. {rng.choice(DETAILS)}".strip() for _ in range(n)
         ]
         table = pa.table({"ticket_id": pa.array(range(1, n + 1), pa.int64()), "text": texts})
-        hook = ModelServiceHook()
-        out = Stage.open(hook.resolve_location(f"prepared/tickets/{sanitize_run_key(run_id)}"))
+        # under the connection's stage_root, local or s3://, with its credentials
+        out = ModelServiceHook().open_stage(f"prepared/tickets/{sanitize_run_key(run_id)}")
         target = out.child("tickets.parquet")
         out.fs.create_dir(out.path, recursive=True)
         with target.fs.open_output_stream(target.path) as sink:
@@ -113,12 +113,12 @@ def batchinfer_ticket_embeddings():
         import json
 
         import numpy as np
-        import pyarrow.parquet as pq
 
         from airflow_provider_batchinfer import ModelServiceHook
-        from airflow_provider_batchinfer.stage import Stage, committed_files, sanitize_run_key
+        from airflow_provider_batchinfer.stage import sanitize_run_key
 
-        table = pq.read_table(committed_files(manifest))
+        hook = ModelServiceHook()
+        table = hook.read_committed(manifest)  # only the files _SUCCESS lists
         emb = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
         unique = len({row.tobytes() for row in np.round(emb, 4)})
         report = {
@@ -130,8 +130,7 @@ def batchinfer_ticket_embeddings():
             "model_sha256": manifest["model"]["sha256"],
             "source": manifest["run_dir"],
         }
-        hook = ModelServiceHook()
-        out = Stage.open(hook.resolve_location(f"published/ticket_embeddings/{sanitize_run_key(run_id)}"))
+        out = hook.open_stage(f"published/ticket_embeddings/{sanitize_run_key(run_id)}")
         out.child("report.json").write_json(report)
         print(f"published report: {json.dumps(report)}")
         return out.child("report.json").location

@@ -289,3 +289,31 @@ def test_a_wrong_endpoint_fails_the_task_naming_bucket_and_key_and_writes_nothin
     assert (f"failed for bucket '{bucket}', key 'registry/text_length/v1/MODEL.json'" in
             (captured := capfd.readouterr().out)) and "Could not connect" in captured
     assert snapshot(s3_server, out) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+def test_the_tabular_example_dag_runs_unchanged_with_everything_on_s3(s3_server, s3_connection, tmp_path, monkeypatch,
+                                                                      capfd):
+    """The example as shipped, pointed at S3 by the connection alone: the model is trained and logged
+    into the S3 registry, data_prep writes the input under the S3 stage_root, the job reads and writes
+    S3, the sensor gates on the S3 marker and publish reads only the committed files from S3."""
+    import pyarrow.csv as pacsv
+
+    monkeypatch.setenv("BATCHINFER_MODEL_CACHE", str(tmp_path / "model-cache"))
+    state, tasks, run_id = run_dag("batchinfer_tabular_scoring", num_customers=1500)
+    assert state == "success", tasks
+    key = sanitize_run_key(run_id)
+    run_dir = f"{s3_connection}/stage/scores/churn/{key}"
+    manifest = read_valid_manifest(run_dir, options(s3_server))
+    assert manifest["counts"] == {"input_rows": 1500, "output_rows": 1500, "error_rows": 0}
+    assert manifest["model"]["uri"].startswith(f"{s3_connection}/registry/churn_scorer/sha-")
+    assert manifest["input"]["locations"] == [f"{s3_connection}/stage/prepared/customers/{key}"]
+    published = Stage.open(f"{s3_connection}/stage/published/churn/{key}/top_100_at_risk.csv", options(s3_server))
+    top = pacsv.read_csv(io.BytesIO(published.read_bytes()))
+    assert top.num_rows == 100 and top.column_names[0] == "customer_id"
+    scores = top.column("churn_probability").to_pylist()
+    assert scores == sorted(scores, reverse=True)
+    # the actor fetched the S3 model into its node's cache; nothing was written outside the bucket
+    assert (tmp_path / "model-cache" / manifest["model"]["sha256"] / "MODEL.json").exists()
+    assert SECRET not in capfd.readouterr().out

@@ -21,7 +21,7 @@ from airflow_provider_batchinfer.launchers.local import LocalLauncher
 from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher
 from airflow_provider_batchinfer.registry import ModelRegistry, ModelVersion, verify_local_copy
 from airflow_provider_batchinfer.s3 import DEFAULT_MAX_ATTEMPTS, credential_env, public_options
-from airflow_provider_batchinfer.stage import Stage, resolve_location
+from airflow_provider_batchinfer.stage import Stage, read_committed, resolve_location
 
 LAUNCHERS = ("local", "ray_jobs")
 
@@ -169,7 +169,13 @@ class ModelServiceHook(BaseHook):
         return credential_env(self.storage_options)
 
     def open_stage(self, location: str) -> Stage:
-        return Stage.open(location, self.storage_options)
+        """A location (relative ones under ``stage_root``) with this connection's S3 settings."""
+        return Stage.open(self.resolve_location(location), self.storage_options)
+
+    def read_committed(self, manifest: dict[str, Any], columns: list[str] | None = None) -> Any:
+        """What a ``publish`` task should read: only the files ``manifest`` (a ``_SUCCESS``, e.g. the
+        sensor's XCom) commits, as a ``pyarrow.Table``, with this connection's S3 settings."""
+        return read_committed(manifest, self.storage_options, columns)
 
     @cached_property
     def registry(self) -> ModelRegistry:
@@ -183,11 +189,15 @@ class ModelServiceHook(BaseHook):
         return mv
 
     def get_model(self, name: str, version: str, verify: bool = True) -> ModelVersion:
-        """Resolve a version and (by default) re-hash its files, so a tampered model fails the task
-        before any compute is requested."""
+        """Resolve a version and (by default) check it, so a tampered model fails the task before any
+        compute is requested: a local registry's files are re-hashed; an object-store version is
+        checked against its manifest by listing (files, sizes, digest) and never downloaded onto the
+        Airflow worker; each Ray actor downloads and re-hashes it on its own node before loading."""
         mv = self.registry.get(name, version)
-        if verify:
+        if verify and self.registry.is_local:
             verify_local_copy(self.registry.local_copy(name, version), mv.sha256)
+        elif verify:
+            self.registry.check_listing(name, version, mv.sha256)
         return mv
 
     # --- stages and compute ------------------------------------------------------------------------------

@@ -21,7 +21,12 @@ from airflow_provider_batchinfer.runtime.job import ERROR_PREFIX, RESULT_PREFIX
 
 
 class LaunchError(RuntimeError):
-    """The job failed; ``str()`` is the runtime's own last error line."""
+    """The job failed; ``str()`` is the runtime's own last error line. ``permanent``: the runtime
+    said no retry can fix it (e.g. S3 access denied), so the task should not be retried."""
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 @dataclass
@@ -74,7 +79,7 @@ class LocalLauncher:
             self._proc = None
         if code != 0 or result is None:
             if error:
-                raise LaunchError(error["error"])
+                raise LaunchError(error["error"], permanent=bool(error.get("permanent")))
             last = "\n".join(tail)
             raise LaunchError(f"batch inference job exited with code {code} without a result; last output:\n{last}")
         return result

@@ -213,7 +213,9 @@ class BatchInferenceOperator(BaseOperator):
         try:
             self._launcher.run(run_dir.child(JOB_SPEC_FILE).location, self.log, extra_env=self.hook.runtime_env())
         except LaunchError as exc:
-            raise AirflowException(f"batch inference job {spec['job_id']} failed: {exc}") from exc
+            # nothing is committed either way; a permanent cause (access denied) is not worth a retry
+            raise (AirflowFailException if exc.permanent else AirflowException)(
+                f"batch inference job {spec['job_id']} failed: {exc}") from exc
         finally:
             self._launcher = None
         return self._finalize(run_dir.location, spec["attempt"])
@@ -349,15 +351,17 @@ class BatchInferenceOperator(BaseOperator):
         if status == "SUCCEEDED":
             return self._finalize(location, attempt)
         error = next((line[len(ERROR_PREFIX):] for line in reversed(logs.splitlines()) if line.startswith(ERROR_PREFIX)), None)
+        permanent = False
         if error:
             import json
 
-            error = json.loads(error)["error"]
+            parsed = json.loads(error)
+            error, permanent = parsed["error"], bool(parsed.get("permanent"))
         if status == "TIMEOUT":
             raise AirflowException(f"Ray job {submission_id} ran past job_timeout={self.job_timeout}s and was stopped; "
                                    "nothing was committed")
         tail = "\n".join(logs.splitlines()[-20:])
-        raise AirflowException(
+        raise (AirflowFailException if permanent else AirflowException)(
             f"Ray job {submission_id} ended {status}: {error or 'no error line in the driver log; last lines:'}"
             + ("" if error else f"\n{tail}")
         )
@@ -440,8 +444,12 @@ class BatchInferenceOperator(BaseOperator):
                 "location or remove them yourself"
             )
         removed = run_dir.clear_run_directory()
-        self.log.info("SaveMode.OVERWRITE: removed %s then %d other file(s) from %s", SUCCESS_MARKER, removed - 1
-                      if SUCCESS_MARKER in names else removed, run_dir.location)
+        what = "SaveMode.OVERWRITE" if self.save_mode is SaveMode.OVERWRITE else "retry clean-up"
+        if SUCCESS_MARKER in names:
+            self.log.info("%s: removed %s then %d other file(s) from %s", what, SUCCESS_MARKER, removed - 1,
+                          run_dir.location)
+        else:
+            self.log.info("%s: removed %d file(s) (no %s) from %s", what, removed, SUCCESS_MARKER, run_dir.location)
 
     def _materialize_sql(self, target: Stage) -> str:
         """Stream a query's result into Parquet parts of ``materialize_chunk_rows`` rows (never the

@@ -144,12 +144,17 @@ class PartsDatasink:
 
     # Ray Data looks these up on the datasink class; see ray.data.Datasink.
     def write(self, blocks: Iterable[Any], ctx: Any) -> list[dict[str, Any]]:
+        name = f"part-{ctx.task_idx:05d}-{self.attempt}.parquet"
+        run_dir = Stage.open(self.run_dir, self.storage_options)
+        # an S3 failure that outlived the client's retries names the bucket, key and what was done
+        with run_dir.child(name)._io("write"):
+            return self._write(blocks, run_dir, name)
+
+    def _write(self, blocks: Iterable[Any], run_dir: Stage, name: str) -> list[dict[str, Any]]:
         from ray.data.block import BlockAccessor
 
         from airflow_provider_batchinfer.runtime.errors import ERRORS_DIR, split_errors
 
-        name = f"part-{ctx.task_idx:05d}-{self.attempt}.parquet"
-        run_dir = Stage.open(self.run_dir, self.storage_options)
         out = _PartWriter(run_dir.child(name), name)
         errors = _PartWriter(run_dir.child(ERRORS_DIR, name), f"{ERRORS_DIR}/{name}")
         try:

@@ -20,10 +20,9 @@ import sys
 import threading
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-from airflow_provider_batchinfer.registry import ModelRegistry, verify_local_copy
+from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV, ModelRegistry, fetch_version, verify_local_copy
 from airflow_provider_batchinfer.runtime.errors import check_batch, check_unique_ids, score_isolating
 from airflow_provider_batchinfer.runtime.io import (
     InputError,
@@ -158,11 +157,12 @@ def plan_columns(schema: Any, signature: dict[str, Any], input_spec: InputSpec, 
 
 
 class ModelReplica:
-    """One model copy: loads (and verifies) the model once, then scores batches for the job's life."""
+    """One model copy: fetches (on its own node), verifies and loads the model once, then scores
+    batches for the job's life."""
 
     def __init__(
         self,
-        model_dir: str,
+        model_uri: str,
         sha256: str,
         plan: dict[str, Any],
         params: dict[str, Any],
@@ -171,22 +171,25 @@ class ModelReplica:
         counter: Any = None,
         max_rows: int | None = None,
         policy: dict[str, Any] | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         from airflow_provider_batchinfer.runtime.flavors import load_predictor
 
         started = time.monotonic()
         self.threads = _set_torch_threads(device, threads)  # imports torch: seconds on a busy machine
         imported = time.monotonic()
-        manifest = verify_local_copy(Path(model_dir), sha256)
+        # an object-store model is downloaded here, on the actor's node (once per node: a cache keyed
+        # by sha256), not by the driver, whose node may hold no replica at all
+        model_dir, manifest = fetch_version(model_uri, sha256, storage_options)
         verified = time.monotonic()
-        self.predict = load_predictor(Path(model_dir), manifest, device=device, threads=threads, max_rows=max_rows)
+        self.predict = load_predictor(model_dir, manifest, device=device, threads=threads, max_rows=max_rows)
         self.plan = plan
         self.params = params
         self.model = f"{manifest['name']}/{manifest['version']}"
         self.counter = counter
         self.policy = policy or {}
         print(f"[batchinfer] replica ready: {self.model} torch imported in {imported - started:.2f}s, "
-              f"verified in {verified - imported:.2f}s, loaded in "
+              f"fetched and verified in {verified - imported:.2f}s, loaded in "
               f"{time.monotonic() - verified:.2f}s on {device}, {self.threads or '-'} torch thread(s)", flush=True)
 
     def __call__(self, batch: Any) -> Any:
@@ -340,8 +343,10 @@ def run(spec_location: str) -> dict[str, Any]:
 
     # 1. everything that can be checked before Ray starts
     registry = ModelRegistry(spec["registry_root"], storage)
-    model_dir = registry.local_copy(model["name"], model["version"])
-    verify_local_copy(model_dir, model["sha256"])
+    if registry.is_local:
+        verify_local_copy(registry.local_copy(model["name"], model["version"]), model["sha256"])
+    else:  # the actors download and re-hash it on their own nodes; here only what a listing shows
+        registry.check_listing(model["name"], model["version"], model["sha256"])
     files = list_input_files(spec["input"]["locations"], storage)
     input_rows, schema = inspect_input(files, storage)
     plan = with_id_column(plan_columns(schema, model["signature"], input_spec, files[0]), input_spec.id_column)
@@ -363,8 +368,11 @@ def run(spec_location: str) -> dict[str, Any]:
     import ray.data
 
     init_kwargs = ray_init_kwargs(spec, os.environ)
-    if worker_env():  # S3 credentials reach the workers from this process's environment, never a file
-        init_kwargs["runtime_env"] = {"env_vars": worker_env()}
+    # S3 credentials reach the workers from this process's environment, never a file; so does the
+    # node-local model cache directory when one is configured
+    env_vars = {**worker_env(), **{k: os.environ[k] for k in (MODEL_CACHE_ENV,) if os.environ.get(k)}}
+    if env_vars:
+        init_kwargs["runtime_env"] = {"env_vars": env_vars}
     ray.init(**init_kwargs)
     t_ray = time.monotonic()
     try:
@@ -400,12 +408,12 @@ def run(spec_location: str) -> dict[str, Any]:
         if engine == "vllm":  # ray.data.llm runs its own stages and engine actors
             print(f"[batchinfer] engine: vLLM via ray.data.llm, {job.replicas} engine replica(s) x "
                   f"{llm.gpus_per_replica(job)} GPU(s)", flush=True)
-            ds = llm.build_pipeline(ds, model_dir, model["signature"], plan, input_spec.params, job, counter)
+            ds = llm.build_pipeline(ds, registry.local_copy(model["name"], model["version"]), model["signature"], plan, input_spec.params, job, counter)
         else:
             ds = ds.map_batches(
                 ModelReplica,
                 fn_constructor_kwargs={
-                    "model_dir": str(model_dir),
+                    "model_uri": model["uri"],
                     "sha256": model["sha256"],
                     "plan": plan,
                     "params": input_spec.params,
@@ -415,6 +423,7 @@ def run(spec_location: str) -> dict[str, Any]:
                     "max_rows": job.max_batch_rows,
                     "policy": {"on_error": job.on_error, "keep_columns": plan["passthrough"],
                                "id_column": input_spec.id_column, "max_value_bytes": job.max_value_bytes},
+                    "storage_options": storage,  # no credentials: the workers get those from worker_env()
                 },
                 batch_size=batch_rows,
                 batch_format="pyarrow",
@@ -563,20 +572,47 @@ def _steady_rate(stats: dict, t_done: float, rows: int) -> float | None:
 _RAY_WRAPPERS = ("UserCodeException", "RayTaskError", "RayActorError", "RaySystemError")
 
 
-def _root_message(exc: BaseException) -> str:
-    """The user-facing message of an error raised inside a Ray task. Ray wraps it in layers
-    (UserCodeException -> RayTaskError(ValueError) -> ValueError) whose own text is advice about
-    retries or a traceback; the innermost non-wrapper exception is what the user needs to see."""
+# markers that carry no message of their own: Ray Data raises a failed datasink's error "from
+# SystemException()", which hides the Ray wrapper's ``cause`` from a plain __cause__ walk
+_EMPTY_MARKERS = ("SystemException",)
+
+
+def _exception_chain(exc: BaseException) -> list[BaseException]:
+    """The exception and what lies behind it, one step at a time: ``__cause__``, else what a Ray
+    wrapper carries as ``cause`` (the worker's own exception), else ``__context__``. A message-less
+    marker as ``__cause__`` is stepped over, so the wrapper's ``cause`` is still reached."""
     chain: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and all(current is not c for c in chain):
         chain.append(current)
+        explicit = current.__cause__
+        if explicit is not None and type(explicit).__name__ in _EMPTY_MARKERS:
+            explicit = None
         cause = getattr(current, "cause", None)
-        current = current.__cause__ or (cause if isinstance(cause, BaseException) else None) or current.__context__
-    plain = [e for e in chain if not any(w in type(e).__name__ for w in _RAY_WRAPPERS)]
+        current = explicit or (cause if isinstance(cause, BaseException) else None) or current.__context__
+    return chain
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether any error in the chain says no retry can fix it (an S3 bucket that does not exist,
+    access denied): the operator then fails the task without Airflow retries. A store that stopped
+    answering mid-job is not permanent here: the operator reached it just before the launch, so it
+    is an outage (a crashed or restarting server), and the task's retries are what recovers it."""
+    return any(getattr(e, "permanent", False) and not getattr(e, "unreachable", False)
+               for e in _exception_chain(exc))
+
+
+def _root_message(exc: BaseException) -> str:
+    """The user-facing message of an error raised inside a Ray task. Ray wraps it in layers
+    (UserCodeException -> RayTaskError(ValueError) -> ValueError) whose own text is advice about
+    retries or a traceback; the innermost non-wrapper exception is what the user needs to see,
+    unless one of ours (a StageError: it names the bucket, key and what to do) is in the chain."""
+    chain = _exception_chain(exc)
+    plain = [e for e in chain if not any(w in type(e).__name__ for w in _RAY_WRAPPERS + _EMPTY_MARKERS)]
     if plain:
-        root = plain[-1]
-        lines = [line for line in str(root).strip().splitlines() if line.strip()]
+        ours = [e for e in plain if isinstance(e, StageError)]
+        root = ours[0] if ours else plain[-1]
+        lines = [line for line in _RAY_RETRY_NOTE.split(str(root))[0].strip().splitlines() if line.strip()]
         last = lines[-1].strip() if lines else ""
         name = type(root).__name__
         return last if last.startswith(name) else f"{name}: {last}" if last else name
@@ -590,6 +626,9 @@ def _root_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[-1].strip() if lines else ''}"
 
 
+# Ray Data appends its retry advice to a failed task's exception message ("Failed to write after
+# 1/1 attempts (total backoff 0.0s).\nTo change retry attempts, ..."); it is not the error
+_RAY_RETRY_NOTE = re.compile(r"\n\s*Failed to [^\n]* after \d+/\d+ attempts \(total backoff")
 _ERROR_LINE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)): (?P<msg>.*)$", re.MULTILINE)
 
 
@@ -607,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the one place that turns any failure into a clear last line
         message = _root_message(exc)
         log.debug("job failed", exc_info=True)
-        print(ERROR_PREFIX + json.dumps({"error": message, "type": type(exc).__name__}), flush=True)
+        print(ERROR_PREFIX + json.dumps({"error": message, "type": type(exc).__name__,
+                                         "permanent": is_permanent(exc)}), flush=True)
         return 2 if isinstance(exc, (InputError, JobError, StageError, ValueError)) else 1
     print(RESULT_PREFIX + json.dumps({"rows": manifest["counts"]["output_rows"], "files": len(manifest["files"])}), flush=True)
     return 0
