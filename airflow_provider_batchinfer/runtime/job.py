@@ -176,21 +176,25 @@ class ModelReplica:
         from airflow_provider_batchinfer.runtime.flavors import load_predictor
 
         started = time.monotonic()
-        self.threads = _set_torch_threads(device, threads)  # imports torch: seconds on a busy machine
-        imported = time.monotonic()
         # an object-store model is downloaded here, on the actor's node (once per node: a cache keyed
         # by sha256), not by the driver, whose node may hold no replica at all
         model_dir, manifest = fetch_version(model_uri, sha256, storage_options)
         verified = time.monotonic()
+        # torch costs seconds to import: only flavors built on it pay for it (a plain Python model
+        # that never touches torch starts without it)
+        self.threads = _set_torch_threads(device, threads, load_torch=manifest["flavor"] in TORCH_FLAVORS)
+        imported = time.monotonic()
         self.predict = load_predictor(model_dir, manifest, device=device, threads=threads, max_rows=max_rows)
+        if self.threads is None and "torch" in sys.modules:  # the user's own class imported it
+            self.threads = _set_torch_threads(device, threads, load_torch=True)
         self.plan = plan
         self.params = params
         self.model = f"{manifest['name']}/{manifest['version']}"
         self.counter = counter
         self.policy = policy or {}
-        print(f"[batchinfer] replica ready: {self.model} torch imported in {imported - started:.2f}s, "
-              f"fetched and verified in {verified - imported:.2f}s, loaded in "
-              f"{time.monotonic() - verified:.2f}s on {device}, {self.threads or '-'} torch thread(s)", flush=True)
+        print(f"[batchinfer] replica ready: {self.model} fetched and verified in {verified - started:.2f}s, "
+              f"torch imported in {imported - verified:.2f}s, loaded in {time.monotonic() - imported:.2f}s "
+              f"on {device}, {self.threads or '-'} torch thread(s)", flush=True)
 
     def __call__(self, batch: Any) -> Any:
         """Score a batch; with ``on_error="dead_letter"`` rows that raise come back marked instead
@@ -233,13 +237,20 @@ class ModelReplica:
         return pa.table(columns)
 
 
-def _set_torch_threads(device: str, threads: int) -> int | None:
+# flavors whose predictor runs on torch: their replicas import it up front and pin its threads
+TORCH_FLAVORS = frozenset({"torchscript", "sentence_transformers", "text_generation", "image_classification"})
+
+
+def _set_torch_threads(device: str, threads: int, load_torch: bool = True) -> int | None:
     """Ray pins OMP_NUM_THREADS=1 in an actor that reserves one CPU; a CPU model should use the
     threads the pool was sized for instead, or it runs at a fraction of the machine's speed.
-    Returns the intra-op threads torch will use (None without torch)."""
+    Returns the intra-op threads torch will use (None without torch, or when ``load_torch`` is
+    False and nothing imported it yet)."""
     if device == "cpu":
         os.environ["OMP_NUM_THREADS"] = str(threads)
         os.environ["MKL_NUM_THREADS"] = str(threads)
+    if not load_torch and "torch" not in sys.modules:
+        return None
     try:
         import torch
     except ImportError:
