@@ -38,6 +38,9 @@ os.environ.update(
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
         "HF_HUB_OFFLINE": "1",
+        # the OpenLineage provider emits only where a test turns it on (tests/test_airflow_services.py),
+        # whatever OPENLINEAGE_* settings the environment has
+        "AIRFLOW__OPENLINEAGE__DISABLED": "True",
         "TRANSFORMERS_OFFLINE": "1",
     }
 )
