@@ -33,10 +33,8 @@ if TYPE_CHECKING:
     from airflow_provider_batchinfer.operators.batch_inference import BatchInferenceOperator
 
 RUN_FACET = "batchinference"
-FACET_SCHEMA_URL = (
-    "https://github.com/airflow-provider-batchinfer/airflow-provider-batchinfer/blob/main/docs/"
-    "openlineage-batchinference-run-facet.md"
-)
+# the facet's JSON schema ships in docs/openlineage/BatchInferenceRunFacet.json
+FACET_SCHEMA_URL = "https://pypi.org/project/airflow-provider-batchinfer/#/$defs/BatchInferenceRunFacet"
 
 
 def dataset_name(location: str) -> tuple[str, str]:
