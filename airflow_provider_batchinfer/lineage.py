@@ -25,7 +25,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.s3 import is_s3, split_uri
-from airflow_provider_batchinfer.stage import Stage, read_valid_manifest
+from airflow_provider_batchinfer.registry import RegistryError
+from airflow_provider_batchinfer.stage import Stage, join, read_valid_manifest
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
@@ -101,14 +102,14 @@ def _sql_lineage(operator: BatchInferenceOperator) -> OperatorLineage:
     from airflow.sdk import BaseHook
 
     job_facets = {"sql": SQLJobFacet(query=operator.sql)}
-    hook = BaseHook.get_connection(operator.conn_id).get_hook()
+    connection = BaseHook.get_connection(operator.conn_id)
+    hook = connection.get_hook()
     get_info = getattr(hook, "get_openlineage_database_info", None)
-    database_info = get_info(hook.get_connection(operator.conn_id)) if callable(get_info) else None
+    database_info = get_info(connection) if callable(get_info) else None
     if database_info is None:
         return OperatorLineage(job_facets=job_facets)
     from airflow.providers.openlineage.sqlparser import SQLParser
 
-    connection = hook.get_connection(operator.conn_id)
     parser = SQLParser(dialect=hook.get_openlineage_database_dialect(connection),
                        default_schema=hook.get_openlineage_default_schema())
     parsed = parser.generate_openlineage_metadata_from_sql(
@@ -141,13 +142,17 @@ def operator_lineage(operator: BatchInferenceOperator, task_instance: Any = None
         location = hook.resolve_location(operator.stage_location)
     manifest = read_valid_manifest(location, storage) if location and committed and task_instance is not None else None
 
-    # the model: from the manifest when committed, else from the registry (no re-hash: lineage only)
+    # the model: from the manifest when committed, else from the registry (no re-hash: lineage only;
+    # a version the registry does not know still leaves the task's other datasets to report)
     if manifest is not None:
         model = dict(manifest["model"])
     else:
-        mv = hook.get_model(operator.model, operator.version, verify=False)
-        model = {"name": mv.name, "version": mv.version, "flavor": mv.flavor, "sha256": mv.sha256, "uri": mv.uri,
-                 "signature": mv.signature}
+        try:
+            mv = hook.get_model(operator.model, operator.version, verify=False)
+            model = {"name": mv.name, "version": mv.version, "flavor": mv.flavor, "sha256": mv.sha256,
+                     "uri": mv.uri, "signature": mv.signature}
+        except RegistryError:
+            model = {"name": operator.model, "version": operator.version}
     signature = model.pop("signature", None) or {}
 
     lineage = _sql_lineage(operator) if operator.sql is not None else OperatorLineage()
@@ -169,15 +174,16 @@ def operator_lineage(operator: BatchInferenceOperator, task_instance: Any = None
                 input_facets.setdefault("inputStatistics", InputStatisticsInputDatasetFacet())
                 input_facets["inputStatistics"].rowCount = manifest["counts"]["input_rows"]
             inputs.append(InputDataset(namespace=namespace, name=name, facets=facets, inputFacets=input_facets))
-    namespace, name = dataset_name(model["uri"])
-    inputs.append(InputDataset(namespace=namespace, name=name))
+    if "uri" in model:
+        namespace, name = dataset_name(model["uri"])
+        inputs.append(InputDataset(namespace=namespace, name=name))
 
     outputs = []
     if location is not None:
         namespace, name = dataset_name(location)
         if manifest is not None:
             files = manifest["files"]
-            facets = {"schema": _schema_facet(_parquet_fields(f"{location.rstrip('/')}/{files[0]['name']}", storage))} if files else {}
+            facets = {"schema": _schema_facet(_parquet_fields(join(location, files[0]["name"]), storage))} if files else {}
             output_facets = {"outputStatistics": OutputStatisticsOutputDatasetFacet(
                 rowCount=manifest["counts"]["output_rows"], size=sum(f["size"] for f in files),
                 fileCount=len(files))}

@@ -75,3 +75,15 @@ def test_the_provider_works_without_openlineage(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     # only asking for lineage needs the packages (the OpenLineage provider never asks without them)
     assert "IMPORT-ERROR blocked:" in result.stdout
+
+
+def test_an_unknown_model_version_still_names_the_task_datasets(text_length_model, tickets, tmp_path):
+    """The task fails on the version; its lineage still says what it was meant to read and write."""
+    from airflow_provider_batchinfer import BatchInferenceOperator, OutputSpec
+
+    op = BatchInferenceOperator(task_id="infer", model="text_length", version="v9", input=str(tickets[0]),
+                                output_spec=OutputSpec(stage_location=str(tmp_path / "out")))
+    lineage = op.get_openlineage_facets_on_start()
+    assert [(d.namespace, d.name) for d in lineage.inputs] == [("file", str(tickets[0]))]
+    assert [(d.namespace, d.name, d.facets) for d in lineage.outputs] == [("file", str(tmp_path / "out"), {})]
+    assert lineage.run_facets[RUN_FACET].model == {"name": "text_length", "version": "v9"}
