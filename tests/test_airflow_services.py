@@ -125,7 +125,7 @@ def test_backfill_three_dates_then_reprocess(world):
     dag_id = "batchinfer_tabular_scoring"
     # one run at a time: every job attaches to the session's 2-CPU Ray cluster, and two concurrent
     # jobs each holding a CPU for their model replica leave none for either's reads (both stall)
-    s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
+    s.create_backfill(dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
           "--dag-run-conf", json.dumps({"num_customers": 1000}), "--max-active-runs", "1")
     backfill_runs = lambda: sorted(r["dag_run_id"] for r in s.runs(dag_id) if r["run_type"] == "backfill")  # noqa: E731
     deadline = time.monotonic() + 60
@@ -146,7 +146,7 @@ def test_backfill_three_dates_then_reprocess(world):
 
     # reprocessing the same dates: same run ids, OVERWRITE replaces each directory cleanly
     t0 = time.monotonic()
-    s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
+    s.create_backfill(dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
           "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"num_customers": 1000}),
           "--max-active-runs", "1")
     deadline = time.monotonic() + 420
@@ -170,7 +170,7 @@ def test_backfill_reprocess_is_refused_in_error_mode(world):
     s = world["services"]
     t0 = time.monotonic()
     dag_id = "bi_svc_error_daily"
-    s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05")
+    s.create_backfill(dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05")
     deadline = time.monotonic() + 60
     while not s.runs(dag_id) and time.monotonic() < deadline:
         time.sleep(2)
@@ -179,7 +179,7 @@ def test_backfill_reprocess_is_refused_in_error_mode(world):
     run_dir = world["stage"] / "svc" / "error_daily" / sanitize_run_key(run["dag_run_id"])
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
     s.wait_for_backfills(dag_id)
-    s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05",
+    s.create_backfill(dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05",
           "--reprocess-behavior", "completed")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
