@@ -7,7 +7,7 @@ VENV   := .venv
 PIP    := $(VENV)/bin/python -m pip
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test test-fast bench bench-quick clean
+.PHONY: demo test test-fast bench bench-quick screenshot clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ bench: $(VENV)/.installed-bench
 
 bench-quick: $(VENV)/.installed-bench
 	$(VENV)/bin/python -m benchmarks.run --quick $(BENCH_ARGS)
+
+# real Airflow services + one REST-triggered run of the embeddings example, then a headless Chromium
+# picture of the finished run (docs/screenshots/dag_run.png; 2-4 min). Needs Debian's chromium:
+# apt-get install -y chromium
+screenshot: $(VENV)/.installed
+	$(VENV)/bin/python scripts/screenshot_ui.py $(SCREENSHOT_ARGS)
 
 clean:
 	rm -rf $(VENV) .airflow .batchinfer

@@ -76,6 +76,22 @@ class AirflowServices:
             time.sleep(2 * (attempt + 1))
         raise AssertionError("unreachable")
 
+    def create_backfill(self, dag_id: str, *args: str, attempts: int = 6) -> None:
+        """``airflow backfill create``, which is not idempotent: an attempt that meets SQLite's write
+        lock may have created the backfill before failing, and then a plain retry is refused with
+        "Another backfill is running". So before a retry, look for the open backfill it left."""
+        for attempt in range(attempts):
+            try:
+                self.cli("backfill", "create", "--dag-id", dag_id, *args, attempts=1)
+                return
+            except RuntimeError as exc:
+                if "database is locked" not in str(exc) or attempt == attempts - 1:
+                    raise
+            backfills = self.api("GET", "/backfills", params={"dag_id": dag_id})["backfills"]
+            if any(not b.get("completed_at") for b in backfills):
+                return
+            time.sleep(2 * (attempt + 1))
+
     def api(self, method: str, path: str, *, prefix: str = "/api/v2", **kwargs: Any) -> Any:
         """The public REST API; ``prefix="/ui"`` for the endpoints only the UI's pages call."""
         response = requests.request(method, f"{self.base}{prefix}{path}", timeout=60, **kwargs)

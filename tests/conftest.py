@@ -38,6 +38,9 @@ os.environ.update(
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
         "HF_HUB_OFFLINE": "1",
+        # the OpenLineage provider emits only where a test turns it on (tests/test_airflow_services.py),
+        # whatever OPENLINEAGE_* settings the environment has
+        "AIRFLOW__OPENLINEAGE__DISABLED": "True",
         "TRANSFORMERS_OFFLINE": "1",
     }
 )
@@ -95,6 +98,7 @@ def ray_cluster():
     """One real local Ray cluster (``ray start --head --block``, dashboard and Jobs API on 127.0.0.1)
     for the session; local-launcher jobs attach to it through RAY_ADDRESS, ray_jobs submit to it."""
     port, dashboard_port = _free_port(), _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths live below it
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = dict(os.environ, RAY_AUTH_MODE="token")
     head = BackgroundServer(
@@ -106,7 +110,11 @@ def ray_cluster():
          f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
          f"--dashboard-agent-grpc-port={_free_port()}", f"--metrics-export-port={_free_port()}",
          f"--runtime-env-agent-port={_free_port()}", f"--node-manager-port={_free_port()}",
-         f"--object-manager-port={_free_port()}"],
+         f"--object-manager-port={_free_port()}",
+         # its own temp dir: the Jobs API points each driver at the cluster recorded in
+         # <temp dir>/ray_current_cluster, and in the shared /tmp/ray another Ray started later on
+         # the machine overwrites that record (the driver then waits on the other GCS forever)
+         f"--temp-dir={temp_dir}"],
         ports=[port, dashboard_port], env=env,
     )
     address = f"127.0.0.1:{port}"
@@ -116,6 +124,7 @@ def ray_cluster():
            "token": (Path.home() / ".ray" / "auth_token").read_text().strip()}
     os.environ.pop("RAY_ADDRESS", None)
     head.stop()
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture

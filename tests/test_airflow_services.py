@@ -39,6 +39,11 @@ def world(tmp_path_factory, ray_cluster):
         "BATCHINFER_HOME": str(bi_home),
         "AIRFLOW_VAR_BI_SVC_INPUT": str(inputs),
         "AIRFLOW_CONN_BATCHINFER_CLUSTER": json.dumps(cluster_conn),
+        # Airflow's OpenLineage listener, writing every event it emits to a file (one JSON a line)
+        "AIRFLOW__OPENLINEAGE__DISABLED": "False",
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "batchinfer-services",
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(root / "openlineage.jsonl"),
+                                                        "append": True}),
     })
     services = AirflowServices(home, port, env)
     t0 = time.monotonic()
@@ -47,9 +52,17 @@ def world(tmp_path_factory, ray_cluster):
                    "bi_svc_error_daily", "bi_svc_ray_jobs", "bi_svc_sensor_wait"):
         services.wait_for_dag(dag_id)
     TIMINGS["start services and parse DAGs"] = time.monotonic() - t0
-    yield {"services": services, "root": root, "stage": bi_home / "stage", "inputs": inputs}
+    yield {"services": services, "root": root, "stage": bi_home / "stage", "inputs": inputs,
+           "registry": bi_home / "registry"}
     services.stop()
     print("\nscenario wall times:", json.dumps({k: round(v, 1) for k, v in TIMINGS.items()}))
+
+
+def openlineage_events(world, job: str, event_type: str) -> list[dict]:
+    """The OpenLineage events the listener emitted for ``<dag_id>.<task_id>``."""
+    path = world["root"] / "openlineage.jsonl"
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [e for e in events if e.get("job", {}).get("name") == job and e.get("eventType") == event_type]
 
 
 def test_the_provider_as_the_ui_sees_it(world):
@@ -79,6 +92,30 @@ def test_rest_trigger_of_the_embeddings_dag(world):
     manifest = read_valid_manifest(str(run_dir))
     assert manifest["counts"] == {"input_rows": 200, "output_rows": 200, "error_rows": 0}
     assert manifest["airflow"]["run_id"] == run_id
+
+    # what Airflow's OpenLineage listener emitted for the inference task: input, model and output
+    # datasets under the naming spec's namespaces, with schemas, statistics and the model facet
+    (event,) = [e for e in openlineage_events(world, "batchinfer_ticket_embeddings.embed_tickets", "COMPLETE")
+                if e["run"]["facets"]["airflow"]["dagRun"]["run_id"] == run_id]
+    (input_location,) = manifest["input"]["locations"]
+    data, model = event["inputs"]
+    assert (data["namespace"], data["name"]) == ("file", input_location)
+    assert {"ticket_id", "text"} <= {f["name"] for f in data["facets"]["schema"]["fields"]}
+    assert data["inputFacets"]["inputStatistics"]["rowCount"] == 200
+    assert (model["namespace"], model["name"]) == ("file", str(world["registry"] / "ticket_embedder" / "all-minilm-l6-v2"))
+    (output,) = event["outputs"]
+    assert (output["namespace"], output["name"]) == ("file", str(run_dir))
+    assert [f["name"] for f in output["facets"]["schema"]["fields"]] == ["ticket_id", "embedding"]
+    assert output["outputFacets"]["outputStatistics"] == {
+        **output["outputFacets"]["outputStatistics"], "rowCount": 200, "fileCount": len(manifest["files"]),
+        "size": sum(f["size"] for f in manifest["files"])}
+    facet = event["run"]["facets"]["batchinference"]
+    assert facet["model"] == {k: manifest["model"][k] for k in ("name", "version", "flavor", "sha256")}
+    assert facet["job"]["attempt"] == manifest["job"]["attempt"] and facet["counts"] == manifest["counts"]
+    # the START event already names the inputs and the model (the run directory needs the run)
+    (start,) = [e for e in openlineage_events(world, "batchinfer_ticket_embeddings.embed_tickets", "START")
+                if e["run"]["runId"] == event["run"]["runId"]]
+    assert [(d["namespace"], d["name"]) for d in start["inputs"]] == [(d["namespace"], d["name"]) for d in event["inputs"]]
     TIMINGS["REST trigger, embeddings DAG"] = time.monotonic() - t0
 
 
@@ -88,7 +125,7 @@ def test_backfill_three_dates_then_reprocess(world):
     dag_id = "batchinfer_tabular_scoring"
     # one run at a time: every job attaches to the session's 2-CPU Ray cluster, and two concurrent
     # jobs each holding a CPU for their model replica leave none for either's reads (both stall)
-    s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
+    s.create_backfill(dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
           "--dag-run-conf", json.dumps({"num_customers": 1000}), "--max-active-runs", "1")
     backfill_runs = lambda: sorted(r["dag_run_id"] for r in s.runs(dag_id) if r["run_type"] == "backfill")  # noqa: E731
     deadline = time.monotonic() + 60
@@ -109,7 +146,7 @@ def test_backfill_three_dates_then_reprocess(world):
 
     # reprocessing the same dates: same run ids, OVERWRITE replaces each directory cleanly
     t0 = time.monotonic()
-    s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
+    s.create_backfill(dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
           "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"num_customers": 1000}),
           "--max-active-runs", "1")
     deadline = time.monotonic() + 420
@@ -133,7 +170,7 @@ def test_backfill_reprocess_is_refused_in_error_mode(world):
     s = world["services"]
     t0 = time.monotonic()
     dag_id = "bi_svc_error_daily"
-    s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05")
+    s.create_backfill(dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05")
     deadline = time.monotonic() + 60
     while not s.runs(dag_id) and time.monotonic() < deadline:
         time.sleep(2)
@@ -142,7 +179,7 @@ def test_backfill_reprocess_is_refused_in_error_mode(world):
     run_dir = world["stage"] / "svc" / "error_daily" / sanitize_run_key(run["dag_run_id"])
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
     s.wait_for_backfills(dag_id)
-    s.cli("backfill", "create", "--dag-id", dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05",
+    s.create_backfill(dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05",
           "--reprocess-behavior", "completed")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -152,6 +189,12 @@ def test_backfill_reprocess_is_refused_in_error_mode(world):
         time.sleep(2)
     assert s.task_states(dag_id, run["dag_run_id"])["infer"][0] == "failed"
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    # the FAIL event names the directory it refused to touch, without the earlier run's statistics
+    fails = [e for e in openlineage_events(world, f"{dag_id}.infer", "FAIL")
+             if e["run"]["facets"]["airflow"]["dagRun"]["run_id"] == run["dag_run_id"]]
+    assert fails, "no OpenLineage FAIL event for the refused re-run"
+    (output,) = fails[-1]["outputs"]
+    assert (output["namespace"], output["name"]) == ("file", str(run_dir)) and not output.get("outputFacets")
     TIMINGS["backfill reprocess refused, ERROR"] = time.monotonic() - t0
 
 

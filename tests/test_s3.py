@@ -72,6 +72,25 @@ def s3_tickets(s3_server, s3_connection):
     return f"{s3_connection}/input", 500
 
 
+def _openlineage_on_complete(run_id: str, **arguments):
+    """What the OpenLineage listener gets from ``bi_test_base_location``'s task once it succeeded: the
+    operator with its rendered arguments, asked with the run's real task instance."""
+    from sqlalchemy import select
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow_provider_batchinfer import BatchInferenceOperator, OutputSpec, SaveMode
+
+    with create_session() as session:
+        ti = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == "bi_test_base_location",
+                                                        TaskInstance.run_id == run_id)).one()
+        session.expunge(ti)
+    op = BatchInferenceOperator(task_id="infer", model="text_length", version="v1", input=arguments["input"],
+                                output_spec=OutputSpec(base_stage_location=arguments["base_stage_location"],
+                                                       mode=SaveMode.OVERWRITE))
+    return op.get_openlineage_facets_on_complete(ti)
+
+
 # --- the stage layer on S3 (no Airflow, no Ray) ---------------------------------------------------------
 
 
@@ -206,13 +225,28 @@ def test_end_to_end_input_stage_and_registry_on_s3_then_the_sensors(s3_server, s
     assert sorted(table.column("ticket_id").to_pylist()) == list(range(500))
     xcom = xcom_value("bi_test_base_location", run_id, "infer")
     assert xcom["output_location"] == run_dir and xcom["rows"] == 500
+    lineage = _openlineage_on_complete(run_id, input=s3_tickets[0], base_stage_location="runs")
 
     job_file = Stage.open(run_dir, options(s3_server)).child(JOB_SPEC_FILE).read_bytes().decode()
     marker = Stage.open(run_dir, options(s3_server)).child(SUCCESS_MARKER).read_bytes().decode()
     assert json.loads(job_file)["storage_options"] == {"endpoint_url": s3_server, "region": "us-east-1",
                                                        "max_attempts": 2}
-    for text in (job_file, marker, json.dumps(xcom, default=str), capfd.readouterr().out):
+    from openlineage.client.serde import Serde
+
+    lineage_json = json.dumps([Serde.to_dict(x) for x in [*lineage.inputs, *lineage.outputs, *lineage.run_facets.values()]])
+    for text in (job_file, marker, json.dumps(xcom, default=str), lineage_json, capfd.readouterr().out):
         assert SECRET not in text and KEY_ID not in text
+    # OpenLineage names S3 datasets s3://<bucket> + key, whatever the endpoint (moto here)
+    bucket = s3_connection
+    data, model = lineage.inputs
+    assert (data.namespace, data.name) == (bucket, "input")
+    assert [f.name for f in data.facets["schema"].fields] == ["ticket_id", "text"]
+    assert (data.inputFacets["inputStatistics"].rowCount, data.inputFacets["inputStatistics"].fileCount) == (500, 4)
+    assert (model.namespace, model.name) == (bucket, "registry/text_length/v1")
+    (output,) = lineage.outputs
+    assert (output.namespace, output.name) == (bucket, f"stage/runs/{sanitize_run_key(run_id)}")
+    assert [(f.name, f.type) for f in output.facets["schema"].fields] == [("ticket_id", "int64"), ("length", "int64")]
+    assert output.outputFacets["outputStatistics"].rowCount == 500
 
     for dag_id in ("bi_test_sensor_poke", "bi_test_sensor_deferrable"):
         state, tasks, sensor_run = run_dag(dag_id, location=run_dir)

@@ -535,3 +535,22 @@ class BatchInferenceOperator(BaseOperator):
         if self._submission_id is not None:
             stopped = self.hook.get_ray_jobs_launcher().stop(self._submission_id)
             self.log.info("Stopped Ray job %s: %s", self._submission_id, stopped)
+
+    # --- OpenLineage (called by apache-airflow-providers-openlineage when it is installed) ------------
+    def get_openlineage_facets_on_start(self) -> Any:
+        """Inputs, the model and (with a fixed ``stage_location``) the output, before the job runs."""
+        from airflow_provider_batchinfer.lineage import operator_lineage
+
+        return operator_lineage(self)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Inputs, the model and the run directory, with schemas and statistics from ``_SUCCESS``."""
+        from airflow_provider_batchinfer.lineage import operator_lineage
+
+        return operator_lineage(self, task_instance)
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        """What the task meant to read and write; nothing from a manifest (none of this try's)."""
+        from airflow_provider_batchinfer.lineage import operator_lineage
+
+        return operator_lineage(self, task_instance, committed=False)

@@ -1,0 +1,203 @@
+"""OpenLineage metadata of a batch inference task: what it read, what it wrote, with which model.
+
+Airflow's OpenLineage provider calls ``get_openlineage_facets_on_start`` /
+``..._on_complete`` / ``..._on_failure`` of an operator when it is installed and configured; the
+operator's methods delegate here. Everything OpenLineage is imported inside the functions, so the
+provider works (and parses DAG files) without it.
+
+What a lineage backend (Marquez, DataHub, ...) gets:
+
+- inputs: each input location (Parquet file or directory; for ``sql=`` the tables the query reads,
+  when the connection's hook describes its database to OpenLineage), and the model version's
+  directory in the registry, which is as much an input of the predictions as the table;
+- output: the run directory, with its schema (the Parquet footer of a committed file; before the
+  run, the model signature's outputs) and its statistics (rows, bytes, files from ``_SUCCESS``);
+- a ``batchinference`` run facet: model name, version, flavor and sha256, the job id, attempt,
+  launcher, row counts and timings.
+
+Dataset names follow the OpenLineage naming spec: a local path is namespace ``file`` with the
+absolute path as the name; ``s3://bucket/key`` is namespace ``s3://bucket`` with ``key`` as the name.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_batchinfer.s3 import is_s3, split_uri
+from airflow_provider_batchinfer.registry import RegistryError
+from airflow_provider_batchinfer.stage import Stage, join, read_valid_manifest
+
+if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    from airflow_provider_batchinfer.operators.batch_inference import BatchInferenceOperator
+
+RUN_FACET = "batchinference"
+# the facet's JSON schema ships in docs/openlineage/BatchInferenceRunFacet.json
+FACET_SCHEMA_URL = "https://pypi.org/project/airflow-provider-batchinfer/#/$defs/BatchInferenceRunFacet"
+
+
+def dataset_name(location: str) -> tuple[str, str]:
+    """``(namespace, name)`` of a location, per OpenLineage's dataset naming spec."""
+    from openlineage.client.naming.dataset import S3, LocalFileSystem
+
+    if is_s3(location):
+        bucket, key = split_uri(location)
+        naming: Any = S3(bucket_name=bucket, object_key=key or "/")
+    else:
+        path = location[len("file://"):] if location.startswith("file://") else location
+        naming = LocalFileSystem(path=os.path.normpath(os.path.abspath(path)))
+    return naming.get_namespace(), naming.get_name()
+
+
+def _run_facet_class() -> type:
+    """A custom run facet (defined on first use: its base class comes from the OpenLineage client)."""
+    global _RUN_FACET_CLASS
+    if _RUN_FACET_CLASS is None:
+        import attr
+        from openlineage.client.generated.base import RunFacet
+
+        @attr.define
+        class BatchInferenceRunFacet(RunFacet):
+            """The model and the job behind a run's predictions."""
+
+            model: dict[str, Any]
+            job: dict[str, Any] = attr.field(factory=dict)
+            counts: dict[str, Any] = attr.field(factory=dict)
+            timings: dict[str, Any] = attr.field(factory=dict)
+
+            @staticmethod
+            def _get_schema() -> str:
+                return FACET_SCHEMA_URL
+
+        _RUN_FACET_CLASS = BatchInferenceRunFacet
+    return _RUN_FACET_CLASS
+
+
+_RUN_FACET_CLASS: type | None = None
+
+
+def _schema_facet(fields: list[tuple[str, str]]) -> Any:
+    from airflow.providers.common.compat.openlineage.facet import SchemaDatasetFacet, SchemaDatasetFacetFields
+
+    return SchemaDatasetFacet(fields=[SchemaDatasetFacetFields(name=n, type=t) for n, t in fields])
+
+
+def _parquet_fields(location: str, storage_options: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """Column names and Arrow types from one Parquet footer (no data is read)."""
+    import pyarrow.parquet as pq
+
+    stage = Stage.open(location, storage_options)
+    schema = pq.read_schema(stage.path, filesystem=stage.fs)
+    return [(field.name, str(field.type)) for field in schema]
+
+
+def _sql_lineage(operator: BatchInferenceOperator) -> OperatorLineage:
+    """The tables an ``sql=`` input reads, parsed the way Airflow's SQL operators do: only hooks that
+    describe their database to OpenLineage (Postgres, MySQL, Snowflake, ...) give table datasets;
+    others still get the query as the ``sql`` job facet."""
+    from airflow.providers.common.compat.openlineage.facet import SQLJobFacet
+    from airflow.providers.openlineage.extractors import OperatorLineage
+    from airflow.sdk import BaseHook
+
+    job_facets = {"sql": SQLJobFacet(query=operator.sql)}
+    connection = BaseHook.get_connection(operator.conn_id)
+    hook = connection.get_hook()
+    get_info = getattr(hook, "get_openlineage_database_info", None)
+    database_info = get_info(connection) if callable(get_info) else None
+    if database_info is None:
+        return OperatorLineage(job_facets=job_facets)
+    from airflow.providers.openlineage.sqlparser import SQLParser
+
+    parser = SQLParser(dialect=hook.get_openlineage_database_dialect(connection),
+                       default_schema=hook.get_openlineage_default_schema())
+    parsed = parser.generate_openlineage_metadata_from_sql(
+        sql=operator.sql, hook=hook, database_info=database_info, sqlalchemy_engine=None, use_connection=False)
+    return OperatorLineage(inputs=parsed.inputs, job_facets={**parsed.job_facets, **job_facets},
+                           run_facets=parsed.run_facets)
+
+
+def operator_lineage(operator: BatchInferenceOperator, task_instance: Any = None,
+                     committed: bool = True) -> OperatorLineage:
+    """Inputs, output and facets of one task instance.
+
+    Without ``task_instance`` (the task is starting), only what is known before the job runs: the
+    inputs, the model, and the output when ``stage_location`` names it. With it, the run directory
+    is resolved and, when ``committed`` (the task succeeded), its ``_SUCCESS`` manifest adds
+    statistics and exact schemas. A failed task never reads the manifest: one still there belongs to
+    an earlier run (``SaveMode.ERROR`` refused to touch it).
+    """
+    from airflow.providers.common.compat.openlineage.facet import InputDataset, OutputDataset
+    from airflow.providers.openlineage.extractors import OperatorLineage
+    from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
+    from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
+
+    hook = operator.hook
+    storage = hook.storage_options
+    location = None
+    if task_instance is not None:
+        location = operator.resolve_run_directory({"ti": task_instance})
+    elif operator.stage_location:
+        location = hook.resolve_location(operator.stage_location)
+    manifest = read_valid_manifest(location, storage) if location and committed and task_instance is not None else None
+
+    # the model: from the manifest when committed, else from the registry (no re-hash: lineage only;
+    # a version the registry does not know still leaves the task's other datasets to report)
+    if manifest is not None:
+        model = dict(manifest["model"])
+    else:
+        try:
+            mv = hook.get_model(operator.model, operator.version, verify=False)
+            model = {"name": mv.name, "version": mv.version, "flavor": mv.flavor, "sha256": mv.sha256,
+                     "uri": mv.uri, "signature": mv.signature}
+        except RegistryError:
+            model = {"name": operator.model, "version": operator.version}
+    signature = model.pop("signature", None) or {}
+
+    lineage = _sql_lineage(operator) if operator.sql is not None else OperatorLineage()
+    inputs = list(lineage.inputs)
+    if operator.input is not None:
+        raw = [operator.input] if isinstance(operator.input, str) else list(operator.input)
+        locations = [hook.resolve_location(loc) for loc in raw]
+        input_files = manifest["input"]["files"] if manifest else []
+        for loc in locations:
+            namespace, name = dataset_name(loc)
+            facets: dict[str, Any] = {}
+            input_facets: dict[str, Any] = {}
+            if manifest is not None and input_files:
+                mine = [f for f in input_files if f == loc or f.startswith(loc.rstrip("/") + "/")]
+                if mine:
+                    facets["schema"] = _schema_facet(_parquet_fields(mine[0], storage))
+                    input_facets["inputStatistics"] = InputStatisticsInputDatasetFacet(fileCount=len(mine))
+            if manifest is not None and len(locations) == 1:
+                input_facets.setdefault("inputStatistics", InputStatisticsInputDatasetFacet())
+                input_facets["inputStatistics"].rowCount = manifest["counts"]["input_rows"]
+            inputs.append(InputDataset(namespace=namespace, name=name, facets=facets, inputFacets=input_facets))
+    if "uri" in model:
+        namespace, name = dataset_name(model["uri"])
+        inputs.append(InputDataset(namespace=namespace, name=name))
+
+    outputs = []
+    if location is not None:
+        namespace, name = dataset_name(location)
+        if manifest is not None:
+            files = manifest["files"]
+            facets = {"schema": _schema_facet(_parquet_fields(join(location, files[0]["name"]), storage))} if files else {}
+            output_facets = {"outputStatistics": OutputStatisticsOutputDatasetFacet(
+                rowCount=manifest["counts"]["output_rows"], size=sum(f["size"] for f in files),
+                fileCount=len(files))}
+        else:
+            # before the job: the model's outputs (the passthrough columns are known once it ran)
+            facets = {"schema": _schema_facet(list(signature.get("outputs", {}).items()))} if signature.get("outputs") else {}
+            output_facets = {}
+        outputs.append(OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=output_facets))
+
+    run_facet = _run_facet_class()(
+        model={k: model[k] for k in ("name", "version", "flavor", "sha256") if k in model},
+        job=dict(manifest["job"]) if manifest else {},
+        counts=dict(manifest["counts"]) if manifest else {},
+        timings=dict(manifest.get("timings", {})) if manifest else {},
+    )
+    return OperatorLineage(inputs=inputs, outputs=outputs, job_facets=lineage.job_facets,
+                           run_facets={**lineage.run_facets, RUN_FACET: run_facet})
