@@ -17,7 +17,6 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,6 +39,7 @@ from airflow_provider_batchinfer.stage import (
     validate_manifest,
 )
 from tests.models import PidLength, SlowLength, write_tickets
+from tests.task_context import TaskInstanceStandIn as _StandIn
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException  # isort: skip
 
@@ -49,19 +49,9 @@ SIGNATURE = {"inputs": {"text": "string"}, "outputs": {"length": "int64"}}
 # --- shared set-up ------------------------------------------------------------------------------------
 
 
-@dataclass
-class TaskInstanceStandIn:
-    """What the operator reads from ``context["ti"]`` when a test drives it outside a scheduler."""
-
-    dag_id: str = "bi_faults"
-    task_id: str = "infer"
-    run_id: str = "scheduled__2026-11-23T00:00:00+00:00"
-    try_number: int = 1
-    map_index: int = -1
-    xcoms: dict = field(default_factory=dict)
-
-    def xcom_push(self, key, value):
-        self.xcoms[key] = value
+def TaskInstanceStandIn(**kwargs) -> _StandIn:
+    """The fault suite's task identity: a scheduled run of ``bi_faults.infer``."""
+    return _StandIn(**{"dag_id": "bi_faults", "run_id": "scheduled__2026-11-23T00:00:00+00:00", **kwargs})
 
 
 def _operator(inputs, out, mode=SaveMode.ERROR, model="text_length", input_spec=None, **job):

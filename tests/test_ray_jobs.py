@@ -8,12 +8,12 @@ import json
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher, submission_id_for
+from tests.task_context import TaskInstanceStandIn
 from airflow_provider_batchinfer.stage import SUCCESS_MARKER, read_valid_manifest, sanitize_run_key
 from tests.conftest import run_dag, xcom_value
 from tests.models import SlowLength, write_tickets
@@ -42,21 +42,6 @@ def launcher(ray_cluster):
 def slow_model(registry):
     return registry.log_model("slow_length", "v1", "python", python_class=SlowLength,
                               signature={"inputs": {"text": "string"}, "outputs": {"length": "int64"}})
-
-
-@dataclass
-class TaskInstanceStandIn:
-    """What the operator reads from ``context["ti"]`` when it is driven outside a scheduler."""
-
-    dag_id: str = "bi_direct"
-    task_id: str = "infer"
-    run_id: str = "manual__2026-11-23T00:00:00+00:00"
-    try_number: int = 1
-    map_index: int = -1
-    xcoms: dict = field(default_factory=dict)
-
-    def xcom_push(self, key, value):
-        self.xcoms[key] = value
 
 
 def _operator(tmp_path, rows=1000, **kwargs):
