@@ -29,7 +29,7 @@ from airflow_provider_batchinfer.launchers.ray_jobs import TERMINAL, RayJobsErro
 from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
 from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
 from airflow_provider_batchinfer.registry import RegistryError
-from airflow_provider_batchinfer.runtime.io import InputError, list_input_files
+from airflow_provider_batchinfer.inputs import InputError, list_input_files
 from airflow_provider_batchinfer.runtime.job import ERROR_PREFIX, JOB_FORMAT
 from airflow_provider_batchinfer.s3 import S3StageError, check_bucket, is_s3
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
