@@ -23,12 +23,14 @@ MODEL = ModelRef(name="m", version="v1", flavor="python_class", sha256="0" * 64,
 OWNER = RunOwner(dag_id="dag", task_id="infer", run_id="run1", try_number=1)
 
 
-def parquet_bytes(ids: list[int], column: str = "id") -> bytes:
+def parquet_bytes(ids: list[int], scores: list[float] | None = None) -> bytes:
+    """A small Parquet file: ``id`` (int64) and ``score`` (float, ``id`` unless given)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     sink = io.BytesIO()
-    pq.write_table(pa.table({column: pa.array(ids, pa.int64()), "score": [float(i) for i in ids]}), sink)
+    scores = [float(i) for i in ids] if scores is None else scores
+    pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "score": pa.array(scores, pa.float64())}), sink)
     return sink.getvalue()
 
 
