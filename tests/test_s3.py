@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.contract import FileEntry, part_name
+from airflow_provider_batchinfer.contract import FileEntry, RunOwner, part_name
 from airflow_provider_batchinfer.s3 import S3StageError, check_bucket
 from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, Stage, read_valid_manifest, sanitize_run_key
 from tests.conftest import run_dag, xcom_value
-from tests.runs import manifest_for, parquet_bytes
+from tests.runs import job_file, manifest_for, parquet_bytes
 
 SECRET = "s3cr3t-Do-Not-Leak-9f2c"
 KEY_ID = "AKIDBATCHINFERTEST"
@@ -283,8 +283,8 @@ def test_error_and_overwrite_on_s3_with_1000_plus_stale_objects_and_run10_untouc
     client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id=KEY_ID,
                           aws_secret_access_key=SECRET)
     bucket = s3_connection[5:]
-    client.put_object(Bucket=bucket, Key=f"out/run1/{JOB_SPEC_FILE}", Body=json.dumps(
-        {"attempt": "t01old", "airflow": {"dag_id": "bi_test_overwrite_retry", "task_id": "infer"}}).encode())
+    earlier = job_file(run1, attempt="t01old", owner=RunOwner("bi_test_overwrite_retry", "infer", "earlier", 1))
+    client.put_object(Bucket=bucket, Key=f"out/run1/{JOB_SPEC_FILE}", Body=earlier.to_json().encode())
     for i in range(1100):
         client.put_object(Bucket=bucket, Key=f"out/run1/part-{i:05d}-t01old.parquet", Body=b"stale")
     client.put_object(Bucket=bucket, Key=f"out/run1/{SUCCESS_MARKER}", Body=b"{}")
