@@ -145,7 +145,7 @@ def operator_lineage(operator: BatchInferenceOperator, task_instance: Any = None
     # the model: from the manifest when committed, else from the registry (no re-hash: lineage only;
     # a version the registry does not know still leaves the task's other datasets to report)
     if manifest is not None:
-        model = dict(manifest["model"])
+        model: dict[str, Any] = manifest.model.without_signature().to_dict()
     else:
         try:
             mv = hook.get_model(operator.model, operator.version, verify=False)
@@ -160,7 +160,7 @@ def operator_lineage(operator: BatchInferenceOperator, task_instance: Any = None
     if operator.input is not None:
         raw = [operator.input] if isinstance(operator.input, str) else list(operator.input)
         locations = [hook.resolve_location(loc) for loc in raw]
-        input_files = manifest["input"]["files"] if manifest else []
+        input_files = list(manifest.input_files) if manifest else []
         for loc in locations:
             namespace, name = dataset_name(loc)
             facets: dict[str, Any] = {}
@@ -172,7 +172,7 @@ def operator_lineage(operator: BatchInferenceOperator, task_instance: Any = None
                     input_facets["inputStatistics"] = InputStatisticsInputDatasetFacet(fileCount=len(mine))
             if manifest is not None and len(locations) == 1:
                 input_facets.setdefault("inputStatistics", InputStatisticsInputDatasetFacet())
-                input_facets["inputStatistics"].rowCount = manifest["counts"]["input_rows"]
+                input_facets["inputStatistics"].rowCount = manifest.counts.input_rows
             inputs.append(InputDataset(namespace=namespace, name=name, facets=facets, inputFacets=input_facets))
     if "uri" in model:
         namespace, name = dataset_name(model["uri"])
@@ -182,10 +182,10 @@ def operator_lineage(operator: BatchInferenceOperator, task_instance: Any = None
     if location is not None:
         namespace, name = dataset_name(location)
         if manifest is not None:
-            files = manifest["files"]
-            facets = {"schema": _schema_facet(_parquet_fields(join(location, files[0]["name"]), storage))} if files else {}
+            files = manifest.files
+            facets = {"schema": _schema_facet(_parquet_fields(join(location, files[0].name), storage))} if files else {}
             output_facets = {"outputStatistics": OutputStatisticsOutputDatasetFacet(
-                rowCount=manifest["counts"]["output_rows"], size=sum(f["size"] for f in files),
+                rowCount=manifest.counts.output_rows, size=sum(f.size for f in files),
                 fileCount=len(files))}
         else:
             # before the job: the model's outputs (the passthrough columns are known once it ran)
@@ -195,9 +195,9 @@ def operator_lineage(operator: BatchInferenceOperator, task_instance: Any = None
 
     run_facet = _run_facet_class()(
         model={k: model[k] for k in ("name", "version", "flavor", "sha256") if k in model},
-        job=dict(manifest["job"]) if manifest else {},
-        counts=dict(manifest["counts"]) if manifest else {},
-        timings=dict(manifest.get("timings", {})) if manifest else {},
+        job=manifest.job.to_dict() if manifest else {},
+        counts=manifest.counts.to_dict() if manifest else {},
+        timings=dict(manifest.timings) if manifest else {},
     )
     return OperatorLineage(inputs=inputs, outputs=outputs, job_facets=lineage.job_facets,
                            run_facets={**lineage.run_facets, RUN_FACET: run_facet})

@@ -171,8 +171,11 @@ def provider(cfg: dict) -> None:
     t0 = time.monotonic()
     xcom = op.execute({"ti": ti})
     wall = time.monotonic() - t0
-    manifest = json.loads((Path(cfg["out_dir"]) / "_SUCCESS").read_text())
-    _emit(rows=xcom["rows"], wall_s=wall, timings=manifest["timings"])
+    from airflow_provider_batchinfer.stage import read_valid_manifest
+
+    manifest = read_valid_manifest(cfg["out_dir"])
+    assert manifest is not None, f"no _SUCCESS in {cfg['out_dir']}"
+    _emit(rows=xcom["rows"], wall_s=wall, timings=dict(manifest.timings))
 
 
 SYSTEMS = {

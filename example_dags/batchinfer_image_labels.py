@@ -123,16 +123,18 @@ def batchinfer_image_labels():
         import pyarrow.parquet as pq
 
         from airflow_provider_batchinfer import ModelServiceHook
+        from airflow_provider_batchinfer.contract import Manifest
         from airflow_provider_batchinfer.stage import Stage, committed_files, sanitize_run_key
 
-        table = pq.read_table(committed_files(manifest))
+        committed = Manifest.from_dict(manifest)  # the sensor's XCom: the manifest's dict
+        table = pq.read_table(committed_files(committed))
         labels, colors = table.column("label").to_pylist(), table.column("color").to_pylist()
         report = {
             "rows": table.num_rows,
             "labels": dict(Counter(labels)),
             "agreement": round(sum(a == b for a, b in zip(labels, colors)) / max(len(labels), 1), 4),
-            "model": f"{manifest['model']['name']}/{manifest['model']['version']}",
-            "source": manifest["run_dir"],
+            "model": f"{committed.model.name}/{committed.model.version}",
+            "source": committed.run_dir,
         }
         out = Stage.open(ModelServiceHook().resolve_location(f"published/image_labels/{sanitize_run_key(run_id)}"))
         out.child("report.json").write_json(report)

@@ -115,7 +115,7 @@ def batchinfer_tabular_scoring():
         from airflow_provider_batchinfer.stage import sanitize_run_key
 
         hook = ModelServiceHook()
-        table = hook.read_committed(manifest)  # only the files _SUCCESS lists
+        table = hook.read_committed(manifest)  # only the files _SUCCESS lists, checksums verified
         top = table.take(pc.sort_indices(table, [("churn_probability", "descending")])[:100])
         out = hook.open_stage(f"published/churn/{sanitize_run_key(run_id)}")
         out.fs.create_dir(out.path, recursive=True)

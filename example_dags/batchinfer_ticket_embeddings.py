@@ -115,10 +115,12 @@ def batchinfer_ticket_embeddings():
         import numpy as np
 
         from airflow_provider_batchinfer import ModelServiceHook
+        from airflow_provider_batchinfer.contract import Manifest
         from airflow_provider_batchinfer.stage import sanitize_run_key
 
+        committed = Manifest.from_dict(manifest)  # the sensor's XCom: the manifest's dict
         hook = ModelServiceHook()
-        table = hook.read_committed(manifest)  # only the files _SUCCESS lists
+        table = hook.read_committed(manifest)  # only the files _SUCCESS lists, checksums verified
         emb = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
         unique = len({row.tobytes() for row in np.round(emb, 4)})
         report = {
@@ -126,9 +128,9 @@ def batchinfer_ticket_embeddings():
             "dimensions": int(emb.shape[1]),
             "mean_norm": round(float(np.linalg.norm(emb, axis=1).mean()), 4),
             "distinct_embeddings": unique,
-            "model": f"{manifest['model']['name']}/{manifest['model']['version']}",
-            "model_sha256": manifest["model"]["sha256"],
-            "source": manifest["run_dir"],
+            "model": f"{committed.model.name}/{committed.model.version}",
+            "model_sha256": committed.model.sha256,
+            "source": committed.run_dir,
         }
         out = hook.open_stage(f"published/ticket_embeddings/{sanitize_run_key(run_id)}")
         out.child("report.json").write_json(report)

@@ -123,9 +123,11 @@ def batchinfer_ticket_summaries():
         import pyarrow.parquet as pq
 
         from airflow_provider_batchinfer import ModelServiceHook
+        from airflow_provider_batchinfer.contract import Manifest
         from airflow_provider_batchinfer.stage import Stage, committed_files, sanitize_run_key
 
-        table = pq.read_table(committed_files(manifest))
+        committed = Manifest.from_dict(manifest)  # the sensor's XCom: the manifest's dict
+        table = pq.read_table(committed_files(committed))
         usage = table.column("usage").to_pylist()
         choices = table.column("choices").to_pylist()
         bad = [u for u in usage if u["total_tokens"] != u["prompt_tokens"] + u["completion_tokens"]]
@@ -137,8 +139,8 @@ def batchinfer_ticket_summaries():
             "completion_tokens": sum(u["completion_tokens"] for u in usage),
             "total_tokens": sum(u["total_tokens"] for u in usage),
             "finish_reasons": dict(Counter(c[0]["finish_reason"] for c in choices)),
-            "model": f"{manifest['model']['name']}/{manifest['model']['version']}",
-            "source": manifest["run_dir"],
+            "model": f"{committed.model.name}/{committed.model.version}",
+            "source": committed.run_dir,
         }
         out = Stage.open(ModelServiceHook().resolve_location(f"published/ticket_summaries/{sanitize_run_key(run_id)}"))
         out.child("report.json").write_json(report)

@@ -7,7 +7,6 @@ model registry in ``.batchinfer/``. Ray runs locally on 127.0.0.1; the model com
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -54,17 +53,23 @@ def main() -> int:
         return code
     base = REPO / ".batchinfer" / "stage" / "embeddings" / "tickets"
     run_dir = max(base.iterdir(), key=lambda p: p.stat().st_mtime)
-    manifest = json.loads((run_dir / "_SUCCESS").read_text())
-    counts, timings = manifest["counts"], manifest["timings"]
+    from airflow_provider_batchinfer.stage import SUCCESS_MARKER, read_valid_manifest
+
+    manifest = read_valid_manifest(str(run_dir))
+    if manifest is None:
+        print(f"No {SUCCESS_MARKER} in {run_dir}; full log: {log_path}")
+        return 1
+    counts, timings = manifest.counts, manifest.timings
+    model = manifest.model
     print()
     print(f"Run directory : {run_dir}")
-    print(f"Marker        : {run_dir / '_SUCCESS'}")
-    print(f"Files         : {', '.join(f['name'] for f in manifest['files'])}")
-    print(f"Rows          : {counts['output_rows']} of {counts['input_rows']} input rows, {counts['error_rows']} errors")
-    print(f"Model         : {manifest['model']['name']}/{manifest['model']['version']} sha256 {manifest['model']['sha256'][:16]}…")
-    print(f"Job           : {timings['total_s']}s launch to marker, {timings['rows_per_s']} rows/s through the pipeline")
+    print(f"Marker        : {run_dir / SUCCESS_MARKER}")
+    print(f"Files         : {', '.join(manifest.file_names)}")
+    print(f"Rows          : {counts.output_rows} of {counts.input_rows} input rows, {counts.error_rows} errors")
+    print(f"Model         : {model.name}/{model.version} sha256 {model.sha256[:16]}…")
+    print(f"Job           : {timings.get('total_s')}s launch to marker, {timings.get('rows_per_s')} rows/s through the pipeline")
     print(f"DAG wall time : {wall:.1f}s  (full log: {log_path})")
-    return 0 if counts["output_rows"] == counts["input_rows"] else 1
+    return 0 if counts.output_rows == counts.input_rows else 1
 
 
 if __name__ == "__main__":

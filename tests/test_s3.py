@@ -8,6 +8,7 @@ tests check that its secret shows up in none of ``_job.json``, the manifest, XCo
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 
@@ -15,9 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_batchinfer.contract import FileEntry, RunOwner, part_name
 from airflow_provider_batchinfer.s3 import S3StageError, check_bucket
 from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, Stage, read_valid_manifest, sanitize_run_key
 from tests.conftest import run_dag, xcom_value
+from tests.runs import job_file, manifest_for, parquet_bytes
 
 SECRET = "s3cr3t-Do-Not-Leak-9f2c"
 KEY_ID = "AKIDBATCHINFERTEST"
@@ -191,16 +194,15 @@ def test_the_trigger_carries_no_secret_and_reads_an_s3_marker(airflow_db, s3_ser
 
 
 def commit_on_s3(endpoint: str, location: str, rows: int = 3) -> dict:
+    """A committed run directory on S3: one real part and a manifest listing it; the manifest's dict."""
     run = Stage.open(location, options(endpoint))
-    run.child("part-00000-t01abc.parquet").write_bytes(b"x" * 10)
-    manifest = {
-        "format": "batchinfer.manifest/1", "run_dir": location,
-        "files": [{"name": "part-00000-t01abc.parquet", "size": 10, "rows": rows}],
-        "counts": {"input_rows": rows, "output_rows": rows, "error_rows": 0},
-        "model": {"name": "m", "version": "v1", "sha256": "0" * 64},
-    }
-    run.child(SUCCESS_MARKER).write_json(manifest)
-    return manifest
+    name = part_name(0, "t01abc")
+    data = parquet_bytes(list(range(rows)))
+    run.child(name).write_bytes(data)
+    entry = FileEntry(name=name, size=len(data), rows=rows, sha256=hashlib.sha256(data).hexdigest())
+    manifest = manifest_for(location, (entry,), attempt="t01abc")
+    run.child(SUCCESS_MARKER).write_bytes(manifest.to_json().encode())
+    return manifest.to_dict()
 
 
 # --- end to end: dag.test() on SQLite, the session's Ray cluster, everything else on the S3 server ---------
@@ -217,7 +219,7 @@ def test_end_to_end_input_stage_and_registry_on_s3_then_the_sensors(s3_server, s
     state, tasks, run_id = run_dag("bi_test_base_location", input=s3_tickets[0], out="runs")
     assert state == "success", tasks
     run_dir = f"{s3_connection}/stage/runs/{sanitize_run_key(run_id)}"  # relative: under the S3 stage_root
-    manifest = read_valid_manifest(run_dir, options(s3_server))
+    manifest = read_valid_manifest(run_dir, options(s3_server)).to_dict()
     assert manifest["counts"] == {"input_rows": 500, "output_rows": 500, "error_rows": 0}
     assert manifest["model"]["uri"] == f"{s3_connection}/registry/text_length/v1"
     fs = Stage.open(run_dir, options(s3_server)).fs
@@ -281,14 +283,14 @@ def test_error_and_overwrite_on_s3_with_1000_plus_stale_objects_and_run10_untouc
     client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id=KEY_ID,
                           aws_secret_access_key=SECRET)
     bucket = s3_connection[5:]
-    client.put_object(Bucket=bucket, Key=f"out/run1/{JOB_SPEC_FILE}", Body=json.dumps(
-        {"attempt": "t01old", "airflow": {"dag_id": "bi_test_overwrite_retry", "task_id": "infer"}}).encode())
+    earlier = job_file(run1, attempt="t01old", owner=RunOwner("bi_test_overwrite_retry", "infer", "earlier", 1))
+    client.put_object(Bucket=bucket, Key=f"out/run1/{JOB_SPEC_FILE}", Body=earlier.to_json().encode())
     for i in range(1100):
         client.put_object(Bucket=bucket, Key=f"out/run1/part-{i:05d}-t01old.parquet", Body=b"stale")
     client.put_object(Bucket=bucket, Key=f"out/run1/{SUCCESS_MARKER}", Body=b"{}")
     state, tasks, _ = run_dag("bi_test_overwrite_retry", input=s3_tickets[0], out=run1)
     assert state == "success", tasks
-    manifest = read_valid_manifest(run1, options(s3_server))
+    manifest = read_valid_manifest(run1, options(s3_server)).to_dict()
     assert manifest["counts"]["output_rows"] == 500
     assert sorted(snapshot(s3_server, run1)) == sorted([JOB_SPEC_FILE, SUCCESS_MARKER,
                                                          *(f["name"] for f in manifest["files"])])
@@ -339,7 +341,7 @@ def test_the_tabular_example_dag_runs_unchanged_with_everything_on_s3(s3_server,
     assert state == "success", tasks
     key = sanitize_run_key(run_id)
     run_dir = f"{s3_connection}/stage/scores/churn/{key}"
-    manifest = read_valid_manifest(run_dir, options(s3_server))
+    manifest = read_valid_manifest(run_dir, options(s3_server)).to_dict()
     assert manifest["counts"] == {"input_rows": 1500, "output_rows": 1500, "error_rows": 0}
     assert manifest["model"]["uri"].startswith(f"{s3_connection}/registry/churn_scorer/sha-")
     assert manifest["input"]["locations"] == [f"{s3_connection}/stage/prepared/customers/{key}"]

@@ -200,7 +200,7 @@ def test_store_crashing_mid_write_fails_the_try_retryably_then_the_retry_commits
     result = retry.execute(context(2))
     assert f"retry clean-up: removed 1 file(s) (no {SUCCESS_MARKER}) from {out}" in capfd.readouterr().out
     assert result["rows"] == world.rows and result["attempt"].startswith("t02")
-    manifest = read_valid_manifest(out, direct(s3_server))
+    manifest = read_valid_manifest(out, direct(s3_server)).to_dict()
     assert manifest["counts"] == {"input_rows": 500, "output_rows": 500, "error_rows": 0}
     names = sorted(f["name"] for f in manifest["files"])
     assert sorted(listing(s3_server, out)) == sorted([JOB_SPEC_FILE, SUCCESS_MARKER, *names])

@@ -1,32 +1,35 @@
 """SuccessMarkerSensor and its trigger on a real stage: waits without a marker, fails on a marker
-whose manifest does not hold, passes with a valid one (poke, deferrable, and through dag.test)."""
+whose manifest does not hold (missing or resized files, forged parts, a minimal manifest), passes
+with a valid one (poke, deferrable, and through dag.test)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from airflow_provider_batchinfer.stage import SUCCESS_MARKER, Stage
+from airflow_provider_batchinfer.stage import SUCCESS_MARKER, ManifestError, read_committed
 from tests.conftest import run_dag, xcom_value
+from tests.runs import committed_run, parquet_bytes
+
+PART = "part-00000-t01abc.parquet"
 
 
 def commit(run_dir, rows: int = 3, size_ok: bool = True) -> dict:
-    """A committed run directory as the runtime leaves it: one part and a manifest listing it."""
-    run = Stage.open(str(run_dir))
-    run.child("part-00000-t01abc.parquet").write_bytes(b"x" * 10)
-    manifest = {
-        "format": "batchinfer.manifest/1",
-        "run_dir": str(run_dir),
-        "files": [{"name": "part-00000-t01abc.parquet", "size": 10 if size_ok else 11, "rows": rows}],
-        "counts": {"input_rows": rows, "output_rows": rows, "error_rows": 0},
-        "model": {"name": "m", "version": "v1", "sha256": "0" * 64},
-    }
-    run.child(SUCCESS_MARKER).write_json(manifest)
-    return manifest
+    """A committed run directory as the runtime leaves it: one real part and a manifest listing it
+    (with ``size_ok=False`` the manifest records one byte more than the part holds). Returns what
+    the sensor pushes to XCom: the manifest's dict."""
+    manifest = committed_run(Path(run_dir), rows=rows, attempt="t01abc")
+    if not size_ok:
+        entry = dataclasses.replace(manifest.files[0], size=manifest.files[0].size + 1)
+        manifest = dataclasses.replace(manifest, files=(entry,))
+        (Path(run_dir) / SUCCESS_MARKER).write_text(manifest.to_json())
+    return manifest.to_dict()
 
 
 def _sensor(location, **kwargs):
@@ -47,12 +50,60 @@ def test_poke_fails_at_once_on_a_marker_whose_files_are_missing(tmp_path):
     from airflow.sdk.exceptions import AirflowFailException
 
     commit(tmp_path / "run")
-    (tmp_path / "run" / "part-00000-t01abc.parquet").unlink()
-    with pytest.raises(AirflowFailException, match="part-00000-t01abc.parquet is listed in _SUCCESS but missing"):
+    (tmp_path / "run" / PART).unlink()
+    with pytest.raises(AirflowFailException, match=f"{PART} is listed in _SUCCESS but missing"):
         _sensor(tmp_path / "run").poke({})
-    commit(tmp_path / "run", size_ok=False)
-    with pytest.raises(AirflowFailException, match="is 10 bytes but _SUCCESS says 11"):
+    size = commit(tmp_path / "run", size_ok=False)["files"][0]["size"] - 1
+    with pytest.raises(AirflowFailException, match=f"is {size} bytes but _SUCCESS says {size + 1}"):
         _sensor(tmp_path / "run").poke({})
+
+
+def test_a_part_overwritten_with_garbage_of_the_same_size_fails_the_sensor(tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    size = commit(tmp_path / "run")["files"][0]["size"]
+    (tmp_path / "run" / PART).write_bytes(b"\x00" * size)
+    with pytest.raises(AirflowFailException, match=f"{PART} is not a readable Parquet file .* re-run the task"):
+        _sensor(tmp_path / "run").poke({})
+
+
+def test_a_minimal_manifest_fails_with_a_clear_message_not_a_key_error(tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    manifest = commit(tmp_path / "run")
+    minimal = {k: manifest[k] for k in ("format", "run_dir", "files", "counts")}
+    (tmp_path / "run" / SUCCESS_MARKER).write_text(json.dumps(minimal))
+    with pytest.raises(AirflowFailException, match=r"has a _SUCCESS marker that does not hold: .*_SUCCESS has no "
+                                                   r"'job'\. Waiting will not fix it"):
+        _sensor(tmp_path / "run").poke({})
+
+
+def test_a_forged_part_with_a_valid_footer_fails_only_when_checksums_are_verified(tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    manifest = commit(tmp_path / "run")
+    forged = parquet_bytes([0, 1, 2], scores=[0.0, 1.0, 1.5])  # same size, same rows, other bytes
+    assert len(forged) == manifest["files"][0]["size"]
+    (tmp_path / "run" / PART).write_bytes(forged)
+    assert _sensor(tmp_path / "run").poke({}).is_done
+    with pytest.raises(AirflowFailException, match=f"{PART} does not match its sha256 in _SUCCESS"):
+        _sensor(tmp_path / "run", verify_checksums=True).poke({})
+    # and publish, reading the XCom dict, refuses it by default
+    with pytest.raises(ManifestError, match="does not match its sha256"):
+        read_committed(manifest)
+
+
+def test_deferrable_defaults_to_the_airflow_setting():
+    import inspect
+
+    from airflow.sdk.configuration import conf
+
+    from airflow_provider_batchinfer.sensors.success_marker import SuccessMarkerSensor
+
+    default = inspect.signature(SuccessMarkerSensor.__init__).parameters["deferrable"].default
+    assert default is conf.getboolean("operators", "default_deferrable", fallback=False)
+    assert _sensor("/x").deferrable is default
+    assert _sensor("/x", deferrable=True).deferrable is True
 
 
 def test_trigger_serializes_and_fires_once_the_marker_is_valid(tmp_path):
@@ -62,6 +113,7 @@ def test_trigger_serializes_and_fires_once_the_marker_is_valid(tmp_path):
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_provider_batchinfer.triggers.success_marker.SuccessMarkerTrigger"
     assert SuccessMarkerTrigger(**kwargs).serialize() == (classpath, kwargs)
+    assert kwargs["poll_interval"] == 0.2 and kwargs["verify_checksums"] is False
 
     async def wait_for_event():
         gen = trigger.run()
@@ -76,16 +128,55 @@ def test_trigger_serializes_and_fires_once_the_marker_is_valid(tmp_path):
     assert event.payload["manifest"]["counts"]["output_rows"] == 3
 
 
-def test_trigger_reports_an_invalid_manifest_as_an_error_event(tmp_path):
+def test_trigger_reports_an_invalid_manifest_as_a_failed_event(tmp_path):
     from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger
 
     commit(tmp_path / "run")
-    (tmp_path / "run" / "part-00000-t01abc.parquet").unlink()
+    (tmp_path / "run" / PART).unlink()
     trigger = SuccessMarkerTrigger(location=str(tmp_path / "run"), poke_interval=0.2)
     event = asyncio.run(trigger.run().__anext__())
-    assert event.payload["status"] == "error" and "missing" in event.payload["message"]
+    assert event.payload["status"] == "failed" and "missing" in event.payload["message"]
     with pytest.raises(ValueError, match="poke_interval must be > 0"):
         SuccessMarkerTrigger(location="x", poke_interval=0)
+    with pytest.raises(ValueError, match="poll_interval must be > 0"):
+        SuccessMarkerTrigger(location="x", poll_interval=0)
+
+
+def test_trigger_verifies_checksums_when_asked_and_times_out(tmp_path):
+    from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger
+
+    manifest = commit(tmp_path / "run")
+    (tmp_path / "run" / PART).write_bytes(parquet_bytes([0, 1, 2], scores=[0.0, 1.0, 1.5]))
+    assert len(parquet_bytes([0, 1, 2], scores=[0.0, 1.0, 1.5])) == manifest["files"][0]["size"]
+    plain = SuccessMarkerTrigger(location=str(tmp_path / "run"), poll_interval=0.2)
+    assert asyncio.run(plain.run().__anext__()).payload["status"] == "success"
+    checked = SuccessMarkerTrigger(location=str(tmp_path / "run"), poll_interval=0.2, verify_checksums=True)
+    event = asyncio.run(checked.run().__anext__()).payload
+    assert event["status"] == "failed" and "sha256" in event["message"]
+    late = SuccessMarkerTrigger(location=str(tmp_path / "never"), poll_interval=0.1, deadline=time.time() + 0.3)
+    assert asyncio.run(late.run().__anext__()).payload == {"status": "timeout", "location": str(tmp_path / "never")}
+
+
+def test_execute_complete_validates_the_event(tmp_path):
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
+
+    sensor = _sensor(tmp_path / "run")
+    manifest = commit(tmp_path / "run")
+    location = str(tmp_path / "run")
+    assert sensor.execute_complete({}, {"status": "success", "location": location, "manifest": manifest}) == manifest
+    with pytest.raises(AirflowException, match="unknown status"):
+        sensor.execute_complete({}, {"status": "SUCCEEDED", "location": location})
+    with pytest.raises(AirflowException, match="lacks"):
+        sensor.execute_complete({}, {"status": "success", "location": location})
+    with pytest.raises(AirflowFailException, match="does not hold: .*_SUCCESS has no 'job'"):
+        sensor.execute_complete({}, {"status": "success", "location": location,
+                                     "manifest": {k: v for k, v in manifest.items() if k != "job"}})
+    with pytest.raises(AirflowFailException, match="does not hold: broken"):
+        sensor.execute_complete({}, {"status": "failed", "location": location, "message": "broken"})
+    with pytest.raises(AirflowSensorTimeout):
+        sensor.execute_complete({}, {"status": "timeout", "location": location})
+    with pytest.raises(AirflowException, match="could not check"):
+        sensor.execute_complete({}, {"status": "error", "location": location, "message": "down"})
 
 
 @pytest.mark.slow

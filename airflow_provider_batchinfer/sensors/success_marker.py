@@ -1,9 +1,10 @@
 """SuccessMarkerSensor: gate downstream tasks on a committed run directory.
 
-It trusts only a ``_SUCCESS`` whose manifest describes the files beside it (each listed file
-present with its size, counts reconciled), and pushes that manifest to XCom so ``publish`` reads
-exactly the committed files and nothing else. A marker that exists but does not hold fails the
-task at once: waiting would not fix it.
+It trusts only a ``_SUCCESS`` whose manifest follows the contract (``Manifest.from_dict``) and
+describes the files beside it: each listed file present with its size and a Parquet footer holding
+its row count, counts reconciled; with ``verify_checksums`` also each file's sha256. It pushes that
+manifest (its dict) to XCom so ``publish`` reads exactly the committed files and nothing else. A
+marker that exists but does not hold fails the task at once: waiting would not fix it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER, Manifest
 from airflow_provider_batchinfer.stage import ManifestError, StageError, read_valid_manifest
+from airflow_provider_batchinfer.triggers.base import WatchStatus, validate_event
 from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger, storage_options_for
 
 if TYPE_CHECKING:
@@ -24,24 +28,30 @@ if TYPE_CHECKING:
 
 
 class SuccessMarkerSensor(BaseSensorOperator):
-    """Wait for ``<location>/_SUCCESS`` with a valid manifest; return the manifest.
+    """Wait for ``<location>/_SUCCESS`` with a valid manifest; return the manifest (its dict).
 
     :param location: the run directory (e.g. ``infer.output["output_location"]``).
-    :param deferrable: wait in the triggerer instead of holding a worker slot.
+    :param deferrable: wait in the triggerer instead of holding a worker slot (default: the
+        ``[operators] default_deferrable`` setting).
     :param model_service_conn_id: the ``batchinfer`` connection whose S3 settings and credentials
         open an ``s3://`` location (ignored for local paths).
+    :param verify_checksums: also re-hash every listed file against the sha256 in the manifest
+        (reads every byte; names, sizes and Parquet footers are always checked).
     Supports ``mode="reschedule"`` like any sensor.
     """
 
     template_fields: Sequence[str] = ("location", "model_service_conn_id")
     ui_color = "#d9f2e6"
 
-    def __init__(self, *, location: str, deferrable: bool = False,
-                 model_service_conn_id: str = "batchinfer_default", **kwargs: Any) -> None:
+    def __init__(self, *, location: str,
+                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+                 model_service_conn_id: str = "batchinfer_default", verify_checksums: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.location = location
         self.deferrable = deferrable
         self.model_service_conn_id = model_service_conn_id
+        self.verify_checksums = verify_checksums
 
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
@@ -51,8 +61,8 @@ class SuccessMarkerSensor(BaseSensorOperator):
             return result.xcom_value
         self.defer(
             trigger=SuccessMarkerTrigger(
-                location=self.location, poke_interval=self.poke_interval, deadline=time.time() + self.timeout,
-                model_service_conn_id=self.model_service_conn_id,
+                location=self.location, poll_interval=self.poke_interval, deadline=time.time() + self.timeout,
+                model_service_conn_id=self.model_service_conn_id, verify_checksums=self.verify_checksums,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),
@@ -60,22 +70,39 @@ class SuccessMarkerSensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> PokeReturnValue:
         try:
-            manifest = read_valid_manifest(self.location, storage_options_for(self.location, self.model_service_conn_id))
+            manifest = read_valid_manifest(self.location, storage_options_for(self.location, self.model_service_conn_id),
+                                           verify_checksums=self.verify_checksums)
         except (ManifestError, StageError) as exc:
-            raise AirflowFailException(f"{self.location} has a _SUCCESS marker that does not hold: {exc}") from exc
+            raise AirflowFailException(self._does_not_hold(str(exc))) from exc
         if manifest is None:
-            self.log.info("Waiting for %s/_SUCCESS", self.location)
+            self.log.info("Waiting for %s/%s", self.location, SUCCESS_MARKER)
             return PokeReturnValue(is_done=False)
-        counts = manifest["counts"]
-        self.log.info("%s is committed: %s rows in %d file(s), model %s/%s", self.location, counts["output_rows"],
-                      len(manifest["files"]), manifest["model"]["name"], manifest["model"]["version"])
-        return PokeReturnValue(is_done=True, xcom_value=manifest)
+        self._log_committed(manifest)
+        return PokeReturnValue(is_done=True, xcom_value=manifest.to_dict())
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        if not event or event.get("status") not in ("success", "error", "timeout"):
-            raise AirflowException(f"unexpected trigger event for {self.location}: {event!r}")
-        if event["status"] == "timeout":
-            raise AirflowSensorTimeout(f"no valid {self.location}/_SUCCESS within {self.timeout}s")
-        if event["status"] == "error":
-            raise AirflowFailException(f"{self.location} has a _SUCCESS marker that does not hold: {event['message']}")
-        return event["manifest"]
+        event = validate_event(event, "location")
+        status = WatchStatus(event["status"])
+        if status is WatchStatus.TIMEOUT:
+            raise AirflowSensorTimeout(f"no valid {self.location}/{SUCCESS_MARKER} within {self.timeout}s")
+        if status is WatchStatus.FAILED:
+            raise AirflowFailException(self._does_not_hold(str(event.get("message"))))
+        if status is WatchStatus.ERROR:
+            raise AirflowException(f"could not check {self.location}/{SUCCESS_MARKER}: {event.get('message')}; "
+                                   "a retry of the task looks again")
+        event = validate_event(event, "manifest")
+        try:
+            manifest = Manifest.from_dict(event["manifest"], f"{self.location}/{SUCCESS_MARKER}")
+        except ManifestError as exc:
+            raise AirflowFailException(self._does_not_hold(str(exc))) from exc
+        self._log_committed(manifest)
+        return manifest.to_dict()
+
+    def _does_not_hold(self, message: str) -> str:
+        return (f"{self.location} has a {SUCCESS_MARKER} marker that does not hold: {message}. Waiting will not fix "
+                "it: re-run the task that writes this run directory")
+
+    def _log_committed(self, manifest: Manifest) -> None:
+        self.log.info("%s is committed: %s rows in %d file(s), model %s/%s%s", self.location,
+                      manifest.counts.output_rows, len(manifest.files), manifest.model.name, manifest.model.version,
+                      " (checksums verified)" if self.verify_checksums else "")

@@ -9,14 +9,14 @@ resolves it in the triggerer (``sync_to_async``, as Airflow asks of triggers).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_batchinfer.s3 import is_s3
 from airflow_provider_batchinfer.stage import ManifestError, StageError, read_valid_manifest
+from airflow_provider_batchinfer.triggers.base import WatchStatus, WatchTrigger, make_event
 
 
 def storage_options_for(location: str, model_service_conn_id: str) -> dict[str, Any]:
@@ -25,38 +25,39 @@ def storage_options_for(location: str, model_service_conn_id: str) -> dict[str, 
         return {}
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
 
-    return ModelServiceHook(model_service_conn_id).storage_options
+    options: dict[str, Any] = ModelServiceHook(model_service_conn_id).storage_options
+    return options
 
 
-class SuccessMarkerTrigger(BaseTrigger):
-    """Fires ``{"status": "success", "manifest": ...}`` once the marker is valid,
-    ``{"status": "error", "message": ...}`` when a marker exists but its manifest does not hold, or
-    ``{"status": "timeout"}`` at ``deadline`` (epoch seconds). The deadline is enforced here as well
-    as by the scheduler's deferral timeout, so a trigger run outside the scheduler (``dag.test()``)
-    still ends."""
+class SuccessMarkerTrigger(WatchTrigger):
+    """Fires ``success`` with the manifest (its dict) once the marker is valid, ``failed`` with a
+    message when a marker exists but does not hold (a retry would not fix it), ``timeout`` at
+    ``deadline`` and ``error`` when the stage could not be looked at.
 
-    def __init__(self, location: str, poke_interval: float = 30.0, deadline: float | None = None,
-                 model_service_conn_id: str = "batchinfer_default") -> None:
-        super().__init__()
+    ``verify_checksums``: also re-hash every listed file against its sha256 (reads every byte).
+    ``poke_interval`` is the former name of ``poll_interval``, still accepted so that a trigger
+    serialized by an earlier version resumes after an upgrade."""
+
+    def __init__(self, location: str, poll_interval: float | None = None, deadline: float | None = None,
+                 model_service_conn_id: str = "batchinfer_default", verify_checksums: bool = False,
+                 poke_interval: float | None = None) -> None:
+        if poke_interval is not None:
+            if poll_interval is not None:
+                raise ValueError("give poll_interval (poke_interval is its former name), not both")
+            if isinstance(poke_interval, bool) or not isinstance(poke_interval, (int, float)) or poke_interval <= 0:
+                raise ValueError(f"poke_interval must be > 0 seconds, got {poke_interval!r}")
+            poll_interval = poke_interval
+        super().__init__(poll_interval=30.0 if poll_interval is None else poll_interval, deadline=deadline,
+                         model_service_conn_id=model_service_conn_id)
         if not isinstance(location, str) or not location:
             raise ValueError(f"SuccessMarkerTrigger needs a location string, got {location!r}")
-        if poke_interval <= 0:
-            raise ValueError(f"poke_interval must be > 0 seconds, got {poke_interval!r}")
-        if deadline is not None and not isinstance(deadline, (int, float)):
-            raise ValueError(f"deadline must be epoch seconds, got {deadline!r}")
-        if not isinstance(model_service_conn_id, str) or not model_service_conn_id:
-            raise ValueError(f"model_service_conn_id must be a connection id, got {model_service_conn_id!r}")
+        if not isinstance(verify_checksums, bool):
+            raise ValueError(f"verify_checksums must be true or false, got {verify_checksums!r}")
         self.location = location
-        self.model_service_conn_id = model_service_conn_id
-        self.poke_interval = float(poke_interval)
-        self.deadline = None if deadline is None else float(deadline)
+        self.verify_checksums = verify_checksums
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {"location": self.location, "poke_interval": self.poke_interval, "deadline": self.deadline,
-             "model_service_conn_id": self.model_service_conn_id},
-        )
+    def serialized_arguments(self) -> dict[str, Any]:
+        return {"location": self.location, "verify_checksums": self.verify_checksums}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from asgiref.sync import sync_to_async
@@ -66,18 +67,19 @@ class SuccessMarkerTrigger(BaseTrigger):
             try:
                 if options is None:
                     options = await sync_to_async(storage_options_for)(self.location, self.model_service_conn_id)
-                manifest = await asyncio.to_thread(read_valid_manifest, self.location, options)
-            except (ManifestError, StageError, OSError) as exc:
-                yield TriggerEvent({"status": "error", "location": self.location, "message": str(exc)})
+                manifest = await asyncio.to_thread(read_valid_manifest, self.location, options,
+                                                   verify_checksums=self.verify_checksums)
+            except (ManifestError, StageError) as exc:
+                yield make_event(WatchStatus.FAILED, location=self.location, message=str(exc))
+                return
+            except Exception as exc:  # the watcher could not look; nothing is known about the marker
+                yield make_event(WatchStatus.ERROR, location=self.location, message=f"{type(exc).__name__}: {exc}")
                 return
             if manifest is not None:
-                yield TriggerEvent({"status": "success", "location": self.location, "manifest": manifest})
+                yield make_event(WatchStatus.SUCCESS, location=self.location, manifest=manifest.to_dict())
                 return
-            if self.deadline is not None and time.time() >= self.deadline:
-                yield TriggerEvent({"status": "timeout", "location": self.location})
+            if self.past_deadline():
+                yield make_event(WatchStatus.TIMEOUT, location=self.location)
                 return
-            self.log.info("No valid %s/_SUCCESS yet; checking again in %ss", self.location, self.poke_interval)
-            delay = self.poke_interval
-            if self.deadline is not None:
-                delay = max(0.0, min(delay, self.deadline - time.time()))
-            await asyncio.sleep(delay)
+            self.log.info("No valid %s/_SUCCESS yet; checking again in %ss", self.location, self.poll_interval)
+            await self.sleep_until_next_check()

@@ -1,0 +1,241 @@
+"""The run-directory policy: claim, save mode, RESUME eligibility, ownership, fence and commit.
+
+One module holds the rules of the commit protocol (see ``docs/architecture.md``), so each branch is
+unit-tested on a local directory without Ray or Airflow. It imports neither: the operator calls
+:func:`prepare` and :func:`claim` before a launch and maps the errors to Airflow's (``permanent``
+-> ``AirflowFailException``, else ``AirflowException``); the runtime calls :func:`check_fence`
+and :func:`commit`.
+
+- :func:`prepare` runs before any work: RESUME keeps the parts of an earlier attempt of the very
+  same result; otherwise ``SaveMode.ERROR`` refuses a non-empty directory (except the uncommitted
+  leftovers of an earlier try of this task instance), ``OVERWRITE`` removes ``_SUCCESS`` first and
+  then the rest, and a directory another dag/task owns, or files no batchinfer task wrote, are
+  never touched.
+- :func:`claim` writes ``_job.json`` naming the attempt, before anything else is written.
+- :func:`commit` fences (only the attempt ``_job.json`` names may commit: a zombie cannot commit
+  over a newer attempt), reconciles the counts, validates the manifest against the files and then
+  writes ``_SUCCESS``, last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from airflow_provider_batchinfer.contract import (
+    INPUT_DIR,
+    JOB_SPEC_FILE,
+    SUCCESS_MARKER,
+    ContractError,
+    JobFile,
+    Manifest,
+    ManifestError,
+    RunOwner,
+)
+from airflow_provider_batchinfer.specs import SaveMode
+from airflow_provider_batchinfer.stage import Stage, StageError, validate_manifest
+
+__all__ = [
+    "FencedError", "ForeignRunDirectoryError", "Preparation", "ReconcileError", "RunDirectoryError",
+    "RunDirectoryNotEmptyError", "check_fence", "claim", "commit", "prepare", "read_claim",
+]
+
+
+class RunDirectoryError(StageError):
+    """The run directory is in a state this attempt must not touch or commit. ``permanent``: True
+    when no retry can fix it (the task should fail without retries), False when a retry can."""
+
+    permanent: bool = False
+
+
+class ForeignRunDirectoryError(RunDirectoryError):
+    """Another dag/task owns the directory, or it holds files no batchinfer task wrote."""
+
+    permanent = True
+
+
+class RunDirectoryNotEmptyError(RunDirectoryError):
+    """``SaveMode.ERROR`` and a non-empty directory that is not this task instance's retry leftovers."""
+
+    permanent = True
+
+
+class FencedError(RunDirectoryError):
+    """Another attempt owns the directory (``_job.json`` names it): this one must not commit."""
+
+    permanent = False
+
+
+class ReconcileError(RunDirectoryError):
+    """The counts do not add up (input != output + dead-lettered); nothing was committed."""
+
+    permanent = False
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """What :func:`prepare` did. ``resume``: RESUME keeps the earlier parts (the marker is already
+    removed). ``messages``: what was done, for the task log."""
+
+    resume: bool
+    removed_files: int
+    messages: tuple[str, ...] = ()
+
+
+# --- the claim and the fence -----------------------------------------------------------------------
+
+
+def claim(run_dir: Stage, job: JobFile) -> None:
+    """Write ``_job.json`` naming this attempt: call it before anything else is written into the
+    directory, so a retry recognizes whatever this attempt leaves behind as its own."""
+    run_dir.child(JOB_SPEC_FILE).write_bytes(job.to_json().encode("utf-8"))
+
+
+def read_claim(run_dir: Stage) -> JobFile | None:
+    """The job file that claims the directory; None when there is none. Raises ContractError when
+    it cannot be read as a job file."""
+    job_file = run_dir.child(JOB_SPEC_FILE)
+    if not job_file.exists():
+        return None
+    return JobFile.from_json(job_file.read_bytes(), job_file.location)
+
+
+def check_fence(run_dir: Stage, attempt: str) -> JobFile:
+    """The claim, when it names ``attempt``; else FencedError: a newer attempt took the directory
+    over (or cleared it), and this one is a zombie that must not write or commit."""
+    try:
+        job = read_claim(run_dir)
+    except ContractError as exc:
+        raise FencedError(f"attempt {attempt} cannot tell who owns {run_dir.location}: {exc}; not committing. "
+                          "A retry of the task writes a new claim") from exc
+    if job is None:
+        raise FencedError(f"attempt {attempt} is no longer the owner of {run_dir.location}: its {JOB_SPEC_FILE} "
+                          "is gone (a newer attempt cleared the directory); not committing")
+    if job.attempt != attempt:
+        raise FencedError(f"attempt {attempt} is no longer the owner of {run_dir.location}: attempt {job.attempt} "
+                          f"(try {job.airflow.try_number}) took over; not committing")
+    return job
+
+
+def commit(run_dir: Stage, manifest: Manifest) -> None:
+    """The commit: fence on the manifest's attempt, reconcile the counts, check the manifest's schema
+    (as every reader will read it) and the files it lists (names, sizes, Parquet footers), fence
+    again, then write ``_SUCCESS`` last. Checksums are not re-computed: the writer computed them."""
+    where = f"{run_dir.location}/{SUCCESS_MARKER}"
+    check_fence(run_dir, manifest.job.attempt)
+    try:
+        manifest.check_counts(where)
+    except ManifestError as exc:
+        raise ReconcileError(f"{exc}; nothing was committed. Rows were lost or counted twice: a retry re-runs "
+                             "the job") from exc
+    Manifest.from_dict(manifest.to_dict(), where)  # one schema: what readers accept is what is written
+    validate_manifest(run_dir, manifest)
+    check_fence(run_dir, manifest.job.attempt)  # validation reads every footer: narrow the race
+    run_dir.child(SUCCESS_MARKER).write_bytes(manifest.to_json().encode("utf-8"))
+
+
+# --- prepare: RESUME or the save mode ----------------------------------------------------------------
+
+
+def prepare(run_dir: Stage, owner: RunOwner, mode: SaveMode, *, model_sha256: str,
+            input_locations: Sequence[str] | None, id_column: str | None,
+            materialized_input: bool) -> Preparation:
+    """Make the run directory ready for a new attempt of ``owner``, before any work starts.
+
+    ``SaveMode.RESUME`` keeps earlier parts only when they were written for this very result (same
+    task instance, model sha256, input and id column; ``input_locations`` None: a materialized query,
+    which is re-run); otherwise the directory is handled as with OVERWRITE. Raises
+    ForeignRunDirectoryError or RunDirectoryNotEmptyError (both permanent) and changes nothing then.
+    """
+    messages: list[str] = []
+    if mode is SaveMode.RESUME and _resume_allowed(run_dir, owner, model_sha256, input_locations, id_column,
+                                                   messages):
+        return _clear_for_resume(run_dir, materialized_input, messages)
+    return _apply_save_mode(run_dir, owner, mode, messages)
+
+
+def _resume_allowed(run_dir: Stage, owner: RunOwner, model_sha256: str, input_locations: Sequence[str] | None,
+                    id_column: str | None, messages: list[str]) -> bool:
+    try:
+        recorded = read_claim(run_dir)
+    except ContractError:
+        return False
+    if recorded is None:
+        return False
+    same = {
+        "task and run": recorded.airflow.same_task_instance(owner),
+        "model sha256": recorded.model.sha256 == model_sha256,
+        "input": input_locations is None or list(recorded.input_locations) == list(input_locations),
+        "id column": recorded.input_spec.id_column == id_column,
+    }
+    differs = [what for what, ok in same.items() if not ok]
+    if differs:
+        messages.append(f"SaveMode.RESUME: the earlier attempt in {run_dir.location} differs in "
+                        f"{', '.join(differs)}; starting over as with OVERWRITE")
+        return False
+    return True
+
+
+def _clear_for_resume(run_dir: Stage, materialized_input: bool, messages: list[str]) -> Preparation:
+    """Keep the parts (the runtime decides which are complete); remove the marker first, so a stale
+    one never sits beside new parts, and a materialized SQL input, which is re-queried."""
+    removed = 0
+    marker = run_dir.child(SUCCESS_MARKER)
+    if marker.exists():
+        marker.delete()
+        removed += 1
+    if materialized_input:
+        inputs = run_dir.child(INPUT_DIR)
+        removed += len(inputs.list_files())
+        inputs.delete()
+    messages.append(f"SaveMode.RESUME: keeping the parts of earlier attempts in {run_dir.location}; only the "
+                    "remaining rows will be scored")
+    return Preparation(resume=True, removed_files=removed, messages=tuple(messages))
+
+
+def _recorded_owner(run_dir: Stage, sample: str, count: int) -> RunOwner | None:
+    """Who claims the directory: None when there is no ``_job.json``; an unreadable one is refused."""
+    try:
+        job = read_claim(run_dir)
+    except ContractError as exc:
+        raise ForeignRunDirectoryError(
+            f"run directory {run_dir.location} holds {count} file(s) ({sample}) and a {JOB_SPEC_FILE} that cannot "
+            f"be read ({exc}), so it is unknown which task owns them; nothing was changed. Point the task at "
+            "an empty location or remove them yourself") from exc
+    return None if job is None else job.airflow
+
+
+def _apply_save_mode(run_dir: Stage, owner: RunOwner, mode: SaveMode, messages: list[str]) -> Preparation:
+    files = run_dir.list_files()
+    if not files:
+        return Preparation(resume=False, removed_files=0, messages=tuple(messages))
+    names = [name for name, _ in files]
+    sample = ", ".join(names[:5]) + (" …" if len(names) > 5 else "")
+    recorded = _recorded_owner(run_dir, sample, len(files))
+    if recorded is not None and not recorded.same_task(owner):
+        raise ForeignRunDirectoryError(
+            f"run directory {run_dir.location} belongs to {recorded.dag_id}.{recorded.task_id}, not "
+            f"{owner.dag_id}.{owner.task_id}; two tasks must not share a run directory: give this task its "
+            "own stage_location / base_stage_location")
+    retry_leftovers = (recorded is not None and SUCCESS_MARKER not in names
+                       and (recorded.run_id, recorded.map_index) == (owner.run_id, owner.map_index))
+    if mode is SaveMode.ERROR and not retry_leftovers:
+        raise RunDirectoryNotEmptyError(
+            f"run directory {run_dir.location} is not empty ({len(files)} file(s): {sample}) and the save mode is "
+            "SaveMode.ERROR; nothing was changed. Use OutputSpec(mode=SaveMode.OVERWRITE) to replace it (retries "
+            "and backfill re-runs), or write to another location")
+    if recorded is None:
+        raise ForeignRunDirectoryError(
+            f"run directory {run_dir.location} holds {len(files)} file(s) ({sample}) that no batchinfer task wrote "
+            f"(no {JOB_SPEC_FILE}); refusing to delete them with SaveMode.OVERWRITE. Point the task at an empty "
+            "location or remove them yourself")
+    if retry_leftovers and mode is SaveMode.ERROR:
+        messages.append(f"Removing the uncommitted files of an earlier try (try {recorded.try_number}) of this "
+                        "task and run")
+    removed = run_dir.clear_run_directory()
+    what = "SaveMode.OVERWRITE" if mode is SaveMode.OVERWRITE else "retry clean-up"
+    if SUCCESS_MARKER in names:
+        messages.append(f"{what}: removed {SUCCESS_MARKER} then {removed - 1} other file(s) from {run_dir.location}")
+    else:
+        messages.append(f"{what}: removed {removed} file(s) (no {SUCCESS_MARKER}) from {run_dir.location}")
+    return Preparation(resume=False, removed_files=removed, messages=tuple(messages))
