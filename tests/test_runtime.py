@@ -1,12 +1,14 @@
-"""The Ray side's planning logic, without starting Ray: column checks and actor-pool sizing."""
+"""The Ray side's planning logic, without starting Ray: column checks, actor-pool sizing, error messages."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
 
-from airflow_provider_batchinfer.runtime.io import InputError
-from airflow_provider_batchinfer.runtime.job import JobError, _root_message, plan_columns, size_actor_pool
+from airflow_provider_batchinfer.inputs import InputError
+from airflow_provider_batchinfer.runtime.errors import JobError
+from airflow_provider_batchinfer.runtime.plan import plan_columns, size_actor_pool
+from airflow_provider_batchinfer.runtime.reporting import _root_message
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 
 SCHEMA = pa.schema([("ticket_id", pa.int64()), ("body", pa.string()), ("score", pa.float64())])
