@@ -461,7 +461,7 @@ def test_a_model_that_raises_fails_the_runtime_naming_the_batch_ids_and_commits_
     assert proc.returncode != 0 and isinstance(failure, JobFailure), proc.stdout[-3000:] + proc.stderr[-3000:]
     assert failure.type != "JobFailure" and not failure.permanent
     assert re.search(r"model text_length/v1 raised ValueError: cannot score text 'boom' .* with ticket_id "
-                     r"(\d+)\.\.(\d+); .*JobSpec\(on_error=\"dead_letter\"\)", failure.error), failure.error
+                     r"(\d+)\.\.(\d+); .*JobSpec\(on_error=\"dead_letter\"\)", failure.error), proc.stdout[-6000:]
     low, high = map(int, re.search(r"ticket_id (\d+)\.\.(\d+)", failure.error).groups())
     assert low <= 75 <= high and high - low < 50
     assert not (run_dir / SUCCESS_MARKER).exists()

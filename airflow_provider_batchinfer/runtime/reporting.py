@@ -29,6 +29,8 @@ _EMPTY_MARKERS = ("SystemException",)
 
 # errors whose message is written for the user (what failed, where, and what to do next)
 _OURS = (StageError, ModelBatchError)
+# ... and those of them that only reach the driver as text in a Ray traceback
+_OURS_BY_NAME = frozenset({ModelBatchError.__name__})
 
 # Ray Data appends its retry advice to a failed task's exception message ("Failed to write after
 # 1/1 attempts (total backoff 0.0s).\nTo change retry attempts, ..."); it is not the error
@@ -76,12 +78,14 @@ def _root_message(exc: BaseException) -> str:
         last = lines[-1].strip() if lines else ""
         name = type(root).__name__
         return last if last.startswith(name) else f"{name}: {last}" if last else name
-    # Ray only carries the user's exception as text inside the wrapper's traceback
-    for wrapper in chain:
-        for match in _ERROR_LINE.finditer(str(wrapper)):
-            name = match.group("name")
-            if not name.startswith("ray.") and not any(w in name for w in _RAY_WRAPPERS):
-                return f"{name.rsplit('.', 1)[-1]}: {match.group('msg').strip()}"
+    # Ray only carries the user's exception as text inside the wrapper's traceback: the first error
+    # line is the innermost cause, unless one of ours (raised "from" it) follows
+    found = [(match.group("name").rsplit(".", 1)[-1], match.group("msg").strip())
+             for wrapper in chain for match in _ERROR_LINE.finditer(str(wrapper))
+             if not match.group("name").startswith("ray.") and not any(w in match.group("name") for w in _RAY_WRAPPERS)]
+    if found:
+        name, msg = next((f for f in found if f[0] in _OURS_BY_NAME), found[0])
+        return f"{name}: {msg}"
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[-1].strip() if lines else ''}"
 
