@@ -73,3 +73,41 @@ def tiny_mlp(features: int = 8):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(features, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
     return torch.jit.script(net.eval())
+
+
+def job_file(run_dir, model, registry_root: str, inputs, *, input_spec=None, job_spec=None, attempt: str = "t01test",
+             job_id: str = "batchinfer-test", file_roots=(), ray_address: str | None = None, resume: bool = False,
+             try_number: int = 1):
+    """A job file as the operator writes it (``contract.JobFile``), for driving the runtime directly.
+
+    ``model`` is a registry ``ModelVersion`` (or anything with ``to_dict()`` in the registry's shape)."""
+    from airflow_provider_batchinfer.contract import JobFile, ModelRef, RunOwner
+    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+
+    return JobFile(
+        job_id=job_id, attempt=attempt, launcher="local", run_dir=str(run_dir),
+        input_locations=tuple(str(i) for i in inputs), input_spec=input_spec or InputSpec(),
+        job_spec=job_spec or JobSpec(), model=ModelRef.from_dict(model.to_dict()), registry_root=registry_root,
+        airflow=RunOwner(dag_id="bi_tests", task_id="infer", run_id="r1", try_number=try_number),
+        file_roots=tuple(str(r) for r in file_roots), ray_address=ray_address, resume=resume,
+    )
+
+
+def write_job_file(job) -> str:
+    """Write ``job`` (a JobFile) into its run directory as ``_job.json``; its location."""
+    from airflow_provider_batchinfer.contract import JOB_SPEC_FILE
+    from airflow_provider_batchinfer.stage import Stage
+
+    claim = Stage.open(job.run_dir).child(JOB_SPEC_FILE)
+    claim.write_bytes(job.to_json().encode("utf-8"))
+    return claim.location
+
+
+def committed_manifest(location: str) -> dict:
+    """The validated ``_SUCCESS`` of a run directory in its serialized form (what goes to XCom)."""
+    from airflow_provider_batchinfer.contract import Manifest
+    from airflow_provider_batchinfer.stage import read_valid_manifest
+
+    manifest = read_valid_manifest(location)
+    assert manifest is not None, f"{location} has no _SUCCESS"
+    return manifest.to_dict() if isinstance(manifest, Manifest) else manifest

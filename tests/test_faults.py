@@ -3,16 +3,17 @@
 Each bad-input kind has its own test that feeds it and asserts a clear error naming what is wrong
 and that nothing was committed (no ``_SUCCESS``), or, with ``on_error="dead_letter"``, a manifest
 that reconciles (input rows = output rows + dead-lettered rows). Failures that happen before Ray
-starts are tested on the runtime's own entrypoint (``runtime.job.run``) with ``ray.init`` made to
-fail, which also proves that no compute was requested. Only what needs a running pipeline
+starts are tested on the runtime's own entrypoint (``runtime.driver.run``) with ``ray.init`` made to
+fail, which also proves that no compute was requested. Job files and manifests are built with
+``contract.JobFile`` / ``contract.Manifest``, as the operator and the runtime build them. Only what needs a running pipeline
 (a model that raises, dead-lettering, killed workers, killed tasks, resume) starts jobs, on the
 session's Ray cluster, driven through ``BatchInferenceOperator.execute`` as a task runs it.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -23,8 +24,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_batchinfer.contract import Counts, FileEntry, JobRecord, Manifest, ModelRef
+from airflow_provider_batchinfer.inputs import InputError
 from airflow_provider_batchinfer.runtime.errors import BadRowError, check_batch
-from airflow_provider_batchinfer.runtime.io import InputError
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
 from airflow_provider_batchinfer.stage import (
     JOB_SPEC_FILE,
@@ -32,13 +34,12 @@ from airflow_provider_batchinfer.stage import (
     ManifestError,
     Stage,
     StageError,
-    dead_letter_files,
-    read_valid_manifest,
     resolve_location,
     sanitize_run_key,
     validate_manifest,
 )
-from tests.models import PidLength, SlowLength, write_tickets
+from tests.models import PidLength, SlowLength, job_file, write_job_file, write_tickets
+from tests.models import committed_manifest as read_valid_manifest
 from tests.task_context import TaskInstanceStandIn as _StandIn
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException  # isort: skip
@@ -66,20 +67,11 @@ def _operator(inputs, out, mode=SaveMode.ERROR, model="text_length", input_spec=
 
 
 def _write_spec(run_dir: Path, mv, registry_root: str, inputs: list[str], input_spec=None, job_spec=None) -> str:
-    """A job spec as the operator writes it, for driving the runtime's entrypoint directly."""
-    from airflow_provider_batchinfer.runtime.job import JOB_FORMAT
-
+    """A job file as the operator writes it, for driving the runtime's entrypoint directly."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec = {
-        "format": JOB_FORMAT, "job_id": "batchinfer-faults", "attempt": "t01faults", "launcher": "local",
-        "run_dir": str(run_dir), "input": {"locations": inputs},
-        "input_spec": (input_spec or InputSpec(id_column="ticket_id")).to_dict(),
-        "job_spec": (job_spec or JobSpec()).to_dict(), "model": mv.to_dict(), "registry_root": registry_root,
-        "airflow": {"dag_id": "bi_faults", "task_id": "infer", "run_id": "r1", "try_number": 1, "map_index": -1},
-        "ray": {"address": None}, "storage_options": None,
-    }
-    (run_dir / JOB_SPEC_FILE).write_text(json.dumps(spec))
-    return str(run_dir / JOB_SPEC_FILE)
+    return write_job_file(job_file(run_dir, mv, registry_root, inputs, job_id="batchinfer-faults",
+                                   attempt="t01faults", input_spec=input_spec or InputSpec(id_column="ticket_id"),
+                                   job_spec=job_spec))
 
 
 @pytest.fixture
@@ -96,7 +88,7 @@ def no_ray(monkeypatch):
 @pytest.fixture
 def fails_before_ray(no_ray, text_length_model, registry, tmp_path):
     """``check(inputs, match, **spec)``: the runtime fails with ``match`` before Ray, commits nothing."""
-    from airflow_provider_batchinfer.runtime.job import run
+    from airflow_provider_batchinfer.runtime.driver import run
 
     def check(inputs, match, error=(InputError,), **kwargs):
         run_dir = tmp_path / "out"
@@ -227,8 +219,7 @@ def test_bad_input_path_traversal_in_run_key_params_or_manifest(tmp_path):
     with pytest.raises(StageError, match="contains '..'"):
         resolve_location(f"s3://lake/stage/{param}", None)
     # a manifest naming a file outside its run directory is refused by every reader
-    manifest = {"format": "batchinfer.manifest/1", "files": [{"name": "../other/part.parquet", "size": 1, "rows": 1}],
-                "counts": {"input_rows": 1, "output_rows": 1, "error_rows": 0}}
+    manifest = _manifest(tmp_path, [FileEntry("../other/part.parquet", size=1, rows=1, sha256="0" * 64)], "t01a")
     with pytest.raises(StageError, match="contains '..'"):
         validate_manifest(Stage.open(str(tmp_path)), manifest)
 
@@ -256,7 +247,7 @@ def test_bad_input_wrong_credentials(tmp_path):
         with pytest.raises(S3StageError, match=r"bucket 'lake'.*(InvalidAccessKeyId|INVALID_ACCESS_KEY_ID|"
                                                r"AccessDenied|ACCESS_DENIED|Forbidden)") as info:
             check_bucket(stage.fs, stage.location)
-            stage.child(JOB_SPEC_FILE).write_json({})
+            stage.child("part-00000-t01probe.parquet").write_bytes(b"PAR1")
         assert info.value.permanent, str(info.value)
         assert "s3cr3t-value" not in str(info.value)
     finally:
@@ -295,31 +286,47 @@ def test_pickle_flavors_are_not_loadable(registry, tmp_path):
             registry.log_model("pickled", "v1", flavor, str(tmp_path / "model.pkl"))
 
 
+_MODEL = ModelRef(name="text_length", version="v1", flavor="python", sha256="0" * 64, uri="/registry/text_length/v1",
+                  signature=SIGNATURE)
+
+
+def _manifest(run_dir: Path, files: list[FileEntry], attempt: str) -> Manifest:
+    rows = sum(f.rows for f in files)
+    return Manifest(run_dir=str(run_dir), files=tuple(files), counts=Counts(input_rows=rows, output_rows=rows),
+                    model=_MODEL.without_signature(), job=JobRecord(id="batchinfer-faults", attempt=attempt),
+                    input_locations=("in",), input_files=("in/a.parquet",))
+
+
 def test_a_zombie_attempts_late_commit_is_refused(tmp_path):
     """Attempt t01 was presumed dead and t02 took over (its _job.json, even its _SUCCESS); when t01
     wakes up and tries to commit, it is fenced off and t02's result stays as it was."""
-    from airflow_provider_batchinfer.runtime.job import FencedError, commit_manifest
+    import hashlib
+
+    from airflow_provider_batchinfer.rundir import FencedError, commit
 
     run_dir = tmp_path / "out"
     run_dir.mkdir()
-    pq.write_table(_table(["a"]), run_dir / "part-00000-t01zombie.parquet")
-    (run_dir / JOB_SPEC_FILE).write_text(json.dumps({"attempt": "t02newer", "airflow": {"try_number": 2}}))
-    newer = json.dumps({"job": {"attempt": "t02newer"}})
+    part = run_dir / "part-00000-t01zombie.parquet"
+    pq.write_table(_table(["a"]), part)
+    newer_job = job_file(run_dir, _MODEL, "/registry", ["in"], attempt="t02newer", try_number=2,
+                         input_spec=InputSpec(id_column="ticket_id"), resume=True)
+    write_job_file(newer_job)
+    newer = _manifest(run_dir, [], "t02newer").to_json()
     (run_dir / SUCCESS_MARKER).write_text(newer)
-    late = {"format": "batchinfer.manifest/1", "run_dir": str(run_dir), "job": {"attempt": "t01zombie"},
-            "files": [{"name": "part-00000-t01zombie.parquet", "rows": 1,
-                       "size": (run_dir / "part-00000-t01zombie.parquet").stat().st_size}],
-            "counts": {"input_rows": 1, "output_rows": 1, "error_rows": 0}}
+    late = _manifest(run_dir, [FileEntry(part.name, size=part.stat().st_size, rows=1,
+                                         sha256=hashlib.sha256(part.read_bytes()).hexdigest())], "t01zombie")
     with pytest.raises(FencedError, match=r"attempt t01zombie is no longer the owner .* attempt t02newer \(try 2\) "
                                           r"took over; not committing"):
-        commit_manifest(Stage.open(str(run_dir)), "t01zombie", late)
+        commit(Stage.open(str(run_dir)), late)
     assert (run_dir / SUCCESS_MARKER).read_text() == newer
     # nor can a zombie that starts late with RESUME clean up (delete) parts in the newer attempt's directory
-    from airflow_provider_batchinfer.runtime.job import _resume_state
+    from airflow_provider_batchinfer.runtime.resume import resume_state
 
     (run_dir / "part-00001-t02newer.parquet").write_bytes(b"PAR1 being written")
+    zombie = job_file(run_dir, _MODEL, "/registry", ["in"], attempt="t01zombie", resume=True,
+                      input_spec=InputSpec(id_column="ticket_id"))
     with pytest.raises(FencedError, match="attempt t01zombie does not own"):
-        _resume_state({"resume": True, "attempt": "t01zombie"}, Stage.open(str(run_dir)), InputSpec(id_column="ticket_id"))
+        resume_state(zombie, Stage.open(str(run_dir)))
     assert (run_dir / "part-00001-t02newer.parquet").exists()
 
 
@@ -364,7 +371,7 @@ def test_dead_letter_isolates_bad_rows_and_the_manifest_reconciles(batchinfer_ho
     manifest = read_valid_manifest(str(out))
     assert manifest["counts"] == {"input_rows": 200, "output_rows": 196, "error_rows": 4}
     assert xcom["error_rows"] == 4 and xcom["error_files"] and all(f.startswith("_errors/") for f in xcom["error_files"])
-    errors = pq.read_table(dead_letter_files(manifest)).sort_by("ticket_id").to_pylist()
+    errors = pq.read_table([str(out / f["name"]) for f in manifest["error_files"]]).sort_by("ticket_id").to_pylist()
     assert [e["ticket_id"] for e in errors] == [17, 50, 90, 130]
     assert "cannot score text 'boom'" in errors[0]["error"]
     assert "null value" in errors[1]["error"]
@@ -374,16 +381,91 @@ def test_dead_letter_isolates_bad_rows_and_the_manifest_reconciles(batchinfer_ho
     assert scored.column_names == ["ticket_id", "length"]
     assert sorted(scored.column("ticket_id").to_pylist()) == sorted(set(range(200)) - {17, 50, 90, 130})
 
+    # every listed file carries the sha256 of its bytes, computed while it was written
+    import hashlib
+
+    for entry in manifest["files"] + manifest["error_files"]:
+        assert entry["sha256"] == hashlib.sha256((out / entry["name"]).read_bytes()).hexdigest()
+
     # the same dead letters over a 1% limit: the driver refuses to commit (check_error_fraction runs
-    # right before commit_manifest), quoting the first errors
-    from airflow_provider_batchinfer.runtime.job import JobError, check_error_fraction
+    # while the manifest is built, before rundir.commit), quoting the first errors
+    from airflow_provider_batchinfer.runtime.commit import check_error_fraction
+    from airflow_provider_batchinfer.runtime.errors import JobError
 
     (out / SUCCESS_MARKER).unlink()
     strict = JobSpec(on_error="dead_letter", max_error_fraction=0.01)
+    error_names = [f["name"] for f in manifest["error_files"]]
     with pytest.raises(JobError, match=r"4 of 200 rows \(2.00%\) could not be scored, above "
                                        r"JobSpec.max_error_fraction=0.01; not committing. First errors: .*"):
-        check_error_fraction(4, 200, strict, Stage.open(str(out)), manifest["error_files"])
-    check_error_fraction(2, 200, strict, Stage.open(str(out)), manifest["error_files"])  # 1%: allowed
+        check_error_fraction(4, 200, strict, Stage.open(str(out)), error_names)
+    check_error_fraction(2, 200, strict, Stage.open(str(out)), error_names)  # 1%: allowed
+
+
+def _replica(registry, model, policy):
+    from airflow_provider_batchinfer.runtime.plan import plan_columns, with_id_column
+    from airflow_provider_batchinfer.runtime.replica import ModelReplica
+
+    schema = pa.schema([("ticket_id", pa.int64()), ("text", pa.string())])
+    plan = with_id_column(plan_columns(schema, SIGNATURE, InputSpec(), "in.parquet"), policy.get("id_column"))
+    return ModelReplica(str(registry.local_copy(model.name, model.version)), model.sha256, plan, {}, "cpu", 1,
+                        policy=policy)
+
+
+def test_a_model_that_raises_names_its_error_the_batch_and_the_dead_letter_option(registry, text_length_model):
+    """``on_error="fail"``: the model's own error, the batch's id range (or its row range without an
+    id column), and the way to isolate the failing rows instead."""
+    from airflow_provider_batchinfer.runtime.errors import ModelBatchError
+
+    batch = _table(["fine", "boom", "also fine"], ids=[40, 41, 42])
+    replica = _replica(registry, text_length_model, {"on_error": "fail", "id_column": "ticket_id"})
+    with pytest.raises(ModelBatchError, match=r"^model text_length/v1 raised ValueError: cannot score text 'boom' "
+                                              r"\(row 1 of the batch\) on the batch of 3 row\(s\) with ticket_id "
+                                              r"40\.\.42; nothing was committed\..*"
+                                              r'JobSpec\(on_error="dead_letter"\) to isolate the failing rows'):
+        replica(batch)
+    anonymous = _replica(registry, text_length_model, {"on_error": "fail"})
+    with pytest.raises(ModelBatchError, match=r"raised ValueError: cannot score text 'boom' .* on a batch of 3 row\(s\) "
+                                              r"\(rows 0\.\.2 of the batch; set InputSpec\(id_column=\.\.\.\)"):
+        anonymous(batch)
+    # bad input rows keep their own message (the column and the row), not the model's
+    with pytest.raises(BadRowError, match=r"column 'text' has 1 null value"):
+        replica(pa.table({"ticket_id": [1, 2], "text": ["a", None]}))
+    # with dead_letter the same batch scores: the failing row comes back marked, with the model's message
+    from airflow_provider_batchinfer.runtime.errors import split_errors
+
+    good, bad = split_errors(_replica(registry, text_length_model, {"on_error": "dead_letter", "id_column": "ticket_id",
+                                                                    "keep_columns": ["ticket_id"]})(batch), ["ticket_id"])
+    assert good.column("ticket_id").to_pylist() == [40, 42]
+    assert bad.to_pylist() == [{"ticket_id": 41, "error": "ValueError: cannot score text 'boom' (row 0 of the batch)"}]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_model_that_raises_fails_the_runtime_naming_the_batch_ids_and_commits_nothing(registry, text_length_model,
+                                                                                         tmp_path):
+    """The same message through a real Ray job: the runtime's last line is a JobFailure naming the
+    model's error and the failing batch's ids, and the run directory holds no marker."""
+    import subprocess
+    import sys
+
+    from airflow_provider_batchinfer.contract import JobFailure, last_failure
+
+    bad = write_tickets(tmp_path / "in", rows=120, files=1, bad_row=75)
+    run_dir = tmp_path / "out"
+    run_dir.mkdir()
+    spec = _write_spec(run_dir, text_length_model, registry.root, [str(bad)], job_spec=JobSpec(max_batch_rows=50))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-m", "airflow_provider_batchinfer.runtime", "--spec", spec],
+                          capture_output=True, text=True, env=env, timeout=600)
+    failure = last_failure(proc.stdout)
+    assert proc.returncode != 0 and isinstance(failure, JobFailure), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert failure.type != "JobFailure" and not failure.permanent
+    assert re.search(r"model text_length/v1 raised ValueError: cannot score text 'boom' .* with ticket_id "
+                     r"(\d+)\.\.(\d+); .*JobSpec\(on_error=\"dead_letter\"\)", failure.error), proc.stdout[-6000:]
+    low, high = map(int, re.search(r"ticket_id (\d+)\.\.(\d+)", failure.error).groups())
+    assert low <= 75 <= high and high - low < 50
+    assert not (run_dir / SUCCESS_MARKER).exists()
+    assert not (run_dir / "_errors").exists()
 
 
 # --- jobs: killed workers and tasks, resume ----------------------------------------------------------
@@ -526,7 +608,7 @@ def test_resume_refuses_parts_that_repeat_rows_and_recounts_them(tmp_path):
     (tmp_path / "_errors").mkdir()
     pq.write_table(pa.table({"ticket_id": [9], "error": ["ValueError: x"]}), tmp_path / "_errors" / "part-00000-t01a.parquet")
     kept = collect_committed(Stage.open(str(tmp_path)), "ticket_id")
-    assert [f["name"] for f in kept["files"]] == ["part-00000-t01a.parquet"]
+    assert [f.name for f in kept["files"]] == ["part-00000-t01a.parquet"]
     assert kept["error_rows"] == 1 and kept["removed"] == ["part-00001-t02b.parquet"]
     assert drop_done(_table(list("wxyz"), ids=[1, 2, 3, 9]), "ticket_id", kept["ids"]).column("ticket_id").to_pylist() == [3]
 
@@ -542,7 +624,8 @@ def test_bad_input_file_column_traversal_and_unreadable_reference_fail_or_dead_l
     from airflow_provider_batchinfer.runtime import dereference
     from airflow_provider_batchinfer.runtime.dereference import FileReferenceError
     from airflow_provider_batchinfer.runtime.errors import split_errors
-    from airflow_provider_batchinfer.runtime.job import ModelReplica, plan_columns
+    from airflow_provider_batchinfer.runtime.plan import plan_columns
+    from airflow_provider_batchinfer.runtime.replica import ModelReplica
 
     root = tmp_path / "stage"
     (root / "docs").mkdir(parents=True)

@@ -33,7 +33,10 @@ from airflow_provider_batchinfer.runtime.dereference import (
     read_location,
 )
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SpecError
-from airflow_provider_batchinfer.stage import SUCCESS_MARKER, Stage, read_valid_manifest, sanitize_run_key
+from airflow_provider_batchinfer.contract import ERROR_PREFIX
+from airflow_provider_batchinfer.stage import SUCCESS_MARKER, Stage, sanitize_run_key
+from tests.models import committed_manifest as read_valid_manifest
+from tests.models import job_file, write_job_file
 
 
 def run_runtime(spec_location: str, **env: str) -> tuple[int, str]:
@@ -243,19 +246,15 @@ def test_engine_choice_and_early_failures_without_gpu_or_vllm(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
 def test_vllm_job_without_vllm_fails_before_ray_starts_and_commits_nothing(registry, chat_model_dir, tmp_path):
-    from airflow_provider_batchinfer.runtime.job import ERROR_PREFIX, JOB_FORMAT
-
     mv = registry.log_model("chat", "v1", "text_generation", str(chat_model_dir))
     (tmp_path / "input").mkdir()
     table = text_to_messages(pa.table({"ticket_id": [1, 2], "text": ["export fails", "login loops"]}), "{text}")
     pq.write_table(table.select(["ticket_id", "messages"]), tmp_path / "input" / "t.parquet")
     run_dir = Stage.open(str(tmp_path / "out"))
-    spec = {"format": JOB_FORMAT, "job_id": "t-vllm", "attempt": "t01v", "run_dir": run_dir.location,
-            "input": {"locations": [str(tmp_path / "input")]}, "input_spec": InputSpec().to_dict(),
-            "job_spec": JobSpec(num_gpus=1).to_dict(), "model": mv.to_dict(), "registry_root": registry.root,
-            "file_roots": [str(tmp_path)], "ray": {"address": "127.0.0.1:1"}}  # never reached: fails before Ray
-    run_dir.child("_job.json").write_json(spec)
-    rc, output = run_runtime(run_dir.child("_job.json").location)
+    spec = job_file(run_dir.location, mv, registry.root, [tmp_path / "input"], job_id="t-vllm", attempt="t01v",
+                    job_spec=JobSpec(num_gpus=1), file_roots=[tmp_path],
+                    ray_address="127.0.0.1:1")  # never reached: fails before Ray
+    rc, output = run_runtime(write_job_file(spec))
     (error_line,) = [line for line in output.splitlines() if line.startswith(ERROR_PREFIX)]
     error = json.loads(error_line[len(ERROR_PREFIX):])
     assert rc != 0 and error["type"] == "LLMEngineError"
@@ -332,7 +331,8 @@ def test_transformers_engine_honours_row_overrides_stop_strings_and_seeds(regist
 
 def test_model_replica_reads_files_and_fails_a_row_with_its_path(registry, image_model_dir, stage_root, tmp_path,
                                                                  monkeypatch):
-    from airflow_provider_batchinfer.runtime.job import ModelReplica, plan_columns
+    from airflow_provider_batchinfer.runtime.plan import plan_columns
+    from airflow_provider_batchinfer.runtime.replica import ModelReplica
 
     mv = registry.log_model("labeler", "v1", "image_classification", str(image_model_dir))
     spec = InputSpec(column_mapping={"path": "image"}, column_handling={"path": "bytes"})
@@ -362,8 +362,6 @@ def test_model_replica_reads_files_and_fails_a_row_with_its_path(registry, image
 @pytest.mark.usefixtures("ray_cluster")
 def test_ray_job_with_a_missing_image_fails_naming_it_and_commits_nothing(registry, image_model_dir, stage_root,
                                                                             tmp_path):
-    from airflow_provider_batchinfer.runtime.job import ERROR_PREFIX, JOB_FORMAT
-
     mv = registry.log_model("labeler", "v1", "image_classification", str(image_model_dir))
     good = stage_root / "images" / "ok.png"
     good.write_bytes(png_bytes())
@@ -372,15 +370,10 @@ def test_ray_job_with_a_missing_image_fails_naming_it_and_commits_nothing(regist
     inputs.mkdir()
     pq.write_table(pa.table({"id": [1, 2], "path": [str(good), str(missing)]}), inputs / "products.parquet")
     run_dir = Stage.open(str(tmp_path / "out" / "run1"))
-    spec = {
-        "format": JOB_FORMAT, "job_id": "t-missing", "attempt": "t01abc", "run_dir": run_dir.location,
-        "input": {"locations": [str(inputs)]},
-        "input_spec": InputSpec(column_mapping={"path": "image"}, column_handling={"path": "bytes"}).to_dict(),
-        "job_spec": JobSpec(max_batch_rows=8, progress_interval_s=1).to_dict(),
-        "model": mv.to_dict(), "registry_root": registry.root, "file_roots": [str(stage_root)],
-    }
-    run_dir.child("_job.json").write_json(spec)
-    rc, output = run_runtime(run_dir.child("_job.json").location)
+    spec = job_file(run_dir.location, mv, registry.root, [inputs], job_id="t-missing", attempt="t01abc",
+                    input_spec=InputSpec(column_mapping={"path": "image"}, column_handling={"path": "bytes"}),
+                    job_spec=JobSpec(max_batch_rows=8, progress_interval_s=1), file_roots=[stage_root])
+    rc, output = run_runtime(write_job_file(spec))
     (error_line,) = [line for line in output.splitlines() if line.startswith(ERROR_PREFIX)]
     assert rc != 0 and json.loads(error_line[len(ERROR_PREFIX):])["error"] == (
         f"FileReferenceError: column 'image': file {missing} does not exist; fix the location in data_prep")
@@ -464,8 +457,6 @@ def test_vllm_engine_on_a_gpu_end_to_end(registry, tmp_path):
     reports its throughput; the same output shape and token reconciliation as on CPU."""
     from transformers import AutoTokenizer
 
-    from airflow_provider_batchinfer.runtime.job import JOB_FORMAT
-
     model_dir = build_tiny_chat_model(tmp_path / "gpu-model", hidden_size=128, num_heads=2)
     mv = registry.log_model("gpu_chat", "v1", "text_generation", str(model_dir))
     n = 2000
@@ -474,18 +465,13 @@ def test_vllm_engine_on_a_gpu_end_to_end(registry, tmp_path):
     (tmp_path / "input").mkdir()
     pq.write_table(table.select(["ticket_id", "messages"]), tmp_path / "input" / "t.parquet")
     run_dir = Stage.open(str(tmp_path / "out"))
-    spec = {
-        "format": JOB_FORMAT, "job_id": "t-gpu", "attempt": "t01gpu", "run_dir": run_dir.location,
-        "input": {"locations": [str(tmp_path / "input")]},
-        "input_spec": InputSpec(params={"temperature": 0, "max_tokens": 32}).to_dict(),
-        "job_spec": JobSpec(num_gpus=1, max_batch_rows=256, engine_kwargs={
-            "max_model_len": 256, "dtype": "half", "enforce_eager": True, "gpu_memory_utilization": 0.3}).to_dict(),
-        "model": mv.to_dict(), "registry_root": registry.root, "file_roots": [str(tmp_path)],
-        "ray": {"address": None},
-    }
-    run_dir.child("_job.json").write_json(spec)
+    spec = job_file(run_dir.location, mv, registry.root, [tmp_path / "input"], job_id="t-gpu", attempt="t01gpu",
+                    input_spec=InputSpec(params={"temperature": 0, "max_tokens": 32}),
+                    job_spec=JobSpec(num_gpus=1, max_batch_rows=256, engine_kwargs={
+                        "max_model_len": 256, "dtype": "half", "enforce_eager": True, "gpu_memory_utilization": 0.3}),
+                    file_roots=[tmp_path])
     # a fresh local Ray with every CPU and GPU of the machine, not the tests' 2-CPU head
-    rc, output = run_runtime(run_dir.child("_job.json").location, RAY_ADDRESS="")
+    rc, output = run_runtime(write_job_file(spec), RAY_ADDRESS="")
     assert rc == 0, output[-3000:]
     manifest = read_valid_manifest(run_dir.location)
     assert manifest["counts"]["output_rows"] == n

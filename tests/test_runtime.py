@@ -1,12 +1,14 @@
-"""The Ray side's planning logic, without starting Ray: column checks and actor-pool sizing."""
+"""The Ray side's planning logic, without starting Ray: column checks, actor-pool sizing, error messages."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
 
-from airflow_provider_batchinfer.runtime.io import InputError
-from airflow_provider_batchinfer.runtime.job import JobError, _root_message, plan_columns, size_actor_pool
+from airflow_provider_batchinfer.inputs import InputError
+from airflow_provider_batchinfer.runtime.errors import JobError
+from airflow_provider_batchinfer.runtime.plan import plan_columns, size_actor_pool
+from airflow_provider_batchinfer.runtime.reporting import _root_message
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 
 SCHEMA = pa.schema([("ticket_id", pa.int64()), ("body", pa.string()), ("score", pa.float64())])
@@ -70,3 +72,26 @@ def test_root_message_finds_the_user_error_inside_ray_wrappers():
         "ray.exceptions.UserCodeException: UDF failed to process a data block."
     )
     assert _root_message(wrapped) == "ValueError: cannot score text 'boom' (row 3)"
+
+
+def test_root_message_prefers_our_model_batch_error_in_a_ray_traceback():
+    class UserCodeException(Exception):
+        pass
+
+    wrapped = UserCodeException(
+        "ray::MapWorker(MapBatches(ModelReplica)).submit()\n"
+        "ValueError: cannot score text 'boom' (row 3)\n\nThe above exception was the direct cause of the following "
+        "exception:\n\nairflow_provider_batchinfer.runtime.errors.ModelBatchError: model m/v1 raised ValueError: "
+        "cannot score text 'boom' (row 3) on the batch of 8 row(s) with id 0..7; nothing was committed\n"
+        "ray.exceptions.UserCodeException: UDF failed to process a data block."
+    )
+    assert _root_message(wrapped) == ("ModelBatchError: model m/v1 raised ValueError: cannot score text 'boom' (row 3) "
+                                      "on the batch of 8 row(s) with id 0..7; nothing was committed")
+
+
+def test_batch_range_names_ids_or_rows():
+    from airflow_provider_batchinfer.runtime.errors import batch_range
+
+    batch = pa.table({"ticket_id": [7, 3, 9], "text": ["a", "b", "c"]})
+    assert batch_range(batch, "ticket_id") == "the batch of 3 row(s) with ticket_id 3..9"
+    assert batch_range(batch, None).startswith("a batch of 3 row(s) (rows 0..2 of the batch; set InputSpec(id_column")

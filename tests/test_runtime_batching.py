@@ -8,15 +8,15 @@ import pyarrow.parquet as pq
 
 from airflow_provider_batchinfer.runtime.flavors import torchscript, transfer_rows
 from airflow_provider_batchinfer.runtime.io import row_bytes
-from airflow_provider_batchinfer.runtime.job import ray_init_kwargs
+from airflow_provider_batchinfer.runtime.driver import ray_init_kwargs
 
 
 def test_no_configured_address_means_a_fresh_local_ray_never_a_stray_cluster():
     # ray.init(address=None) would attach to whatever /tmp/ray/ray_current_cluster names
-    assert ray_init_kwargs({"ray": {"address": None}}, {})["address"] == "local"
-    assert ray_init_kwargs({}, {})["include_dashboard"] is False
-    assert ray_init_kwargs({"ray": {"address": "127.0.0.1:6379"}}, {})["address"] == "127.0.0.1:6379"
-    assert ray_init_kwargs({}, {"RAY_ADDRESS": "auto"})["address"] == "auto"
+    assert ray_init_kwargs(None, {})["address"] == "local"  # JobFile.ray_address
+    assert ray_init_kwargs(None, {})["include_dashboard"] is False
+    assert ray_init_kwargs("127.0.0.1:6379", {})["address"] == "127.0.0.1:6379"
+    assert ray_init_kwargs(None, {"RAY_ADDRESS": "auto"})["address"] == "auto"
 
 
 def test_transfer_batches_are_larger_than_model_calls_only_where_the_flavor_says_so():

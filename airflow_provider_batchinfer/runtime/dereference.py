@@ -240,7 +240,7 @@ def dereference_plan(input_spec_handling: dict[str, dict[str, Any]], sources: li
     names = dict(zip(sources, model_inputs or sources))
     unread = sorted(set(input_spec_handling) - set(names))
     if unread:
-        from airflow_provider_batchinfer.runtime.io import InputError
+        from airflow_provider_batchinfer.inputs import InputError
 
         raise InputError(
             f"InputSpec.column_handling names {unread}, which the model does not read (its input columns: "

@@ -14,12 +14,43 @@ from __future__ import annotations
 from typing import Any, Callable
 
 ERROR_COLUMN = "__batchinfer_error"
-ERRORS_DIR = "_errors"
 MAX_MESSAGE_CHARS = 2000
+
+
+class JobError(RuntimeError):
+    """The job cannot finish; nothing is committed. The message says why."""
 
 
 class BadRowError(ValueError):
     """Rows of a batch cannot be scored; the message names the column and the first row's id."""
+
+
+class ModelBatchError(RuntimeError):
+    """The model raised on a batch under ``on_error="fail"``: names the model's error, the batch's id
+    or row range, and how to isolate the failing rows instead (``on_error="dead_letter"``)."""
+
+
+def batch_range(batch: Any, id_column: str | None) -> str:
+    """Where a batch lies: ``"<id_column> 100..149"`` (min..max of its ids) with an id column, else
+    its size and row range (Ray Data does not tell a batch where its rows sat in the input)."""
+    rows = batch.num_rows
+    if id_column and id_column in batch.column_names:
+        import pyarrow.compute as pc
+
+        bounds = pc.min_max(batch.column(id_column))
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        return f"the batch of {rows:,} row(s) with {id_column} {low!r}..{high!r}"
+    return (f"a batch of {rows:,} row(s) (rows 0..{max(rows - 1, 0)} of the batch; set InputSpec(id_column=...) "
+            "to have errors name the rows' ids)")
+
+
+def model_batch_error(model: str, exc: BaseException, batch: Any, id_column: str | None) -> ModelBatchError:
+    """The error for a model that raised on ``batch``: one line, what the model said first."""
+    return ModelBatchError(
+        f"model {model} raised {error_message(exc)} on {batch_range(batch, id_column)}; nothing was committed. "
+        'Fix the rows or the model, or set JobSpec(on_error="dead_letter") to isolate the failing rows into '
+        "_errors/ and commit the rest"
+    )
 
 
 def _first(mask: Any, ids: Any) -> str:
@@ -131,7 +162,7 @@ def check_unique_ids(files: list[str], id_column: str, storage_options: dict[str
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from airflow_provider_batchinfer.runtime.io import InputError
+    from airflow_provider_batchinfer.inputs import InputError
     from airflow_provider_batchinfer.stage import Stage
 
     chunks = []

@@ -2,24 +2,31 @@
 
 The datasink follows Ray Data's own protocol: ``write`` is one task that streams its blocks into
 one Parquet part with a deterministic name (``part-<task>-<attempt>``), so a retried write task
-overwrites its own part instead of leaving a duplicate, and returns what it wrote. The commit
+overwrites its own part instead of leaving a duplicate, and returns what it wrote as
+:class:`~airflow_provider_batchinfer.contract.FileEntry` (name, bytes, rows and the sha256 of the
+bytes, computed while they are written: a part is never read back to be hashed). The commit
 (reconciling counts and writing ``_SUCCESS``) happens once, on the driver, after every part is
-durable; see ``job.py``.
+durable; see ``driver.py`` and ``commit.py``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import hashlib
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from airflow_provider_batchinfer.inputs import InputError, inspect_input, list_input_files  # noqa: F401  (re-exported)
+from airflow_provider_batchinfer.contract import ERRORS_DIR, FileEntry, part_name
 from airflow_provider_batchinfer.stage import Stage
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from ray.data import Datasink
 
-def row_bytes(location: str, columns: list[str], storage_options: dict[str, Any] | None) -> float:
+
+def row_bytes(location: str, columns: list[str], storage_options: Mapping[str, Any] | None) -> float:
     """Uncompressed bytes per row of ``columns``, from one file's footer (sizes batches)."""
     import pyarrow.parquet as pq
 
-    stage = Stage.open(location, storage_options)
+    stage = Stage.open(location, dict(storage_options) if storage_options else None)
     with stage.fs.open_input_file(stage.path) as f:
         meta = pq.read_metadata(f)
     wanted = set(columns)
@@ -46,65 +53,114 @@ class ProgressCounter:
         return self.rows
 
 
+class HashingSink:
+    """A write-only file object that hashes (sha256) and counts the bytes on their way to ``stream``.
+
+    ``pq.ParquetWriter`` accepts it as its sink, so a part's checksum and size are known the moment
+    it is closed, without reading it back."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data)
+        self.digest.update(view)
+        self.size += view.nbytes
+        self.stream.write(view)
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.stream.close()
+
+    @property
+    def sha256(self) -> str:
+        return self.digest.hexdigest()
+
+
 class _PartWriter:
     """One Parquet part, opened on its first non-empty table (an empty part is never written)."""
 
     def __init__(self, stage: Stage, name: str) -> None:
         self.stage, self.name = stage, name
-        self.writer = self.sink = None
+        self.writer: Any = None
+        self.sink: HashingSink | None = None
         self.rows = 0
 
-    def write(self, table: Any) -> None:
+    def write(self, table: pa.Table) -> None:
         import pyarrow.parquet as pq
 
         if self.writer is None:
             self.stage.fs.create_dir(self.stage.path.rsplit("/", 1)[0], recursive=True)
-            self.sink = self.stage.fs.open_output_stream(self.stage.path)
+            self.sink = HashingSink(self.stage.fs.open_output_stream(self.stage.path))
             self.writer = pq.ParquetWriter(self.sink, table.schema, compression="zstd")
         elif not table.schema.equals(self.writer.schema):
             table = table.select(self.writer.schema.names).cast(self.writer.schema)
         self.writer.write_table(table)
         self.rows += table.num_rows
 
-    def close(self) -> dict[str, Any] | None:
-        if self.writer is None:
+    def close(self) -> FileEntry | None:
+        """Finish the file; its entry (size and sha256 of exactly the bytes written), or None when
+        nothing was written."""
+        if self.writer is None or self.sink is None:
             return None
         self.writer.close()
         self.sink.close()
-        return {"name": self.name, "size": self.stage.fs.get_file_info(self.stage.path).size, "rows": self.rows}
+        return FileEntry(name=self.name, size=self.sink.size, rows=self.rows, sha256=self.sink.sha256)
 
 
 class PartsDatasink:
-    """Writes Parquet parts into the run directory and returns (name, size, rows) per part.
+    """Writes Parquet parts into the run directory and returns a ``FileEntry`` per part.
 
     Rows the model could not score (dead-lettered, see ``runtime/errors.py``) go to
     ``_errors/part-<task>-<attempt>.parquet`` with their ``error_columns`` and message."""
 
-    def __init__(self, run_dir: str, attempt: str, storage_options: dict[str, Any] | None, counter: Any = None,
+    def __init__(self, run_dir: str, attempt: str, storage_options: Mapping[str, Any] | None, counter: Any = None,
                  error_columns: list[str] | None = None) -> None:
         self.run_dir = run_dir
         self.attempt = attempt
-        self.storage_options = storage_options
+        self.storage_options = dict(storage_options) if storage_options else None
         self.counter = counter
         self.error_columns = list(error_columns or [])
-        self.parts: list[dict[str, Any]] = []
-        self.error_parts: list[dict[str, Any]] = []
+        self.parts: list[FileEntry] = []
+        self.error_parts: list[FileEntry] = []
 
     # Ray Data looks these up on the datasink class; see ray.data.Datasink.
-    def write(self, blocks: Iterable[Any], ctx: Any) -> list[dict[str, Any]]:
-        name = f"part-{ctx.task_idx:05d}-{self.attempt}.parquet"
+    def write(self, blocks: Iterable[Any], ctx: Any) -> list[FileEntry]:
+        name = part_name(ctx.task_idx, self.attempt)
         run_dir = Stage.open(self.run_dir, self.storage_options)
         # an S3 failure that outlived the client's retries names the bucket, key and what was done
         with run_dir.child(name)._io("write"):
-            return self._write(blocks, run_dir, name)
+            return self._write(blocks, run_dir, ctx.task_idx)
 
-    def _write(self, blocks: Iterable[Any], run_dir: Stage, name: str) -> list[dict[str, Any]]:
+    def _write(self, blocks: Iterable[Any], run_dir: Stage, task_idx: int) -> list[FileEntry]:
         from ray.data.block import BlockAccessor
 
-        from airflow_provider_batchinfer.runtime.errors import ERRORS_DIR, split_errors
+        from airflow_provider_batchinfer.runtime.errors import split_errors
 
+        name = part_name(task_idx, self.attempt)
+        error_name = part_name(task_idx, self.attempt, dead_letter=True)
         out = _PartWriter(run_dir.child(name), name)
-        errors = _PartWriter(run_dir.child(ERRORS_DIR, name), f"{ERRORS_DIR}/{name}")
+        errors = _PartWriter(run_dir.child(*error_name.split("/")), error_name)
         try:
             for block in blocks:
                 table = BlockAccessor.for_block(block).to_arrow()
@@ -119,21 +175,21 @@ class PartsDatasink:
             written = [out.close(), errors.close()]
         return [w for w in written if w]
 
+    def record(self, entries: Iterable[FileEntry]) -> None:
+        """Keep what the write tasks returned, parts and dead-letter files apart, sorted by name."""
+        entries = list(entries)
+        self.parts = sorted((e for e in entries if not e.name.startswith(ERRORS_DIR + "/")), key=lambda e: e.name)
+        self.error_parts = sorted((e for e in entries if e.name.startswith(ERRORS_DIR + "/")), key=lambda e: e.name)
 
-def make_datasink(run_dir: str, attempt: str, storage_options: dict[str, Any] | None, counter: Any = None,
-                  error_columns: list[str] | None = None):
+
+def make_datasink(run_dir: str, attempt: str, storage_options: Mapping[str, Any] | None, counter: Any = None,
+                  error_columns: list[str] | None = None) -> PartsDatasink:
     """A ``ray.data.Datasink`` subclass instance; built lazily so importing this module needs no Ray."""
     from ray.data import Datasink
 
-    from airflow_provider_batchinfer.runtime.errors import ERRORS_DIR
-
-    class _Sink(PartsDatasink, Datasink):
-        def on_write_complete(self, write_result) -> None:
-            entries = [e for returned in write_result.write_returns if returned for e in returned]
-            self.parts = sorted((e for e in entries if not e["name"].startswith(ERRORS_DIR + "/")),
-                                key=lambda e: e["name"])
-            self.error_parts = sorted((e for e in entries if e["name"].startswith(ERRORS_DIR + "/")),
-                                      key=lambda e: e["name"])
+    class _Sink(PartsDatasink, Datasink):  # type: ignore[misc]
+        def on_write_complete(self, write_result: Any) -> None:
+            self.record(e for returned in write_result.write_returns if returned for e in returned)
 
         def get_name(self) -> str:
             return "WriteParts"

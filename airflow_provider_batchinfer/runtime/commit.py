@@ -1,0 +1,123 @@
+"""The end of a job: reconcile the counts, apply the error policy, build the ``Manifest`` and commit
+it through the storage layer (``rundir.commit``: fence, check, then ``_SUCCESS`` last)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from airflow_provider_batchinfer import rundir
+from airflow_provider_batchinfer.contract import (
+    ERRORS_DIR,
+    SUCCESS_MARKER,
+    Counts,
+    FileEntry,
+    JobFile,
+    JobRecord,
+    Manifest,
+    ResumeInfo,
+)
+from airflow_provider_batchinfer.runtime.errors import JobError
+
+if TYPE_CHECKING:
+    from airflow_provider_batchinfer.runtime.plan import ActorPool, ColumnPlan
+    from airflow_provider_batchinfer.runtime.resume import KeptParts
+    from airflow_provider_batchinfer.specs import JobSpec
+    from airflow_provider_batchinfer.stage import Stage
+
+
+@dataclass(frozen=True)
+class Written:
+    """What this attempt's write tasks wrote: parts and dead-letter files, with their checksums."""
+
+    parts: Sequence[FileEntry]
+    error_parts: Sequence[FileEntry]
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.parts)
+
+    @property
+    def error_rows(self) -> int:
+        return sum(p.rows for p in self.error_parts)
+
+
+def check_reconciled(input_rows: int, output_rows: int, error_rows: int, kept_rows: int, attempt: str,
+                     run_dir: Stage) -> None:
+    """Every input row is either written or dead-lettered, exactly once; else nothing is committed."""
+    if output_rows + error_rows != input_rows:
+        raise JobError(
+            f"row counts do not reconcile: {input_rows:,} input rows but {output_rows:,} written + {error_rows:,} "
+            f"dead-lettered ({kept_rows:,} kept from earlier attempts); not committing "
+            f"(parts of attempt {attempt} stay in {run_dir.location} without a {SUCCESS_MARKER})"
+        )
+
+
+def check_error_fraction(error_rows: int, input_rows: int, job: JobSpec, run_dir: Stage,
+                         error_names: Sequence[str]) -> None:
+    """Fail (nothing committed) when more rows were dead-lettered than ``max_error_fraction`` allows,
+    quoting the first messages (from the first of ``error_names``) so the log says what went wrong."""
+    if not error_rows or error_rows <= job.error_fraction_limit * input_rows:
+        return
+    samples: list[str] = []
+    try:
+        import pyarrow.parquet as pq
+
+        first = run_dir.child(*error_names[0].split("/"))
+        with first.fs.open_input_file(first.path) as f:
+            samples = pq.read_table(f, columns=["error"]).column("error").to_pylist()[:3]
+    except Exception:  # the samples only decorate the message
+        pass
+    raise JobError(
+        f"{error_rows:,} of {input_rows:,} rows ({100 * error_rows / input_rows:.2f}%) could not be scored, above "
+        f"JobSpec.max_error_fraction={job.error_fraction_limit:g}; not committing. First errors: "
+        f"{'; '.join(samples) or 'see the _errors/ files'}. The failed rows are in {run_dir.location}/{ERRORS_DIR}/"
+    )
+
+
+def build_manifest(job: JobFile, *, run_dir: Stage, input_rows: int, input_files: Sequence[str], plan: ColumnPlan,
+                   pool: ActorPool, kept: KeptParts, written: Written, started_at: datetime, finished_at: datetime,
+                   timings: Mapping[str, float | None]) -> Manifest:
+    """Reconcile the counts, apply the error policy, and describe the run directory as committed."""
+    parts = tuple(sorted([*kept["files"], *written.parts], key=lambda p: p.name))
+    error_parts = tuple(sorted([*kept["error_files"], *written.error_parts], key=lambda p: p.name))
+    output_rows = kept["rows"] + written.rows
+    error_rows = kept["error_rows"] + written.error_rows
+    kept_rows = kept["rows"] + kept["error_rows"]
+    check_reconciled(input_rows, output_rows, error_rows, kept_rows, job.attempt, run_dir)
+    check_error_fraction(error_rows, input_rows, job.job_spec, run_dir, [p.name for p in error_parts])
+    return Manifest(
+        run_dir=run_dir.location,
+        files=parts,
+        error_files=error_parts,
+        counts=Counts(input_rows=input_rows, output_rows=output_rows, error_rows=error_rows),
+        on_error=job.job_spec.on_error,
+        max_error_fraction=job.job_spec.error_fraction_limit,
+        resume=ResumeInfo(resumed=job.resume, kept_files=len(kept["files"]) + len(kept["error_files"]),
+                          kept_rows=kept_rows, processed_rows=written.rows + written.error_rows,
+                          removed_files=tuple(kept["removed"])),
+        passthrough_columns=tuple(plan["passthrough"]),
+        output_columns=tuple(job.model.outputs),
+        model=job.model.without_signature(),
+        input_locations=job.input_locations,
+        input_files=tuple(input_files),
+        job=JobRecord(id=job.job_id, attempt=job.attempt, launcher=job.launcher, replicas=pool["replicas"],
+                      device=pool["device"]),
+        airflow=job.airflow,
+        started_at=started_at.isoformat(),
+        finished_at=finished_at.isoformat(),
+        timings=dict(timings),
+    )
+
+
+def commit(run_dir: Stage, manifest: Manifest) -> None:
+    """Commit through the storage layer (fence, check, ``_SUCCESS`` last) and say what was committed."""
+    rundir.commit(run_dir, manifest)
+    counts = manifest.counts
+    if counts.error_rows:
+        print(f"[batchinfer] dead-lettered {counts.error_rows:,} row(s) into {len(manifest.error_files)} file(s) "
+              f"under {run_dir.location}/{ERRORS_DIR}/", flush=True)
+    print(f"[batchinfer] committed {counts.output_rows:,} rows in {len(manifest.files)} part(s) to "
+          f"{run_dir.location} ({manifest.timings.get('rows_per_s')} rows/s over the pipeline, "
+          f"{manifest.timings.get('total_s')}s total)", flush=True)

@@ -1,0 +1,261 @@
+"""The driver: read one job file, check everything that can be checked before Ray starts, run the
+Ray Data pipeline, and commit the run directory. The order is the commit protocol:
+
+1. check the job file, the model (hashes) and the input (files, columns, types) before Ray starts;
+2. ``read_parquet`` -> ``map_batches(actor pool)`` -> Parquet parts named after this attempt, each
+   with the sha256 of its bytes computed while it was written;
+3. reconcile counts (input rows == output + dead-lettered rows), then commit through the storage
+   layer: re-read ``_job.json`` to make sure this attempt still owns the run directory (a zombie
+   attempt must not commit), check the files, and write ``_SUCCESS`` last.
+
+Everything the job needs is in the job file the operator wrote; nothing here imports Airflow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Mapping
+
+from airflow_provider_batchinfer.contract import JobFile, Manifest
+from airflow_provider_batchinfer.inputs import inspect_input, list_input_files
+from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV, ModelRegistry, verify_local_copy
+from airflow_provider_batchinfer.runtime import commit, llm
+from airflow_provider_batchinfer.runtime.dereference import dereference_plan
+from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
+from airflow_provider_batchinfer.runtime.flavors import transfer_rows
+from airflow_provider_batchinfer.runtime.io import ProgressCounter, make_datasink, row_bytes
+from airflow_provider_batchinfer.runtime.plan import ActorPool, ColumnPlan, plan_columns, size_actor_pool, with_id_column
+from airflow_provider_batchinfer.runtime.progress import ProgressLog
+from airflow_provider_batchinfer.runtime.resume import KeptParts, resume_state
+from airflow_provider_batchinfer.s3 import worker_env
+from airflow_provider_batchinfer.stage import Stage
+
+if TYPE_CHECKING:
+    from ray.data import Dataset
+
+log = logging.getLogger("batchinfer.runtime")
+
+
+@dataclass(frozen=True)
+class CheckedJob:
+    """A job that passed every check that needs no Ray, with what those checks found."""
+
+    job: JobFile
+    run_dir: Stage
+    storage: dict[str, Any] | None
+    registry: ModelRegistry
+    files: list[str]
+    input_rows: int
+    plan: ColumnPlan
+    kept: KeptParts
+    batch_rows: int
+    engine: str | None
+
+    @property
+    def todo_rows(self) -> int:
+        return self.input_rows - self.kept["rows"] - self.kept["error_rows"]
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """What the Ray pipeline did: the files it wrote, the pool it ran on, and its timings."""
+
+    written: commit.Written
+    pool: ActorPool
+    ray_ready_at: float  # time.monotonic() when Ray was up
+    pipeline_s: float
+    steady_rows_per_s: float | None
+
+
+def read_job_file(location: str) -> JobFile:
+    """The job file (``_job.json``) at ``location``, validated (``ContractError`` names a bad key)."""
+    try:
+        text = Stage.open(location).read_bytes()
+    except FileNotFoundError as exc:
+        raise JobError(f"job spec {location} does not exist") from exc
+    return JobFile.from_json(text, where=location)
+
+
+def _check_model(job: JobFile, registry: ModelRegistry) -> None:
+    model = job.model
+    if registry.is_local:
+        verify_local_copy(registry.local_copy(model.name, model.version), model.sha256)
+    else:  # the actors download and re-hash it on their own nodes; here only what a listing shows
+        registry.check_listing(model.name, model.version, model.sha256)
+
+
+def check_before_ray(job: JobFile) -> CheckedJob:
+    """Everything that can fail before any compute: the model's hashes, the input's files, columns,
+    types and ids, the resume state, and the engine."""
+    storage = dict(job.storage_options) or None
+    run_dir = Stage.open(job.run_dir, storage)
+    model, input_spec = job.model, job.input_spec
+    print(f"[batchinfer] job {job.job_id} attempt {job.attempt}: model {model.name}/{model.version} "
+          f"({model.flavor}, sha256 {model.sha256[:12]}…) -> {run_dir.location}", flush=True)
+    registry = ModelRegistry(job.registry_root, storage)
+    _check_model(job, registry)
+    files = list_input_files(list(job.input_locations), storage)
+    input_rows, schema = inspect_input(files, storage)
+    signature = dict(model.signature or {})
+    plan = with_id_column(plan_columns(schema, signature, input_spec, files[0]), input_spec.id_column)
+    if input_spec.id_column:
+        check_unique_ids(files, input_spec.id_column, storage)
+    kept = resume_state(job, run_dir)
+    batch_rows = transfer_rows(model.flavor, job.job_spec.max_batch_rows, row_bytes(files[0], plan["read"], storage))
+    plan["dereference"] = dereference_plan(input_spec.column_handling, plan["sources"], plan["model_inputs"],
+                                           model.inputs, list(job.file_roots), storage)
+    engine = llm.resolve_engine(model.flavor, job.job_spec, job.llm_engine)
+    if engine == "vllm":
+        llm.check_vllm_job(job.job_spec)  # no vllm or no GPUs asked for: fail before Ray starts
+    print(f"[batchinfer] input: {input_rows:,} rows in {len(files)} file(s); model reads {plan['sources']}, "
+          f"passes through {plan['passthrough']}", flush=True)
+    return CheckedJob(job=job, run_dir=run_dir, storage=storage, registry=registry, files=files,
+                      input_rows=input_rows, plan=plan, kept=kept, batch_rows=batch_rows, engine=engine)
+
+
+def ray_init_kwargs(address: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
+    """``ray.init`` arguments: the configured cluster, else a fresh local Ray for this job.
+
+    ``ray.init()`` with no address attaches to whatever cluster ``ray start`` last recorded in
+    ``/tmp/ray/ray_current_cluster`` (someone else's, or a dead one it then waits on forever), so
+    "no address" must say ``"local"`` explicitly."""
+    address = address or environ.get("RAY_ADDRESS")
+    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
+    if address:
+        kwargs["address"] = address
+    else:
+        kwargs.update(address="local", include_dashboard=False)
+    return kwargs
+
+
+def init_ray(job: JobFile) -> None:
+    """Start (or attach to) Ray; S3 credentials and the node-local model cache directory reach the
+    workers from this process's environment, never a file."""
+    import ray
+    import ray.data
+
+    init_kwargs = ray_init_kwargs(job.ray_address, os.environ)
+    env_vars = {**worker_env(), **{k: os.environ[k] for k in (MODEL_CACHE_ENV,) if os.environ.get(k)}}
+    if env_vars:
+        init_kwargs["runtime_env"] = {"env_vars": env_vars}
+    ray.init(**init_kwargs)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+
+
+def plan_pool(checked: CheckedJob) -> ActorPool:
+    """The actor pool this cluster can give the job, logged with why it differs from the ask."""
+    import ray
+
+    job = checked.job.job_spec
+    if checked.engine == "vllm":
+        llm.check_cluster(job, ray.cluster_resources())
+    pool = size_actor_pool(job, ray.cluster_resources())
+    for note in pool["notes"]:
+        print(f"[batchinfer] resources: {note}", flush=True)
+    print(f"[batchinfer] actor pool: {pool['replicas']} replica(s) x {pool['num_cpus']:g} CPU / "
+          f"{pool['num_gpus']:g} GPU on {pool['device']}, {pool['threads']} thread(s) each, "
+          f"batches of {checked.batch_rows:,} rows, model calls of at most {job.max_batch_rows:,} rows", flush=True)
+    return pool
+
+
+def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset:
+    """``read_parquet`` -> (RESUME: drop finished rows) -> (``rows_per_part``) -> the model."""
+    import ray.data
+
+    from airflow_provider_batchinfer.runtime.replica import ModelReplica
+
+    job, spec, plan, storage = checked.job, checked.job.job_spec, checked.plan, checked.storage
+    input_spec, model = job.input_spec, job.model
+    filesystem = Stage.open(checked.files[0], storage).fs if storage else None
+    ds = ray.data.read_parquet(checked.files, columns=plan["read"], filesystem=filesystem)
+    if len(checked.kept["ids"]):
+        from airflow_provider_batchinfer.runtime.resume import drop_done
+
+        ds = ds.map_batches(drop_done, fn_kwargs={"id_column": input_spec.id_column, "done": checked.kept["ids"]},
+                            batch_size=None, batch_format="pyarrow")
+    if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
+        ds = ds.repartition(target_num_rows_per_block=spec.rows_per_part)
+    map_kwargs: dict[str, Any] = {"memory": spec.memory} if spec.memory else {}
+    if checked.engine == "vllm":  # ray.data.llm runs its own stages and engine actors
+        print(f"[batchinfer] engine: vLLM via ray.data.llm, {spec.replicas} engine replica(s) x "
+              f"{llm.gpus_per_replica(spec)} GPU(s)", flush=True)
+        return llm.build_pipeline(ds, checked.registry.local_copy(model.name, model.version), dict(model.signature or {}),
+                                  dict(plan), dict(input_spec.params), spec, counter)
+    return ds.map_batches(
+        ModelReplica,
+        fn_constructor_kwargs={
+            "model_uri": model.uri,
+            "sha256": model.sha256,
+            "plan": plan,
+            "params": input_spec.params,
+            "device": pool["device"],
+            "threads": pool["threads"],
+            "counter": counter,
+            "max_rows": spec.max_batch_rows,
+            "policy": {"on_error": spec.on_error, "keep_columns": plan["passthrough"],
+                       "id_column": input_spec.id_column, "max_value_bytes": spec.max_value_bytes},
+            "storage_options": storage,  # no credentials: the workers get those from worker_env()
+        },
+        batch_size=checked.batch_rows,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=pool["replicas"]),
+        num_cpus=pool["num_cpus"],
+        num_gpus=pool["num_gpus"] or None,
+        **map_kwargs,
+    )
+
+
+def run_pipeline(checked: CheckedJob) -> PipelineRun:
+    """Start Ray, size the pool, stream the input through the model into parts; Ray shuts down after."""
+    import ray
+
+    init_ray(checked.job)
+    ray_ready_at = time.monotonic()
+    try:
+        pool = plan_pool(checked)
+        counter = ray.remote(num_cpus=0)(ProgressCounter).remote()
+        progress = ProgressLog(counter, checked.todo_rows, checked.job.job_spec.progress_interval_s)
+        ds = build_dataset(checked, pool, counter)
+        sink = make_datasink(checked.run_dir.location, checked.job.attempt, checked.storage,
+                             error_columns=checked.plan["passthrough"])
+        progress.start()
+        t_map = time.monotonic()
+        try:
+            ds.write_datasink(sink)
+        finally:
+            progress.stop()
+        t_done = time.monotonic()
+    finally:
+        ray.shutdown()
+    written = commit.Written(parts=sink.parts, error_parts=sink.error_parts)
+    return PipelineRun(written=written, pool=pool, ray_ready_at=ray_ready_at, pipeline_s=t_done - t_map,
+                       steady_rows_per_s=progress.steady_rate(t_done, written.rows + written.error_rows))
+
+
+def run(spec_location: str) -> Manifest:
+    """Run the job whose job file is at ``spec_location`` and commit it; the committed manifest."""
+    started_at = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    checked = check_before_ray(read_job_file(spec_location))
+    pipeline = run_pipeline(checked)
+    processed = pipeline.written.rows + pipeline.written.error_rows
+    manifest = commit.build_manifest(
+        checked.job, run_dir=checked.run_dir, input_rows=checked.input_rows, input_files=checked.files,
+        plan=checked.plan, pool=pipeline.pool, kept=checked.kept, written=pipeline.written, started_at=started_at,
+        finished_at=datetime.now(timezone.utc),
+        timings={
+            "total_s": round(time.monotonic() - t0, 3),
+            "ray_init_s": round(pipeline.ray_ready_at - t0, 3),  # from the job's start: checks + ray.init
+            "pipeline_s": round(pipeline.pipeline_s, 3),
+            "rows_per_s": round(processed / pipeline.pipeline_s, 2) if pipeline.pipeline_s > 0 else None,
+            "steady_rows_per_s": pipeline.steady_rows_per_s,
+        },
+    )
+    commit.commit(checked.run_dir, manifest)
+    return manifest

@@ -1,0 +1,181 @@
+"""Planning, before any compute: which columns to read, what the model gets, what passes through,
+and how large an actor pool the cluster can give. Pure functions, tested without Ray."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, TypedDict
+
+from airflow_provider_batchinfer.inputs import InputError
+from airflow_provider_batchinfer.runtime.errors import JobError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+
+
+class _ColumnPlanBase(TypedDict):
+    read: list[str]
+    model_inputs: list[str]
+    sources: list[str]
+    passthrough: list[str]
+
+
+class ColumnPlan(_ColumnPlanBase, total=False):
+    """What to read (``read``), the model's input names (``model_inputs``) and the input columns they
+    come from (``sources``, same order), what is copied to the output (``passthrough``), and, once
+    the driver adds it, how file columns are dereferenced (``dereference``, see ``dereference.py``)."""
+
+    dereference: dict[str, Any] | None
+
+
+class ActorPool(TypedDict):
+    """The actor pool a job gets on a cluster, and why it differs from what was asked (``notes``)."""
+
+    replicas: int
+    num_cpus: float
+    num_gpus: float
+    device: str
+    threads: int
+    notes: list[str]
+
+
+def _arrow_kind(arrow_type: pa.DataType) -> str:
+    import pyarrow as pa
+
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "string"
+    if pa.types.is_integer(arrow_type):
+        return "int"
+    if pa.types.is_floating(arrow_type):
+        return "float"
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
+        return "list"
+    if pa.types.is_boolean(arrow_type):
+        return "bool"
+    return str(arrow_type)
+
+
+def _accepts(signature_dtype: str, arrow_type: pa.DataType) -> bool:
+    kind = _arrow_kind(arrow_type)
+    want = signature_dtype.lower()
+    if want in ("any", ""):
+        return True
+    if want.startswith("list") or want.endswith("]"):
+        return kind == "list"
+    if want in ("string", "str", "text"):
+        return kind == "string"
+    if want.startswith(("float", "double", "int", "uint", "number")):
+        return kind in ("int", "float", "bool")
+    if want == "bool":
+        return kind in ("bool", "int")
+    return True
+
+
+def _model_sources(available: list[str], signature: Mapping[str, Any], input_spec: InputSpec) -> dict[str, str]:
+    """``{model input: input column}``; an "optional" input (a text model's per-row sampling_params)
+    is read only when the input has it."""
+    mapped = input_spec.column_mapping.values()
+    model_inputs = [m for m, dtype in signature.get("inputs", {}).items()
+                    if str(dtype).lower() != "optional" or m in available or m in mapped]
+    source_of = {model: model for model in model_inputs}
+    for src, model in input_spec.column_mapping.items():
+        if model not in source_of:
+            raise InputError(
+                f"InputSpec.column_mapping maps {src!r} to {model!r}, but the model's inputs are {model_inputs}"
+            )
+        source_of[model] = src
+    return source_of
+
+
+def _check_sources(schema: pa.Schema, signature: Mapping[str, Any], source_of: dict[str, str], first_file: str) -> None:
+    available = list(schema.names)
+    for model, src in source_of.items():
+        if src not in available:
+            hint = f"; map another column to it with InputSpec.column_mapping={{'<column>': {model!r}}}" if src == model else ""
+            raise InputError(
+                f"model input {model!r} needs column {src!r}, which the input {first_file} does not have "
+                f"(columns: {available}){hint}"
+            )
+        arrow_type = schema.field(src).type
+        want = signature["inputs"][model]
+        if not _accepts(want, arrow_type):
+            raise InputError(
+                f"column {src!r} of {first_file} is {arrow_type}, but model input {model!r} expects {want}; "
+                "cast it in data_prep or log the model with a matching signature"
+            )
+
+
+def plan_columns(schema: pa.Schema, signature: Mapping[str, Any], input_spec: InputSpec, first_file: str) -> ColumnPlan:
+    """Decide what to read, what the model gets and what passes through, failing with the column's
+    name before any compute when the input cannot match the model's signature."""
+    available = list(schema.names)
+    source_of = _model_sources(available, signature, input_spec)
+    model_inputs = list(source_of)
+    if input_spec.columns is not None:
+        unknown = [c for c in input_spec.columns if c not in available]
+        if unknown:
+            raise InputError(f"InputSpec.columns {unknown} are not in the input {first_file} (columns: {available})")
+    _check_sources(schema, signature, source_of, first_file)
+    read = list(input_spec.columns) if input_spec.columns is not None else available
+    sources = [source_of[m] for m in model_inputs] if model_inputs else list(read)
+    if input_spec.passthrough_columns is not None:
+        passthrough = list(input_spec.passthrough_columns)
+        missing = [c for c in passthrough if c not in available]
+        if missing:
+            raise InputError(f"passthrough columns {missing} are not in the input {first_file} (columns: {available})")
+    else:
+        passthrough = [c for c in read if c not in sources]
+    outputs = list(signature.get("outputs", {}))
+    clash = sorted(set(passthrough) & set(outputs))
+    if clash:
+        raise InputError(
+            f"passthrough columns {clash} have the same names as model outputs; drop them with "
+            "InputSpec.passthrough_columns or rename them in data_prep"
+        )
+    read = list(dict.fromkeys([*sources, *passthrough]))
+    return {"read": read, "model_inputs": model_inputs, "sources": sources, "passthrough": passthrough}
+
+
+def with_id_column(plan: ColumnPlan, id_column: str | None) -> ColumnPlan:
+    """The plan with ``id_column`` read and passed through: predictions and dead-lettered rows
+    always carry the row's id, and RESUME finds finished rows by it."""
+    if not id_column or id_column in plan["passthrough"]:
+        return plan
+    out: ColumnPlan = {**plan, "passthrough": [*plan["passthrough"], id_column],
+                       "read": list(dict.fromkeys([*plan["read"], id_column]))}
+    return out
+
+
+def size_actor_pool(job: JobSpec, cluster: Mapping[str, float]) -> ActorPool:
+    """Ray resources for the actor pool, never every CPU of the cluster: a pool that holds them all
+    starves the read and write tasks and the job hangs (checked on Ray 2.60)."""
+    cpus = float(cluster.get("CPU", 0))
+    gpus = float(cluster.get("GPU", 0))
+    notes: list[str] = []
+    if job.num_gpus > 0 and gpus < job.num_gpus:
+        raise JobError(
+            f"JobSpec.num_gpus={job.num_gpus} per replica, but the Ray cluster has {gpus:g} GPU(s); run on a GPU "
+            "cluster (launcher ray_jobs) or set num_gpus=0"
+        )
+    replicas = job.replicas
+    num_cpus = float(job.num_cpus)
+    spare = max(cpus - 1, 0)
+    if num_cpus > spare and cpus > 0:
+        notes.append(f"num_cpus={num_cpus:g} per replica leaves no CPU for reading and writing on a {cpus:g}-CPU "
+                     f"cluster; using {max(spare, 0.5):g}")
+        num_cpus = max(spare, 0.5)
+    if num_cpus > 0 and replicas * num_cpus > max(spare, num_cpus):
+        fit = max(1, int(max(spare, num_cpus) // num_cpus))
+        notes.append(f"replicas={replicas} x {num_cpus:g} CPU would hold every CPU of the cluster ({cpus:g}); "
+                     f"using {fit} replica(s)")
+        replicas = fit
+    if job.num_gpus > 0:
+        replicas = min(replicas, max(1, int(gpus // job.num_gpus)))
+        device = "cuda"
+        threads = max(1, int(num_cpus))
+    else:
+        device = "cpu"
+        threads = max(1, int(cpus // replicas)) if cpus else 1
+    return {"replicas": replicas, "num_cpus": num_cpus, "num_gpus": job.num_gpus, "device": device,
+            "threads": threads, "notes": notes}

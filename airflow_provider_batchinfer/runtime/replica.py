@@ -1,0 +1,143 @@
+"""The model replica: the Ray actor that holds one model copy and scores batches for the job's life."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Mapping, TypedDict
+
+from airflow_provider_batchinfer.registry import fetch_version
+from airflow_provider_batchinfer.runtime.dereference import dereference_inputs
+from airflow_provider_batchinfer.runtime.errors import check_batch, model_batch_error, score_isolating
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_provider_batchinfer.runtime.plan import ColumnPlan
+
+# flavors whose predictor runs on torch: their replicas import it up front and pin its threads
+TORCH_FLAVORS = frozenset({"torchscript", "sentence_transformers", "text_generation", "image_classification"})
+
+
+class RowPolicy(TypedDict, total=False):
+    """How a replica treats rows: ``on_error`` ("fail" or "dead_letter"), the columns a dead-lettered
+    row keeps, the id column that names rows in messages, and the largest value a row may hold."""
+
+    on_error: str
+    keep_columns: list[str]
+    id_column: str | None
+    max_value_bytes: int | None
+
+
+class ModelReplica:
+    """One model copy: fetches (on its own node), verifies and loads the model once, then scores
+    batches for the job's life."""
+
+    def __init__(
+        self,
+        model_uri: str,
+        sha256: str,
+        plan: ColumnPlan,
+        params: Mapping[str, Any],
+        device: str,
+        threads: int,
+        counter: Any = None,
+        max_rows: int | None = None,
+        policy: RowPolicy | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        from airflow_provider_batchinfer.runtime.flavors import load_predictor
+
+        started = time.monotonic()
+        # an object-store model is downloaded here, on the actor's node (once per node: a cache keyed
+        # by sha256), not by the driver, whose node may hold no replica at all
+        model_dir, manifest = fetch_version(model_uri, sha256, dict(storage_options) if storage_options else None)
+        verified = time.monotonic()
+        # torch costs seconds to import: only flavors built on it pay for it (a plain Python model
+        # that never touches torch starts without it)
+        self.threads = set_torch_threads(device, threads, load_torch=manifest["flavor"] in TORCH_FLAVORS)
+        imported = time.monotonic()
+        self.predict = load_predictor(model_dir, manifest, device=device, threads=threads, max_rows=max_rows)
+        if self.threads is None and "torch" in sys.modules:  # the user's own class imported it
+            self.threads = set_torch_threads(device, threads, load_torch=True)
+        self.plan = plan
+        self.params = dict(params)
+        self.model = f"{manifest['name']}/{manifest['version']}"
+        self.counter = counter
+        self.policy: RowPolicy = policy or {}
+        print(f"[batchinfer] replica ready: {self.model} fetched and verified in {verified - started:.2f}s, "
+              f"torch imported in {imported - verified:.2f}s, loaded in {time.monotonic() - imported:.2f}s "
+              f"on {device}, {self.threads or '-'} torch thread(s)", flush=True)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """Score a batch; with ``on_error="dead_letter"`` rows that raise come back marked instead
+        (``runtime/errors.py``), and only a batch that raised pays for finding them. With "fail", a
+        model that raises fails the job naming the batch's ids (``errors.ModelBatchError``)."""
+        if batch.num_rows == 0:  # a block RESUME filtered empty: nothing to score, nothing to write
+            return batch.select(self.plan["passthrough"])
+        if self.policy.get("on_error") == "dead_letter":
+            return score_isolating(self._score, batch, self.policy.get("keep_columns", []))
+        inputs = self._inputs(batch)
+        try:
+            outputs = self.predict(inputs, self.params)
+        except Exception as exc:  # the model's own error, with where it happened and what to do
+            raise model_batch_error(self.model, exc, batch, self.policy.get("id_column")) from exc
+        return self._assemble(batch, outputs)
+
+    def _score(self, batch: pa.Table) -> pa.Table:
+        return self._assemble(batch, self.predict(self._inputs(batch), self.params))
+
+    def _inputs(self, batch: pa.Table) -> pa.Table:
+        """The model's input columns, checked (nulls, NaN, UTF-8, size) and dereferenced (file columns)."""
+        plan = self.plan
+        inputs = batch.select(plan["sources"])
+        if plan["model_inputs"]:
+            inputs = inputs.rename_columns(plan["model_inputs"])
+        id_column = self.policy.get("id_column")
+        check_batch(inputs, plan["sources"], (id_column, batch.column(id_column)) if id_column else None,
+                    self.policy.get("max_value_bytes"))
+        return dereference_inputs(inputs, plan.get("dereference"))  # file locations -> contents (column_handling)
+
+    def _assemble(self, batch: pa.Table, outputs: Mapping[str, Any]) -> pa.Table:
+        """Passthrough columns plus the model's outputs, one value per row."""
+        import numpy as np
+        import pyarrow as pa
+
+        columns: dict[str, Any] = {c: batch.column(c) for c in self.plan["passthrough"]}
+        for name, values in outputs.items():
+            if isinstance(values, np.ndarray) and values.ndim == 2:
+                flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+                arr: Any = pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
+            elif isinstance(values, (pa.Array, pa.ChunkedArray)):
+                arr = values
+            else:
+                arr = pa.array(values)
+            if len(arr) != batch.num_rows:
+                raise ValueError(
+                    f"model {self.model} returned {len(arr)} values for output {name!r} on a batch of "
+                    f"{batch.num_rows} rows"
+                )
+            columns[name] = arr
+        if self.counter is not None:
+            self.counter.add.remote(batch.num_rows)
+        return pa.table(columns)
+
+
+def set_torch_threads(device: str, threads: int, load_torch: bool = True) -> int | None:
+    """Ray pins OMP_NUM_THREADS=1 in an actor that reserves one CPU; a CPU model should use the
+    threads the pool was sized for instead, or it runs at a fraction of the machine's speed.
+    Returns the intra-op threads torch will use (None without torch, or when ``load_torch`` is
+    False and nothing imported it yet)."""
+    if device == "cpu":
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        os.environ["MKL_NUM_THREADS"] = str(threads)
+    if not load_torch and "torch" not in sys.modules:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    if device == "cpu":
+        torch.set_num_threads(max(1, threads))
+    return int(torch.get_num_threads())
