@@ -134,13 +134,17 @@ class LocalLauncher(Launcher):
         env.update(self.extra_env)
         return env
 
+    def command(self, job_location: str) -> list[str]:
+        """The runtime entrypoint, in this worker's interpreter."""
+        return [sys.executable, "-m", RUNTIME_MODULE, "--spec", job_location]
+
     def start(self, job: JobFile, job_location: str, log: TaskLog) -> JobHandle:
         env = self.environment()
         if self.ray_address and self.check_version:
             ours = _installed_ray_version()
             if ours is not None:
                 check_ray_version(self.ray_address, cluster_ray_version(self.ray_address, env), ours)
-        cmd = [sys.executable, "-m", RUNTIME_MODULE, "--spec", job_location]
+        cmd = self.command(job_location)
         log.info("Launching batch inference job: %s%s", " ".join(cmd),
                  f" (Ray at {self.ray_address})" if self.ray_address else " (local Ray)")
         with self._lock:
