@@ -54,7 +54,7 @@ print(json.dumps(get_cluster_metadata(GcsClient(address=sys.argv[1]))))
 """
 
 
-def cluster_ray_version(address: str, env: Mapping[str, str], timeout_s: float = 30.0) -> str | None:
+def cluster_ray_version(address: str, env: Mapping[str, str], timeout_s: float = 20.0) -> str | None:
     """The Ray version the cluster at ``address`` (a GCS ``host:port``) runs, or None when it cannot
     be told (no GCS there, a Ray Client ``ray://`` or ``auto`` address): then ``ray.init`` decides."""
     if "://" in address or ":" not in address:

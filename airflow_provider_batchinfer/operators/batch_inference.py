@@ -13,11 +13,10 @@ half-commits data:
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.configuration import conf
@@ -40,10 +39,11 @@ from airflow_provider_batchinfer.inputs import InputError, list_input_files
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
 from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
+from airflow_provider_batchinfer.operators.errors import check_arguments, airflow_error, fail_on_s3_errors
 from airflow_provider_batchinfer.operators.materialize import materialize_sql
 from airflow_provider_batchinfer.registry import RegistryError
-from airflow_provider_batchinfer.s3 import S3StageError, check_bucket, is_s3
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
+from airflow_provider_batchinfer.s3 import check_bucket, is_s3
+from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec
 from airflow_provider_batchinfer.stage import Stage, StageError, join, read_valid_manifest, sanitize_run_key
 from airflow_provider_batchinfer.triggers.base import WatchStatus, validate_event
 
@@ -52,29 +52,6 @@ if TYPE_CHECKING:
 
     from airflow_provider_batchinfer.launchers.base import JobHandle, Launcher, Outcome
     from airflow_provider_batchinfer.registry import ModelVersion
-
-_R = TypeVar("_R")
-
-
-def fail_on_s3_errors(execute: Callable[..., _R]) -> Callable[..., _R]:
-    """S3 errors that no retry can fix (no such bucket, access denied, unreachable endpoint) fail the
-    task without Airflow retries; others (transient ones that outlived pyarrow's own retries) leave
-    the task to its retries. Either way the message names the bucket and key."""
-
-    @functools.wraps(execute)
-    def wrapper(self: BaseOperator, context: Context, *args: Any, **kwargs: Any) -> _R:
-        try:
-            return execute(self, context, *args, **kwargs)
-        except S3StageError as exc:
-            raise (AirflowFailException if exc.permanent else AirflowException)(str(exc)) from exc
-
-    return wrapper
-
-
-def _fail(exc: Exception, permanent: bool) -> AirflowException:
-    """The Airflow exception for an error: permanent ones fail the task without retries."""
-    return (AirflowFailException if permanent else AirflowException)(str(exc))
-
 
 class BatchInferenceOperator(BaseOperator):
     """Run a registered model over every row of a table and commit the predictions with ``_SUCCESS``.
@@ -133,29 +110,9 @@ class BatchInferenceOperator(BaseOperator):
     ) -> None:
         kwargs.setdefault("multiple_outputs", True)
         super().__init__(**kwargs)
-        if (input is None) == (sql is None):
-            raise SpecError(
-                f"{kwargs.get('task_id')}: give exactly one of input=<Parquet path> or sql=<query> (with conn_id)"
-            )
-        if sql is not None and not conn_id:
-            raise SpecError(f"{kwargs.get('task_id')}: sql= needs conn_id=<an Airflow SQL connection id>")
-        if not isinstance(output_spec, OutputSpec):
-            raise SpecError(f"{kwargs.get('task_id')}: output_spec must be an OutputSpec, got {type(output_spec).__name__}")
-        if input_spec is not None and not isinstance(input_spec, InputSpec):
-            raise SpecError(f"{kwargs.get('task_id')}: input_spec must be an InputSpec, got {type(input_spec).__name__}")
-        if job_spec is not None and not isinstance(job_spec, JobSpec):
-            raise SpecError(f"{kwargs.get('task_id')}: job_spec must be a JobSpec, got {type(job_spec).__name__}")
-        if materialize_chunk_rows < 1:
-            raise SpecError("materialize_chunk_rows must be >= 1")
-        if poll_interval <= 0:
-            raise SpecError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
-        if job_timeout is not None and job_timeout <= 0:
-            raise SpecError(f"job_timeout must be > 0 seconds, got {job_timeout!r}")
-        if output_spec.mode is SaveMode.RESUME and (input_spec is None or not input_spec.id_column):
-            raise SpecError(
-                f"{kwargs.get('task_id')}: SaveMode.RESUME needs InputSpec(id_column=<a unique id column>) to know "
-                "which rows an earlier attempt already scored"
-            )
+        check_arguments(kwargs.get("task_id"), input=input, sql=sql, conn_id=conn_id, input_spec=input_spec,
+                        output_spec=output_spec, job_spec=job_spec, materialize_chunk_rows=materialize_chunk_rows,
+                        poll_interval=poll_interval, job_timeout=job_timeout)
         self.model = model
         self.version = version
         self.input = input
@@ -244,7 +201,7 @@ class BatchInferenceOperator(BaseOperator):
                 outcome = launcher.wait(handle, self._log_line, poll_interval=self.poll_interval,
                                         timeout=self.job_timeout)
         except LaunchError as exc:
-            raise _fail(exc, exc.permanent) from exc
+            raise airflow_error(exc, exc.permanent) from exc
         finally:
             self._launcher = None
         return self._finish(outcome, run_dir.location, handle.attempt)
@@ -274,7 +231,7 @@ class BatchInferenceOperator(BaseOperator):
                                   input_locations=input_locations, id_column=self.input_spec.id_column,
                                   materialized_input=self.sql is not None)
         except rundir.RunDirectoryError as exc:
-            raise _fail(exc, exc.permanent) from exc
+            raise airflow_error(exc, exc.permanent) from exc
         for message in prep.messages:
             self.log.info("%s", message)
         job = self._job_file(launcher, owner, mv, run_dir, input_locations, prep.resume)
@@ -340,7 +297,7 @@ class BatchInferenceOperator(BaseOperator):
             handle = launcher.attach(str(event["job_id"]), claim.attempt, self.log)
             outcome = launcher.outcome(handle, str(event["job_status"]), self._log_line, timeout=self.job_timeout)
         except LaunchError as exc:
-            raise _fail(exc, exc.permanent) from exc
+            raise airflow_error(exc, exc.permanent) from exc
         return self._finish(outcome, location, claim.attempt)
 
     # --- finalize ----------------------------------------------------------------------------------------
