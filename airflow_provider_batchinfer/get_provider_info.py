@@ -1,11 +1,15 @@
 """What ``airflow providers list`` and the connection form know about this provider.
 
-Kept import-free: the providers manager reads it without importing any hook.
+Kept light: the providers manager reads it without importing any hook, so the connection form
+comes from ``hooks/connection_fields.py`` (plain data, also what the hook's
+``get_ui_field_behaviour`` returns).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from airflow_provider_batchinfer.hooks.connection_fields import CONN_TYPE, conn_fields, provider_ui_field_behaviour
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -44,82 +48,9 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "hook-class-name": "airflow_provider_batchinfer.hooks.model_service.ModelServiceHook",
                 "hook-name": "Batch Inference Model Service",
-                "connection-type": "batchinfer",
-                "ui-field-behaviour": {
-                    "hidden-fields": ["schema", "port"],
-                    "relabeling": {"host": "Ray address",
-                                   "login": "AWS access key id (s3:// locations)",
-                                   "password": "AWS secret access key (s3:// locations)"},
-                    "placeholders": {
-                        "host": "local launcher: empty (a local Ray per job) or 127.0.0.1:6379; "
-                        "ray_jobs: the dashboard, e.g. http://ray-head:8265",
-                        "login": "empty: use aws_conn_id or the AWS default credential chain",
-                        "extra": '{"stage_root": "/data/batchinfer/stage", "registry_root": "/data/batchinfer/registry"}',
-                    },
-                },
-                "conn-fields": {
-                    "stage_root": {
-                        "label": "Stage root",
-                        "description": "Where relative stage locations (outputs, materialized inputs) are placed.",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "registry_root": {
-                        "label": "Model registry root",
-                        "description": "Where logged models live: <root>/<name>/<version>/.",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "allowed_roots": {
-                        "label": "Allowed file roots",
-                        "description": "Besides the stage root, where InputSpec.column_handling may read the files "
-                        "a column points at: comma-separated absolute paths or URIs (s3://bucket/prefix).",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "llm_engine": {
-                        "label": "LLM engine",
-                        "description": "Default engine of text_generation jobs: 'vllm' (GPU, ray.data.llm) or "
-                        "'transformers' (CPU). Empty: vLLM exactly when the job asks for GPUs.",
-                        "schema": {"type": ["string", "null"], "enum": ["vllm", "transformers", None]},
-                    },
-                    "endpoint_url": {
-                        "label": "S3 endpoint URL",
-                        "description": "For S3-compatible stores (MinIO, R2, ...): e.g. http://minio:9000. "
-                        "Empty: AWS S3.",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "region_name": {
-                        "label": "S3 region",
-                        "description": "Region of the buckets (us-east-1, auto for R2, ...).",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "aws_conn_id": {
-                        "label": "AWS connection id",
-                        "description": "Take S3 credentials, endpoint and region from this aws connection "
-                        "(fields set here win).",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "launcher": {
-                        "label": "Launcher",
-                        "description": "'local' runs the job as a subprocess of the task with a local or attached Ray; "
-                        "'ray_jobs' submits it to the Ray Jobs API at the host address.",
-                        "schema": {"type": ["string", "null"], "enum": ["local", "ray_jobs", None], "default": "local"},
-                    },
-                    "runtime_env": {
-                        "label": "Ray runtime_env (ray_jobs)",
-                        "description": "Defaults for submitted jobs, e.g. {\"pip\": [...]} or {\"image_uri\": ...}.",
-                        "schema": {"type": ["object", "null"]},
-                    },
-                    "ray_token": {
-                        "label": "Ray auth token (ray_jobs)",
-                        "description": "Token of a Ray cluster with token auth (`ray get-auth-token`); sent as a "
-                        "Bearer header to the Jobs API.",
-                        "schema": {"type": ["string", "null"], "format": "password"},
-                    },
-                    "python": {
-                        "label": "Python on the cluster (ray_jobs)",
-                        "description": "Interpreter that runs the runtime entrypoint on the head node.",
-                        "schema": {"type": ["string", "null"], "default": "python"},
-                    },
-                },
+                "connection-type": CONN_TYPE,
+                "ui-field-behaviour": provider_ui_field_behaviour(),
+                "conn-fields": conn_fields(),
             }
         ],
     }

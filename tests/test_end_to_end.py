@@ -9,6 +9,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_batchinfer.contract import JobFile, ModelRef, RunOwner
+from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, read_valid_manifest, sanitize_run_key
 from tests.conftest import run_dag, xcom_value
 from tests.models import write_tickets
@@ -18,6 +20,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_db", "ray_clust
 
 def _snapshot(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _job_file(run_dir: Path, dag_id: str, task_id: str, attempt: str = "t01old") -> str:
+    """The ``_job.json`` an earlier job of ``dag_id.task_id`` left in ``run_dir``."""
+    return JobFile(job_id=f"batchinfer-{dag_id}-{task_id}-{attempt}", attempt=attempt, launcher="local",
+                   run_dir=str(run_dir), input_locations=("/elsewhere",), input_spec=InputSpec(), job_spec=JobSpec(),
+                   model=ModelRef("text_length", "v1", "python", "0" * 64, "/registry/text_length/v1"),
+                   registry_root="/registry",
+                   airflow=RunOwner(dag_id=dag_id, task_id=task_id, run_id="manual__old", try_number=1)).to_json()
 
 
 def _part_files(directory: Path) -> list[str]:
@@ -115,8 +126,7 @@ def attempt_of(part_name: str) -> str:
 def test_overwrite_removes_a_stale_marker_and_stray_parts(batchinfer_home, text_length_model, tickets, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    (out / JOB_SPEC_FILE).write_text(json.dumps({"attempt": "t01old", "airflow": {
-        "dag_id": "bi_test_overwrite_retry", "task_id": "infer"}}))
+    (out / JOB_SPEC_FILE).write_text(_job_file(out, "bi_test_overwrite_retry", "infer"))
     (out / "part-00007-t01old.parquet").write_bytes(b"stale")
     (out / SUCCESS_MARKER).write_text("{}")
     state, tasks, _ = run_dag("bi_test_overwrite_retry", input=str(tickets[0]), out=str(out))
@@ -129,7 +139,7 @@ def test_overwrite_removes_a_stale_marker_and_stray_parts(batchinfer_home, text_
     ("job_file", "expected"),
     [
         (None, "no batchinfer task wrote"),
-        ({"airflow": {"dag_id": "other_dag", "task_id": "other_task"}}, "belongs to other_dag.other_task"),
+        (("other_dag", "other_task"), "belongs to other_dag.other_task"),
     ],
 )
 def test_overwrite_refuses_directories_it_does_not_own(batchinfer_home, text_length_model, tickets, tmp_path, capfd,
@@ -138,7 +148,7 @@ def test_overwrite_refuses_directories_it_does_not_own(batchinfer_home, text_len
     out.mkdir()
     (out / "data.parquet").write_bytes(b"someone else's")
     if job_file:
-        (out / JOB_SPEC_FILE).write_text(json.dumps(job_file))
+        (out / JOB_SPEC_FILE).write_text(_job_file(out, *job_file))
     before = _snapshot(out)
     state, tasks, _ = run_dag("bi_test_overwrite_retry", input=str(tickets[0]), out=str(out))
     assert state == "failed"
@@ -173,3 +183,14 @@ def test_without_an_address_the_job_starts_its_own_ray_beside_a_running_cluster(
     state, tasks, _ = run_dag("bi_test_error_mode", input=str(tickets[0]), out=str(out))
     assert state == "success", tasks
     assert read_valid_manifest(str(out))["counts"]["output_rows"] == 500
+
+
+def test_the_version_probe_reads_the_running_clusters_ray_version(ray_cluster):
+    """What the local launcher compares before it attaches: the version the cluster's GCS records."""
+    import os
+
+    import ray
+
+    from airflow_provider_batchinfer.launchers.local import cluster_ray_version
+
+    assert cluster_ray_version(ray_cluster["address"], dict(os.environ)) == ray.__version__

@@ -2,43 +2,124 @@
 
 A subprocess rather than an in-process call because Ray's driver state, torch threads and model
 memory must die with the job, not linger in the worker; and because it is byte-for-byte the same
-entrypoint a cluster runs. Its output is streamed line by line into the task log.
+entrypoint a cluster runs. Its output is streamed line by line into the task log. It cannot defer:
+the job lives as long as the task process watches it.
+
+With ``ray_address`` set the job attaches to a running Ray; before it starts, the cluster's Ray
+version (recorded in its GCS) is compared with this interpreter's: a mismatch fails the task with a
+clear message instead of a driver that hangs or dies deep inside ``ray.init``.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
 from collections import deque
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from airflow_provider_batchinfer.runtime.job import ERROR_PREFIX, RESULT_PREFIX
+from airflow_provider_batchinfer.contract import JobFailure, JobResult, parse_runtime_line
+from airflow_provider_batchinfer.launchers.base import (
+    FAILED,
+    RUNTIME_MODULE,
+    STOPPED,
+    SUCCEEDED,
+    TIMEOUT,
+    JobHandle,
+    Launcher,
+    LaunchError,
+    LogLine,
+    Outcome,
+    TaskLog,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from airflow_provider_batchinfer.contract import JobFile
+    from airflow_provider_batchinfer.hooks.service_config import ServiceConfig
+
+__all__ = ["LaunchError", "LocalLauncher", "check_ray_version", "cluster_ray_version"]
+
+# Runs in a fresh interpreter (never in the Airflow worker: importing Ray there is slow and leaves
+# threads behind). Prints the cluster's metadata as Ray's own driver check reads it.
+_PROBE = """
+import json, sys
+from ray._raylet import GcsClient
+from ray._common.usage.usage_lib import get_cluster_metadata
+print(json.dumps(get_cluster_metadata(GcsClient(address=sys.argv[1]))))
+"""
 
 
-class LaunchError(RuntimeError):
-    """The job failed; ``str()`` is the runtime's own last error line. ``permanent``: the runtime
-    said no retry can fix it (e.g. S3 access denied), so the task should not be retried."""
+def cluster_ray_version(address: str, env: Mapping[str, str], timeout_s: float = 20.0) -> str | None:
+    """The Ray version the cluster at ``address`` (a GCS ``host:port``) runs, or None when it cannot
+    be told (no GCS there, a Ray Client ``ray://`` or ``auto`` address): then ``ray.init`` decides."""
+    if "://" in address or ":" not in address:
+        return None
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE, address], capture_output=True, text=True,
+                              env=dict(env), timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+    if done.returncode != 0:
+        return None
+    try:
+        return str(json.loads(done.stdout.strip().splitlines()[-1])["ray_version"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
 
-    def __init__(self, message: str, permanent: bool = False) -> None:
-        super().__init__(message)
-        self.permanent = permanent
+
+def check_ray_version(address: str, cluster: str | None, ours: str) -> None:
+    """Raise a permanent LaunchError when the cluster at ``address`` runs another Ray than this worker."""
+    if cluster is None or cluster == ours:
+        return
+    raise LaunchError(
+        f"the Ray cluster at {address} runs Ray {cluster}, but this Airflow worker has Ray {ours}; a driver "
+        f"cannot attach to a cluster of another Ray version. Install ray=={cluster} on the worker (or run the "
+        "cluster on the worker's version), or leave the connection's host empty for a local Ray per job",
+        permanent=True,
+    )
 
 
-@dataclass
-class LocalLauncher:
-    ray_address: str | None = None
-    kill_grace_s: float = 20.0
+def _installed_ray_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
 
-    def __post_init__(self) -> None:
-        self._proc: subprocess.Popen | None = None
+    try:
+        return version("ray")
+    except PackageNotFoundError:
+        return None
+
+
+class LocalLauncher(Launcher):
+    """The runtime as a subprocess; ``ray_address``: attach to that Ray instead of starting one."""
+
+    name = "local"
+    deferrable = False
+
+    def __init__(self, ray_address: str | None = None, kill_grace_s: float = 20.0,
+                 extra_env: Mapping[str, str] | None = None, check_version: bool = True) -> None:
+        self.ray_address = ray_address
+        self.kill_grace_s = kill_grace_s
+        self.extra_env = dict(extra_env or {})
+        self.check_version = check_version
+        self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
+        self._timed_out = False
 
-    def run(self, spec_location: str, log: logging.Logger, extra_env: dict[str, str] | None = None) -> dict:
+    @classmethod
+    def from_config(cls, config: ServiceConfig) -> LocalLauncher:
+        from airflow_provider_batchinfer.s3 import credential_env
+
+        return cls(ray_address=config.ray_address, extra_env=credential_env(dict(config.storage_options)))
+
+    @property
+    def job_ray_address(self) -> str | None:
+        return self.ray_address
+
+    def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0"})
@@ -50,50 +131,101 @@ class LocalLauncher:
             env["RAY_ADDRESS"] = self.ray_address
             if "RAY_AUTH_MODE" not in env and os.path.exists(os.path.expanduser("~/.ray/auth_token")):
                 env["RAY_AUTH_MODE"] = "token"  # Ray >= 2.5x clusters started by `ray start` require it
-        env.update(extra_env or {})
-        cmd = [sys.executable, "-m", "airflow_provider_batchinfer.runtime", "--spec", spec_location]
+        env.update(self.extra_env)
+        return env
+
+    def command(self, job_location: str) -> list[str]:
+        """The runtime entrypoint, in this worker's interpreter."""
+        return [sys.executable, "-m", RUNTIME_MODULE, "--spec", job_location]
+
+    def start(self, job: JobFile, job_location: str, log: TaskLog) -> JobHandle:
+        env = self.environment()
+        if self.ray_address and self.check_version:
+            ours = _installed_ray_version()
+            if ours is not None:
+                check_ray_version(self.ray_address, cluster_ray_version(self.ray_address, env), ours)
+        cmd = self.command(job_location)
         log.info("Launching batch inference job: %s%s", " ".join(cmd),
                  f" (Ray at {self.ray_address})" if self.ray_address else " (local Ray)")
-        tail: deque[str] = deque(maxlen=40)
-        error = result = None
         with self._lock:
+            self._timed_out = False
             self._proc = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1,
                 start_new_session=True,  # its own process group, so on_kill can stop Ray's children too
             )
-        proc = self._proc
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            if line.startswith(ERROR_PREFIX):
-                error = json.loads(line[len(ERROR_PREFIX):])
-                log.error("%s", error["error"])
-                continue
-            if line.startswith(RESULT_PREFIX):
-                result = json.loads(line[len(RESULT_PREFIX):])
-                continue
-            tail.append(line)
-            log.info("%s", line)
-        code = proc.wait()
-        with self._lock:
-            self._proc = None
-        if code != 0 or result is None:
-            if error:
-                raise LaunchError(error["error"], permanent=bool(error.get("permanent")))
-            last = "\n".join(tail)
-            raise LaunchError(f"batch inference job exited with code {code} without a result; last output:\n{last}")
-        return result
+        return JobHandle(job_id=job.job_id, attempt=job.attempt)
 
-    def kill(self) -> None:
-        """Stop the job and everything it started (used by the operator's on_kill)."""
+    def poll(self, handle: JobHandle) -> str | None:
+        return None  # its output is the outcome: only wait() reads it
+
+    def wait(self, handle: JobHandle, log_line: LogLine, *, poll_interval: float = 1.0,
+             timeout: float | None = None) -> Outcome:
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            raise LaunchError(f"batch inference job {handle.job_id} was not started by this launcher")
+        timer = threading.Timer(timeout, self._expire) if timeout is not None else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        tail: deque[str] = deque(maxlen=40)
+        failure: JobFailure | None = None
+        result: JobResult | None = None
+        try:
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                parsed = parse_runtime_line(line)
+                if isinstance(parsed, JobFailure):
+                    failure = parsed
+                    log_line(parsed.error)
+                elif isinstance(parsed, JobResult):
+                    result = parsed
+                else:
+                    tail.append(line)
+                    log_line(line)
+            code = proc.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with self._lock:
+                self._proc = None
+        return self._outcome(handle, code, result, failure, "\n".join(tail), timeout)
+
+    def _outcome(self, handle: JobHandle, code: int, result: JobResult | None, failure: JobFailure | None,
+                 tail: str, timeout: float | None) -> Outcome:
+        what = f"batch inference job {handle.job_id}"
+        if self._timed_out:
+            return Outcome(TIMEOUT, failure, f"{what} ran past job_timeout={timeout}s and was stopped; nothing was "
+                                             "committed")
+        if code == 0 and result is not None:
+            return Outcome(SUCCEEDED)
+        if failure is not None:
+            return Outcome(FAILED, failure, f"{what} failed: {failure.error}")
+        status = STOPPED if code < 0 else FAILED
+        return Outcome(status, None, f"{what} failed: batch inference job exited with code {code} without a "
+                                     f"result; last output:\n{tail}")
+
+    def outcome(self, handle: JobHandle, status: str, log_line: LogLine | None = None, *,
+                timeout: float | None = None) -> Outcome:
+        raise LaunchError(f"the local launcher reports its outcome from wait(), not from a status ({status})")
+
+    def _expire(self) -> None:
+        self._timed_out = True
+        self.kill()
+
+    def stop(self, handle: JobHandle | None = None) -> bool:
+        return self.kill()
+
+    def kill(self) -> bool:
+        """Stop the job and everything it started (its whole process group)."""
         with self._lock:
             proc = self._proc
         if proc is None or proc.poll() is not None:
-            return
+            return False
         try:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=self.kill_grace_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
-            pass
+            return False
+        return True

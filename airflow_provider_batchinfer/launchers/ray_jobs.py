@@ -3,7 +3,8 @@
 The Airflow worker only submits and watches. Submission is idempotent: the ``submission_id`` is
 derived from dag, task, run, map index and try, so a task that restarts while its job runs (a
 worker crash, a triggerer hand-over) re-attaches instead of launching a second job, while a retry
-(a new try) gets a new job. KubeRay and managed Ray are just other addresses of the same API.
+(a new try) gets a new job and first stops an earlier try's job still running. KubeRay and managed
+Ray are just other addresses of the same API. Deferrable: :class:`RayJobTrigger` watches it.
 
 Imports no Airflow: the trigger and the operator share it.
 """
@@ -15,16 +16,40 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+from airflow_provider_batchinfer.contract import last_failure
+from airflow_provider_batchinfer.launchers.base import (
+    FAILED,
+    RUNTIME_MODULE,
+    SUCCEEDED,
+    TERMINAL,
+    TIMEOUT,
+    ExistingJob,
+    JobHandle,
+    Launcher,
+    LaunchError,
+    LogLine,
+    Outcome,
+    TaskLog,
+    failure_message,
+)
+
+if TYPE_CHECKING:
+    from airflow.triggers.base import BaseTrigger
+    from ray.job_submission import JobSubmissionClient
+
+    from airflow_provider_batchinfer.contract import JobFile, RunOwner
+    from airflow_provider_batchinfer.hooks.service_config import ServiceConfig
+
+__all__ = ["TERMINAL", "RayJobsError", "RayJobsLauncher", "submission_id_for"]
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
-class RayJobsError(RuntimeError):
+class RayJobsError(LaunchError):
     """The cluster could not be reached or refused a request; the message names the address."""
 
 
@@ -47,25 +72,54 @@ def _env_without(*names: str) -> Iterator[None]:
         os.environ.update(saved)
 
 
-@dataclass
-class RayJobsLauncher:
+def _status_text(status: Any) -> str:
+    return str(status.value if hasattr(status, "value") else status)
+
+
+class RayJobsLauncher(Launcher):
     """Submit, watch, and stop runtime jobs through ``ray.job_submission.JobSubmissionClient``."""
 
-    address: str
-    headers: dict[str, str] = field(default_factory=dict)
-    runtime_env: dict[str, Any] | None = None
-    python: str = "python"
-    verify: bool | str = True
-    submit_retry_s: float = 120.0
+    name = "ray_jobs"
+    deferrable = True
 
-    def __post_init__(self) -> None:
-        self._client = None
+    def __init__(self, address: str, headers: Mapping[str, str] | None = None,
+                 runtime_env: Mapping[str, Any] | None = None, python: str = "python", verify: bool | str = True,
+                 submit_retry_s: float = 120.0) -> None:
+        self.address = address
+        self.headers = dict(headers or {})
+        self.runtime_env = dict(runtime_env) if runtime_env else None
+        self.python = python
+        self.verify = verify
+        self.submit_retry_s = submit_retry_s
+        self._client: JobSubmissionClient | None = None
+
+    @classmethod
+    def from_config(cls, config: ServiceConfig) -> RayJobsLauncher:
+        """The cluster token (extra ``ray_token``) goes into the request headers only; it never reaches
+        the job file, the logs or XCom. S3 credentials reach the driver through its runtime_env."""
+        from airflow_provider_batchinfer.s3 import credential_env
+
+        runtime_env = dict(config.runtime_env or {})
+        credentials = credential_env(dict(config.storage_options))
+        if credentials:  # for the job driver and its workers, as for the local launcher
+            runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **credentials}
+        return cls(address=config.ray_address or "", headers=config.ray_headers, runtime_env=runtime_env or None,
+                   python=config.python)
+
+    @classmethod
+    def check_address(cls, address: str | None, conn_id: str) -> str:
+        if not address:
+            raise ValueError(
+                f"connection {conn_id!r}: the ray_jobs launcher needs the Ray dashboard address in the host field, "
+                "e.g. http://ray-head:8265"
+            )
+        return address if "://" in address else f"http://{address}"
 
     @property
     def dashboard_url(self) -> str:
         return self.address.rstrip("/")
 
-    def client(self):
+    def client(self) -> JobSubmissionClient:
         if self._client is None:
             from ray.job_submission import JobSubmissionClient
 
@@ -80,8 +134,9 @@ class RayJobsLauncher:
         return self._client
 
     def entrypoint(self, spec_location: str) -> str:
-        return f"{shlex.quote(self.python)} -m airflow_provider_batchinfer.runtime --spec {shlex.quote(spec_location)}"
+        return f"{shlex.quote(self.python)} -m {RUNTIME_MODULE} --spec {shlex.quote(spec_location)}"
 
+    # --- the Jobs API, by submission id ------------------------------------------------------------
     def find(self, submission_id: str) -> dict[str, Any] | None:
         """The job's info as a dict, or None when the cluster has no job with that id."""
         try:
@@ -90,32 +145,22 @@ class RayJobsLauncher:
             if "404" in str(exc) or "does not exist" in str(exc):
                 return None
             raise RayJobsError(f"Ray Jobs API at {self.address} failed: {exc}") from exc
-        return {"submission_id": submission_id, "status": str(info.status.value if hasattr(info.status, "value") else info.status),
-                "message": info.message, "metadata": info.metadata or {}}
+        return {"submission_id": submission_id, "status": _status_text(info.status), "message": info.message,
+                "metadata": info.metadata or {}}
 
-    def submit(
-        self,
-        spec_location: str,
-        submission_id: str,
-        *,
-        entrypoint_num_cpus: float = 0,
-        entrypoint_num_gpus: float = 0,
-        metadata: dict[str, str] | None = None,
-    ) -> str:
+    def submit(self, spec_location: str, submission_id: str, *, entrypoint_num_cpus: float = 0,
+               entrypoint_num_gpus: float = 0, metadata: dict[str, str] | None = None) -> str:
         """Submit the runtime. The driver itself does no compute, so by default it reserves no CPU:
         the actor pool's resources come from the JobSpec inside the job."""
         deadline = time.monotonic() + self.submit_retry_s
         delay = 1.0
         while True:
             try:
-                return self.client().submit_job(
-                    entrypoint=self.entrypoint(spec_location),
-                    submission_id=submission_id,
-                    runtime_env=self.runtime_env or None,
-                    metadata=metadata or {},
-                    entrypoint_num_cpus=entrypoint_num_cpus,
-                    entrypoint_num_gpus=entrypoint_num_gpus,
-                )
+                return str(self.client().submit_job(
+                    entrypoint=self.entrypoint(spec_location), submission_id=submission_id,
+                    runtime_env=self.runtime_env or None, metadata=metadata or {},
+                    entrypoint_num_cpus=entrypoint_num_cpus, entrypoint_num_gpus=entrypoint_num_gpus,
+                ))
             except RayJobsError:
                 raise
             except Exception as exc:
@@ -130,40 +175,99 @@ class RayJobsLauncher:
                 raise RayJobsError(f"submitting {submission_id} to the Ray Jobs API at {self.address} failed: {exc}") from exc
 
     def status(self, submission_id: str) -> str:
-        status = self.client().get_job_status(submission_id)
-        return str(status.value if hasattr(status, "value") else status)
+        return _status_text(self.client().get_job_status(submission_id))
 
     def logs(self, submission_id: str) -> str:
-        return self.client().get_job_logs(submission_id)
+        return str(self.client().get_job_logs(submission_id))
 
-    def stop(self, submission_id: str) -> bool:
+    def stop_job(self, submission_id: str) -> bool:
         try:
             return bool(self.client().stop_job(submission_id))
         except Exception:  # stopping is best-effort: a job that already ended cannot be stopped
             return False
 
-    def wait(
-        self,
-        submission_id: str,
-        log_line: Callable[[str], None],
-        poll_interval: float = 5.0,
-        timeout: float | None = None,
-    ) -> str:
-        """Block until the job ends, forwarding new driver log lines; returns the final status.
-        On ``timeout`` the job is stopped and ``"TIMEOUT"`` returned."""
+    # --- the launcher interface ------------------------------------------------------------------
+    def job_name(self, owner: RunOwner) -> str:
+        return submission_id_for(owner.dag_id, owner.task_id, owner.run_id, owner.map_index, owner.try_number)
+
+    def existing_job(self, owner: RunOwner) -> ExistingJob | None:
+        info = self.find(self.job_name(owner))
+        return None if info is None else ExistingJob(job_id=info["submission_id"], status=info["status"])
+
+    def attach(self, job_id: str, attempt: str, log: TaskLog) -> JobHandle:
+        url = f"{self.dashboard_url}/#/jobs/{job_id}"
+        log.info("Ray job %s: driver log with `ray job logs %s --address %s`, dashboard %s", job_id, job_id,
+                 self.dashboard_url, url)
+        return JobHandle(job_id=job_id, attempt=attempt, url=url)
+
+    def before_start(self, owner: RunOwner, log: TaskLog) -> None:
+        """A retry must not race a job of an earlier try still writing into the same directory."""
+        for earlier in range(1, int(owner.try_number)):
+            sid = submission_id_for(owner.dag_id, owner.task_id, owner.run_id, owner.map_index, earlier)
+            info = self.find(sid)
+            if info is not None and info["status"] not in TERMINAL:
+                log.warning("Stopping Ray job %s of try %d, still %s", sid, earlier, info["status"])
+                self.stop_job(sid)
+
+    def start(self, job: JobFile, job_location: str, log: TaskLog) -> JobHandle:
+        sid = job.submission_id or self.job_name(job.airflow)
+        owner = job.airflow
+        self.submit(job_location, sid, metadata={"dag_id": owner.dag_id, "task_id": owner.task_id,
+                                                 "run_id": owner.run_id, "try_number": str(owner.try_number)})
+        log.info("Submitted Ray job %s", sid)
+        return self.attach(sid, job.attempt, log)
+
+    def poll(self, handle: JobHandle) -> str | None:
+        status = self.status(handle.job_id)
+        return status if status in TERMINAL else None
+
+    def wait(self, handle: JobHandle, log_line: LogLine, *, poll_interval: float = 5.0,
+             timeout: float | None = None) -> Outcome:
+        """Block until the job ends, forwarding new driver log lines. On ``timeout`` the job is stopped."""
         deadline = None if timeout is None else time.monotonic() + timeout
         seen = 0
         while True:
-            status = self.status(submission_id)
-            text = self.logs(submission_id)
+            status = self.status(handle.job_id)
+            text = self.logs(handle.job_id)
             fresh = text[seen:]
             complete = fresh if status in TERMINAL else fresh[: fresh.rfind("\n") + 1]
             for line in complete.splitlines():
                 log_line(line)
             seen += len(complete)
             if status in TERMINAL:
-                return status
+                return self.outcome(handle, status)
             if deadline is not None and time.monotonic() >= deadline:
-                self.stop(submission_id)
-                return "TIMEOUT"
+                self.stop_job(handle.job_id)
+                return self.outcome(handle, TIMEOUT, timeout=timeout)
             time.sleep(poll_interval)
+
+    def outcome(self, handle: JobHandle, status: str, log_line: LogLine | None = None, *,
+                timeout: float | None = None) -> Outcome:
+        if status == TIMEOUT:
+            limit = "" if timeout is None else f"={timeout}"
+            return Outcome(TIMEOUT, None, f"Ray job {handle.job_id} ran past job_timeout{limit}s and was stopped; "
+                                          "nothing was committed")
+        logs = ""
+        try:
+            logs = self.logs(handle.job_id)
+        except Exception as exc:  # the verdict does not depend on the log
+            if log_line is not None:
+                log_line(f"Could not fetch the driver log of {handle.job_id}: {exc}")
+        if log_line is not None:
+            for line in logs.splitlines():
+                log_line(line)
+        if status == SUCCEEDED:
+            return Outcome(SUCCEEDED)
+        failure = last_failure(logs)
+        tail = "\n".join(logs.splitlines()[-20:])
+        return Outcome(status if status in TERMINAL else FAILED, failure,
+                       failure_message(f"Ray job {handle.job_id}", status, failure, tail))
+
+    def stop(self, handle: JobHandle) -> bool:
+        return self.stop_job(handle.job_id)
+
+    def trigger(self, handle: JobHandle, *, conn_id: str, poll_interval: float, deadline: float | None) -> BaseTrigger:
+        from airflow_provider_batchinfer.triggers.ray_job import RayJobTrigger
+
+        return RayJobTrigger(submission_id=handle.job_id, model_service_conn_id=conn_id, poll_interval=poll_interval,
+                             deadline=deadline)

@@ -1,0 +1,95 @@
+"""The ``batchinfer`` connection form, defined once.
+
+Plain data, no Airflow import: ``get_provider_info`` (which the providers manager reads without
+importing any hook) publishes it as ``conn-fields`` / ``ui-field-behaviour``, and
+``ModelServiceHook.get_ui_field_behaviour`` returns the same dict in the hook's format, so the two
+can no longer drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_provider_batchinfer.launchers import LAUNCHER_NAMES
+
+CONN_TYPE = "batchinfer"
+
+HIDDEN_FIELDS: tuple[str, ...] = ("schema", "port")
+
+RELABELING: dict[str, str] = {
+    "host": "Ray address",
+    "login": "AWS access key id (s3:// locations)",
+    "password": "AWS secret access key (s3:// locations)",
+}
+
+PLACEHOLDERS: dict[str, str] = {
+    "host": "local launcher: empty (a local Ray per job) or 127.0.0.1:6379; "
+    "ray_jobs: the dashboard, e.g. http://ray-head:8265",
+    "login": "empty: use aws_conn_id or the AWS default credential chain",
+    "extra": '{"stage_root": "/data/batchinfer/stage", "registry_root": "/data/batchinfer/registry"}',
+}
+
+
+def _field(label: str, description: str, **schema: Any) -> dict[str, Any]:
+    return {"label": label, "description": description, "schema": {"type": ["string", "null"], **schema}}
+
+
+#: the connection's extras, as Airflow's ``conn-fields`` (label, description, JSON schema)
+CONN_FIELDS: dict[str, dict[str, Any]] = {
+    "stage_root": _field("Stage root", "Where relative stage locations (outputs, materialized inputs) are placed."),
+    "registry_root": _field("Model registry root", "Where logged models live: <root>/<name>/<version>/."),
+    "allowed_roots": _field(
+        "Allowed file roots",
+        "Besides the stage root, where InputSpec.column_handling may read the files a column points at: "
+        "comma-separated absolute paths or URIs (s3://bucket/prefix).",
+    ),
+    "llm_engine": _field(
+        "LLM engine",
+        "Default engine of text_generation jobs: 'vllm' (GPU, ray.data.llm) or 'transformers' (CPU). "
+        "Empty: vLLM exactly when the job asks for GPUs.",
+        enum=["vllm", "transformers", None],
+    ),
+    "endpoint_url": _field(
+        "S3 endpoint URL", "For S3-compatible stores (MinIO, R2, ...): e.g. http://minio:9000. Empty: AWS S3."
+    ),
+    "region_name": _field("S3 region", "Region of the buckets (us-east-1, auto for R2, ...)."),
+    "aws_conn_id": _field(
+        "AWS connection id", "Take S3 credentials, endpoint and region from this aws connection (fields set here win)."
+    ),
+    "launcher": _field(
+        "Launcher",
+        "'local' runs the job as a subprocess of the task with a local or attached Ray; "
+        "'ray_jobs' submits it to the Ray Jobs API at the host address.",
+        enum=[*LAUNCHER_NAMES, None],
+        default="local",
+    ),
+    "runtime_env": {
+        "label": "Ray runtime_env (ray_jobs)",
+        "description": 'Defaults for submitted jobs, e.g. {"pip": [...]} or {"image_uri": ...}.',
+        "schema": {"type": ["object", "null"]},
+    },
+    "ray_token": _field(
+        "Ray auth token (ray_jobs)",
+        "Token of a Ray cluster with token auth (`ray get-auth-token`); sent as a Bearer header to the Jobs API.",
+        format="password",
+    ),
+    "python": _field(
+        "Python on the cluster (ray_jobs)", "Interpreter that runs the runtime entrypoint on the head node.",
+        default="python",
+    ),
+}
+
+
+def ui_field_behaviour() -> dict[str, Any]:
+    """The form's behaviour as a hook's ``get_ui_field_behaviour`` returns it (snake_case keys)."""
+    return {"hidden_fields": list(HIDDEN_FIELDS), "relabeling": dict(RELABELING), "placeholders": dict(PLACEHOLDERS)}
+
+
+def provider_ui_field_behaviour() -> dict[str, Any]:
+    """The same behaviour as ``get_provider_info``'s ``ui-field-behaviour`` (kebab-case keys)."""
+    return {"hidden-fields": list(HIDDEN_FIELDS), "relabeling": dict(RELABELING), "placeholders": dict(PLACEHOLDERS)}
+
+
+def conn_fields() -> dict[str, dict[str, Any]]:
+    """A deep-enough copy of :data:`CONN_FIELDS` for ``get_provider_info`` (callers may mutate it)."""
+    return {name: {**spec, "schema": dict(spec["schema"])} for name, spec in CONN_FIELDS.items()}

@@ -1,0 +1,176 @@
+"""One interface for every way of running the runtime entrypoint.
+
+The operator's flow is the same for all of them::
+
+    existing_job(owner) -> attach(...)      a job of this task-instance try is already there: re-attach
+      or before_start(owner) -> start(job)  else clear the way (earlier tries) and start it
+    poll(handle)                            ended already?  -> outcome(handle, status)
+    trigger(handle, ...)                    deferrable: the triggerer watches -> outcome(handle, status)
+    wait(handle, ...)                       or wait in the worker, forwarding the job's log lines
+    stop(handle)                            on_kill
+
+A launcher knows its backend's vocabulary; what it hands back is an :class:`Outcome`: succeeded, or
+failed with the runtime's :class:`~airflow_provider_batchinfer.contract.JobFailure` (read with
+``contract.parse_runtime_line`` / ``last_failure``) and whether a retry can help. Imports neither
+Airflow nor Ray (a deferrable launcher imports its trigger inside :meth:`Launcher.trigger`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from airflow_provider_batchinfer.contract import JobFailure
+
+if TYPE_CHECKING:
+    from airflow.triggers.base import BaseTrigger
+
+    from airflow_provider_batchinfer.contract import JobFile, RunOwner
+    from airflow_provider_batchinfer.hooks.service_config import ServiceConfig
+
+#: terminal job states every launcher reports in (Ray's own names, plus TIMEOUT for a job stopped
+#: because it ran past ``job_timeout``)
+SUCCEEDED = "SUCCEEDED"
+FAILED = "FAILED"
+STOPPED = "STOPPED"
+TIMEOUT = "TIMEOUT"
+TERMINAL = (SUCCEEDED, FAILED, STOPPED)
+
+LogLine = Callable[[str], None]
+
+#: what every launcher runs, as ``python -m RUNTIME_MODULE --spec <job file>`` (never imported here)
+RUNTIME_MODULE = "airflow_provider_batchinfer.runtime"
+
+
+class TaskLog(Protocol):
+    """What a launcher writes to: the task's logger (``logging.Logger`` or Airflow's)."""
+
+    def info(self, msg: str, *args: object) -> None: ...
+
+    def warning(self, msg: str, *args: object) -> None: ...
+
+    def error(self, msg: str, *args: object) -> None: ...
+
+
+class LaunchError(RuntimeError):
+    """The job could not be started or watched (not: the job failed, see :class:`Outcome`).
+    ``permanent``: no retry can fix it (e.g. the cluster runs another Ray version)."""
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+@dataclass(frozen=True)
+class JobHandle:
+    """A started (or re-attached) job: the launcher's id for it, the attempt its ``_job.json``
+    names, and where a user can watch it (None when nowhere but the task log)."""
+
+    job_id: str
+    attempt: str
+    url: str | None = None
+
+
+@dataclass(frozen=True)
+class ExistingJob:
+    """A job the launcher already knows for this task-instance try, in any state."""
+
+    job_id: str
+    status: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended. ``message`` is the task's error message when it did not succeed: it names
+    the job and quotes the runtime's own error (or the log's last lines when there was none)."""
+
+    status: str
+    failure: JobFailure | None = None
+    message: str = ""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == SUCCEEDED
+
+    @property
+    def permanent(self) -> bool:
+        """No retry can help: the runtime said so (a timeout or a stop never is)."""
+        return self.failure is not None and self.failure.permanent
+
+
+class Launcher(abc.ABC):
+    """Base of every launcher. Subclasses set ``name`` (the connection's ``launcher`` value) and
+    ``deferrable`` (whether :meth:`trigger` can watch their jobs from the triggerer)."""
+
+    name: ClassVar[str]
+    deferrable: ClassVar[bool] = False
+
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, config: ServiceConfig) -> Launcher:
+        """The launcher a parsed connection describes."""
+
+    @classmethod
+    def check_address(cls, address: str | None, conn_id: str) -> str | None:
+        """Validate and normalize the connection's address for this launcher (ValueError if unusable)."""
+        return address
+
+    # --- identity --------------------------------------------------------------------------------
+    def job_name(self, owner: RunOwner) -> str | None:
+        """The id this launcher gives the job of this task-instance try, when it is known before the
+        start (recorded as ``JobFile.submission_id``); None when the launcher has no such id."""
+        return None
+
+    @property
+    def job_ray_address(self) -> str | None:
+        """The Ray address the job file carries (``JobFile.ray_address``): where the runtime attaches."""
+        return None
+
+    def existing_job(self, owner: RunOwner) -> ExistingJob | None:
+        """A job of this very task-instance try that is already known (a restarted task re-attaches
+        to it instead of starting it twice). Default: none can be found."""
+        return None
+
+    def attach(self, job_id: str, attempt: str, log: TaskLog) -> JobHandle:
+        """A handle on a job found by :meth:`existing_job` (or named in a trigger event)."""
+        return JobHandle(job_id=job_id, attempt=attempt)
+
+    def before_start(self, owner: RunOwner, log: TaskLog) -> None:
+        """Clear the way for a new try, e.g. stop a job of an earlier try still writing. Default: nothing."""
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def start(self, job: JobFile, job_location: str, log: TaskLog) -> JobHandle:
+        """Start the runtime on the job file at ``job_location`` (already written)."""
+
+    @abc.abstractmethod
+    def poll(self, handle: JobHandle) -> str | None:
+        """The job's terminal status when it has ended, else None (also: not known without waiting)."""
+
+    @abc.abstractmethod
+    def wait(self, handle: JobHandle, log_line: LogLine, *, poll_interval: float, timeout: float | None) -> Outcome:
+        """Block until the job ends, forwarding its log lines; past ``timeout`` seconds stop it (TIMEOUT)."""
+
+    @abc.abstractmethod
+    def outcome(self, handle: JobHandle, status: str, log_line: LogLine | None = None, *,
+                timeout: float | None = None) -> Outcome:
+        """The outcome of a job that ended with ``status`` (seen by :meth:`poll` or a trigger; TIMEOUT
+        when it was stopped past ``timeout`` seconds); ``log_line``: forward the job's log, which
+        nobody streamed."""
+
+    @abc.abstractmethod
+    def stop(self, handle: JobHandle) -> bool:
+        """Stop the job and what it started; best effort, True when something was stopped."""
+
+    def trigger(self, handle: JobHandle, *, conn_id: str, poll_interval: float, deadline: float | None) -> BaseTrigger:
+        """A trigger that watches the job from the triggerer (only when ``deferrable``)."""
+        raise NotImplementedError(f"the {self.name} launcher cannot defer: its job runs inside the task")
+
+
+def failure_message(what: str, status: str, failure: JobFailure | None, tail: str) -> str:
+    """``<what> ended <status>: <the runtime's error>`` or, without an error line, the log's tail."""
+    if failure is not None:
+        return f"{what} ended {status}: {failure.error}"
+    return f"{what} ended {status}: no error line in the driver log; last lines:\n{tail}"
