@@ -1,32 +1,66 @@
 # Entry points for a fresh machine with Python 3.11: `make demo`, `make test` and `make bench`.
-# Each sets up its own virtualenv. torch is pinned to the CPU build on purpose: an unpinned
-# torch pulls a multi-GB CUDA build. GPU machines add the [llm]/CUDA stack themselves.
+# Each sets up its own virtualenv from the tested set in $(CONSTRAINTS). torch is pinned to the CPU
+# build on purpose: an unpinned torch pulls a multi-GB CUDA build. GPU machines add the [llm]/CUDA
+# stack themselves.
+#
+# `make constraints` regenerates $(CONSTRAINTS): a clean virtualenv with the project, its extras,
+# every dependency group and $(TORCH), resolved by pip from pyproject.toml's ranges, then frozen.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PIP    := $(VENV)/bin/python -m pip
 TORCH  ?= torch==2.13.0
+CONSTRAINTS ?= constraints/constraints-3.11.txt
+EXTRAS := examples,openlineage
+# pip >= 25.1 installs PEP 735 dependency groups (--group)
+PIP_MIN := pip>=25.1
 
-.PHONY: demo test test-fast bench bench-quick screenshot clean
+.PHONY: demo test test-fast lint smoke-lowest constraints bench bench-quick screenshot clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH)" -e ".[examples,test]"
+	$(PIP) install -q --upgrade "$(PIP_MIN)"
+	$(PIP) install -q -c $(CONSTRAINTS) "$(TORCH)" -e ".[$(EXTRAS)]" --group test --group lint
 	touch $@
 
 $(VENV)/.installed-bench: $(VENV)/.installed
-	$(PIP) install -q "$(TORCH)" -e ".[examples,bench]"
+	$(PIP) install -q -c $(CONSTRAINTS) "$(TORCH)" -e ".[$(EXTRAS)]" --group bench
 	touch $@
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/python scripts/demo.py
 
-test: $(VENV)/.installed
+# lint, format check and type check, then the whole suite, then the lowest-supported-versions smoke job
+test: lint
 	$(VENV)/bin/python -m pytest -q -ra
+	$(MAKE) smoke-lowest
 
 test-fast: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q -ra -m "not slow"
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# the floors (constraints/lowest-3.11.txt) in .venv-lowest: provider import, `airflow providers list`,
+# one example DAG through dag.test() (~5 min the first time, ~1 min after)
+smoke-lowest:
+	PYTHON=$(PYTHON) scripts/lowest_versions_smoke.sh
+
+constraints:
+	rm -rf .venv-constraints
+	$(PYTHON) -m venv .venv-constraints
+	.venv-constraints/bin/python -m pip install -q --upgrade "$(PIP_MIN)"
+	.venv-constraints/bin/python -m pip install -q "$(TORCH)" -e ".[$(EXTRAS)]" --group test --group lint --group bench
+	.venv-constraints/bin/python -m pip check
+	{ echo "# The tested set for Python 3.11: \`make constraints\` (a clean venv with the project's extras"; \
+	  echo "# [$(EXTRAS)], every dependency group and $(TORCH), then pip freeze). Used by make demo/test/bench"; \
+	  echo "# and docker/*.Dockerfile: pip install -c $(CONSTRAINTS) ..."; \
+	  .venv-constraints/bin/python -m pip freeze --exclude-editable | sed -E 's/^(torch==[^+]*)\+cpu$$/\1/'; \
+	} > $(CONSTRAINTS).tmp
+	mv $(CONSTRAINTS).tmp $(CONSTRAINTS)
+	rm -rf .venv-constraints
 
 # raw model loop vs streaming loop vs plain Ray Data vs the provider, as ratios measured in one run
 # (~15 min on 2 cores); results in benchmarks/results/latest.{json,png}. BENCH_ARGS=--quick for small sizes.
@@ -43,4 +77,4 @@ screenshot: $(VENV)/.installed
 	$(VENV)/bin/python scripts/screenshot_ui.py $(SCREENSHOT_ARGS)
 
 clean:
-	rm -rf $(VENV) .airflow .batchinfer
+	rm -rf $(VENV) .venv-lowest .venv-constraints .airflow .batchinfer
