@@ -39,6 +39,8 @@ trap 'rm -rf "$home"' EXIT
 export AIRFLOW_HOME="$home/airflow" BATCHINFER_HOME="$home/batchinfer"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__DAGS_FOLDER="$REPO/example_dags"
 export AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT=120 AIRFLOW__OPENLINEAGE__DISABLED=True
+# dag.test()'s in-process execution API signs task tokens; Airflow 3.2 does not generate this key itself
+export AIRFLOW__API_AUTH__JWT_SECRET="batchinfer-smoke-$RANDOM$RANDOM"
 export RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 unset RAY_ADDRESS  # the embedded default: the job starts its own local Ray
 export PYTHONPATH="$REPO"
@@ -75,27 +77,7 @@ import json
 import os
 import sys
 
-import time
-
 from airflow.dag_processing.dagbag import DagBag
-from airflow.sdk.execution_time import supervisor
-
-# Airflow 3.2.x starts the in-process execution API's lifespan without waiting for it, so under load
-# dag.test()'s first request can beat it ("'State' object has no attribute 'svcs_registry'").
-# Airflow 3.3 waits for the startup; this does the same on 3.2 (Airflow's harness, not the provider).
-_in_process_api_server = supervisor.in_process_api_server
-
-
-def _ready_in_process_api_server():
-    api = _in_process_api_server()
-    api.transport  # starts the lifespan
-    deadline = time.monotonic() + 60
-    while getattr(api.app.state, "svcs_registry", None) is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return api
-
-
-supervisor.in_process_api_server = _ready_in_process_api_server
 
 bag = DagBag(dag_folder=os.path.join(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], "batchinfer_tabular_scoring.py"),
              include_examples=False)

@@ -83,3 +83,31 @@ def test_airflow_is_wired_to_the_ray_jobs_api_with_the_cluster_token(compose):
         assert any(stage.startswith(v.split(":")[1]) for v in services["ray-head"]["volumes"]), "Ray cannot see the stage"
         assert services[name]["environment"]["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"].startswith("http://airflow-apiserver:")
     assert "airflow" not in (DOCKER / "ray-requirements.txt").read_text()  # the Ray side never needs Airflow
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==", 1)
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def test_images_install_the_tested_set():
+    """Both images install with the constraints file, and their base images carry the Airflow and the
+    Ray that it pins; the vLLM build args pin what pyproject.toml's [llm] extra pins."""
+    import tomllib
+
+    constraints = REPO / "constraints" / "constraints-3.11.txt"
+    pins = _pins(constraints)
+    airflow = (DOCKER / "airflow.Dockerfile").read_text()
+    ray = (DOCKER / "ray.Dockerfile").read_text()
+    assert f"FROM apache/airflow:{pins['apache-airflow']}-python3.11" in airflow
+    assert f"FROM rayproject/ray:{pins['ray']}-py311-gpu" in ray
+    for text in (airflow, ray):
+        assert re.search(r"pip install [^\n]*-c \S*constraints-3\.11\.txt", text), "install without the constraints file"
+    llm = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["llm"]
+    for requirement in llm:
+        assert f'"{requirement}"' in ray, f"ray.Dockerfile does not install {requirement} like the [llm] extra"
+    assert f"ray[llm]=={pins['ray']}" in llm
