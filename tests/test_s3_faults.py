@@ -229,7 +229,7 @@ def test_a_failed_write_task_reports_our_message_and_only_denials_are_permanent(
     from ray.data.exceptions import SystemException
     from ray.exceptions import RayTaskError
 
-    from airflow_provider_batchinfer.runtime.job import _root_message, is_permanent
+    from airflow_provider_batchinfer.runtime.reporting import _root_message, is_permanent
 
     cause = S3StageError(f"S3 write failed for bucket 'b', key 'out/part-0.parquet' (s3://b/out/part-0.parquet): "
                          f"{detail}")
