@@ -49,7 +49,7 @@ class S3StageError(StageError):
     """Base for S3 failures. ``permanent``: no retry could help (no such bucket, access denied, an
     endpoint that cannot be reached when the task starts). ``unreachable``: the store did not answer
     at all; the runtime treats that as an outage rather than a misconfiguration, because the task
-    reached the same store moments before the job started (see ``runtime.job.is_permanent``)."""
+    reached the same store moments before the job started (see ``runtime.reporting.is_permanent``)."""
 
     permanent = False
     unreachable = False

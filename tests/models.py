@@ -103,11 +103,10 @@ def write_job_file(job) -> str:
     return claim.location
 
 
-def committed_manifest(location: str) -> dict:
-    """The validated ``_SUCCESS`` of a run directory in its serialized form (what goes to XCom)."""
-    from airflow_provider_batchinfer.contract import Manifest
+def committed_manifest(location: str) -> dict | None:
+    """The validated ``_SUCCESS`` of a run directory in its serialized form (what goes to XCom),
+    or None while it has none."""
     from airflow_provider_batchinfer.stage import read_valid_manifest
 
     manifest = read_valid_manifest(location)
-    assert manifest is not None, f"{location} has no _SUCCESS"
-    return manifest.to_dict() if isinstance(manifest, Manifest) else manifest
+    return None if manifest is None else manifest.to_dict()

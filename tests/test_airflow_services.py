@@ -10,7 +10,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.stage import SUCCESS_MARKER, read_valid_manifest, sanitize_run_key
+from airflow_provider_batchinfer.stage import SUCCESS_MARKER, sanitize_run_key
+from tests.models import committed_manifest
 from tests.airflow_services import AirflowServices, services_env
 from tests.conftest import REPO, _BUNDLES, _free_port
 from tests.models import SlowLength, TextLength, write_tickets
@@ -89,7 +90,7 @@ def test_rest_trigger_of_the_embeddings_dag(world):
     run_id = s.trigger("batchinfer_ticket_embeddings", {"num_tickets": 200})
     assert s.wait_for_run("batchinfer_ticket_embeddings", run_id) == "success", s.task_states("batchinfer_ticket_embeddings", run_id)
     run_dir = world["stage"] / "embeddings" / "tickets" / sanitize_run_key(run_id)
-    manifest = read_valid_manifest(str(run_dir))
+    manifest = committed_manifest(str(run_dir))
     assert manifest["counts"] == {"input_rows": 200, "output_rows": 200, "error_rows": 0}
     assert manifest["airflow"]["run_id"] == run_id
 
@@ -138,7 +139,7 @@ def test_backfill_three_dates_then_reprocess(world):
     base = world["stage"] / "scores" / "churn"
     first = {}
     for run_id in runs:
-        manifest = read_valid_manifest(str(base / sanitize_run_key(run_id)))
+        manifest = committed_manifest(str(base / sanitize_run_key(run_id)))
         assert manifest["counts"]["output_rows"] == 1000
         first[run_id] = manifest["job"]["attempt"]
     TIMINGS["backfill create, 3 dates"] = time.monotonic() - t0
@@ -151,7 +152,7 @@ def test_backfill_three_dates_then_reprocess(world):
         done = set()
         for r in runs:
             try:
-                manifest = read_valid_manifest(str(base / sanitize_run_key(r)))
+                manifest = committed_manifest(str(base / sanitize_run_key(r)))
             except Exception:  # the marker went away between listing and reading: OVERWRITE at work
                 manifest = None
             if manifest and manifest["job"]["attempt"] != first[r]:
@@ -176,7 +177,7 @@ def test_backfill_three_dates_then_reprocess(world):
     for run_id in runs:
         assert s.wait_for_run(dag_id, run_id) == "success"
         run_dir = base / sanitize_run_key(run_id)
-        manifest = read_valid_manifest(str(run_dir))
+        manifest = committed_manifest(str(run_dir))
         assert manifest["job"]["attempt"] != first[run_id]
         assert sorted(p.name for p in run_dir.glob("part-*.parquet")) == sorted(f["name"] for f in manifest["files"])
         assert pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]]).num_rows == 1000
@@ -238,7 +239,7 @@ def test_an_injected_fault_is_retried_by_the_scheduler(world, tmp_path):
     run_id = s.trigger("bi_test_overwrite_retry", {"input": str(tickets), "out": str(out)})
     assert s.wait_for_run("bi_test_overwrite_retry", run_id) == "success"
     assert s.task_states("bi_test_overwrite_retry", run_id)["infer"] == ("success", 2)
-    manifest = read_valid_manifest(str(out))
+    manifest = committed_manifest(str(out))
     assert manifest["counts"]["output_rows"] == 300 and manifest["job"]["attempt"].startswith("t02")
     assert sorted(p.name for p in out.glob("part-*.parquet")) == sorted(f["name"] for f in manifest["files"])
     TIMINGS["scheduler retry after injected fault"] = time.monotonic() - t0
@@ -256,7 +257,7 @@ def test_deferred_inference_and_sensor_are_resumed_by_the_triggerer(world, tmp_p
         time.sleep(1)
     assert seen_deferred, "the inference task never deferred"
     assert s.wait_for_run("bi_svc_ray_jobs", run_id) == "success", s.task_states("bi_svc_ray_jobs", run_id)
-    assert read_valid_manifest(str(out))["job"]["launcher"] == "ray_jobs"
+    assert committed_manifest(str(out))["job"]["launcher"] == "ray_jobs"
     links = s.api("GET", f"/dags/bi_svc_ray_jobs/dagRuns/{run_id}/taskInstances/infer/links")
     assert "/#/jobs/batchinfer-bi_svc_ray_jobs-infer-" in json.dumps(links)
 

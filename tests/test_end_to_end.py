@@ -11,7 +11,8 @@ import pytest
 
 from airflow_provider_batchinfer.contract import JobFile, ModelRef, RunOwner
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
-from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, read_valid_manifest, sanitize_run_key
+from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, sanitize_run_key
+from tests.models import committed_manifest
 from tests.conftest import run_dag, xcom_value
 from tests.models import write_tickets
 
@@ -39,7 +40,7 @@ def test_ticket_embeddings_example_end_to_end(batchinfer_home):
     state, tasks, run_id = run_dag("batchinfer_ticket_embeddings", num_tickets=300)
     assert state == "success", tasks
     run_dir = batchinfer_home / "stage" / "embeddings" / "tickets" / sanitize_run_key(run_id)
-    manifest = read_valid_manifest(str(run_dir))
+    manifest = committed_manifest(str(run_dir))
     assert manifest["counts"] == {"input_rows": 300, "output_rows": 300, "error_rows": 0}
     assert manifest["model"]["name"] == "ticket_embedder" and len(manifest["model"]["sha256"]) == 64
     assert manifest["airflow"]["dag_id"] == "batchinfer_ticket_embeddings" and manifest["airflow"]["run_id"] == run_id
@@ -64,7 +65,7 @@ def test_tabular_example_two_runs_land_in_two_directories(batchinfer_home):
     base = batchinfer_home / "stage" / "scores" / "churn"
     assert sorted(p.name for p in base.iterdir()) == sorted(sanitize_run_key(r) for r in run_ids)
     for run_id in run_ids:
-        manifest = read_valid_manifest(str(base / sanitize_run_key(run_id)))
+        manifest = committed_manifest(str(base / sanitize_run_key(run_id)))
         assert manifest["counts"]["output_rows"] == 3000
         assert manifest["model"]["flavor"] == "torchscript"
     # the model was logged once under a content-addressed version and reused by the second run
@@ -110,7 +111,7 @@ def test_error_mode_retry_cleans_only_its_own_uncommitted_try(batchinfer_home, t
     state, tasks, _ = run_dag("bi_test_error_mode_retry", input=str(tickets), out=str(out))
     assert state == "success", tasks
     assert tasks["infer"] == ("success", 2)
-    manifest = read_valid_manifest(str(out))
+    manifest = committed_manifest(str(out))
     assert manifest["counts"]["output_rows"] == 300
     assert _part_files(out) == sorted(f["name"] for f in manifest["files"])
     # a second run (another run_id) against the committed directory is refused and changes nothing
@@ -132,7 +133,7 @@ def test_overwrite_removes_a_stale_marker_and_stray_parts(batchinfer_home, text_
     state, tasks, _ = run_dag("bi_test_overwrite_retry", input=str(tickets[0]), out=str(out))
     assert state == "success", tasks
     assert "part-00007-t01old.parquet" not in _part_files(out)
-    assert read_valid_manifest(str(out))["counts"]["output_rows"] == 500
+    assert committed_manifest(str(out))["counts"]["output_rows"] == 500
 
 
 @pytest.mark.parametrize(
@@ -166,7 +167,7 @@ def test_sql_input_is_materialized_in_chunks(batchinfer_home, text_length_model,
     state, tasks, _ = run_dag("bi_test_sql_input", out=str(out))
     assert state == "success", tasks
     assert len(list((out / "_input").glob("part-*.parquet"))) == 10
-    manifest = read_valid_manifest(str(out))
+    manifest = committed_manifest(str(out))
     assert manifest["counts"]["output_rows"] == 1000
     table = pq.read_table([str(out / f["name"]) for f in manifest["files"]]).sort_by("ticket_id")
     assert table.column("length").to_pylist()[:3] == [len("ticket number 0"), len("ticket number 1"), len("ticket number 2")]
@@ -182,7 +183,7 @@ def test_without_an_address_the_job_starts_its_own_ray_beside_a_running_cluster(
     out = tmp_path / "out"
     state, tasks, _ = run_dag("bi_test_error_mode", input=str(tickets[0]), out=str(out))
     assert state == "success", tasks
-    assert read_valid_manifest(str(out))["counts"]["output_rows"] == 500
+    assert committed_manifest(str(out))["counts"]["output_rows"] == 500
 
 
 def test_the_version_probe_reads_the_running_clusters_ray_version(ray_cluster):

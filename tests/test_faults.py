@@ -39,7 +39,7 @@ from airflow_provider_batchinfer.stage import (
     validate_manifest,
 )
 from tests.models import PidLength, SlowLength, job_file, write_job_file, write_tickets
-from tests.models import committed_manifest as read_valid_manifest
+from tests.models import committed_manifest
 from tests.task_context import TaskInstanceStandIn as _StandIn
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException  # isort: skip
@@ -368,7 +368,7 @@ def test_dead_letter_isolates_bad_rows_and_the_manifest_reconciles(batchinfer_ho
     out = tmp_path / "out"
     xcom = _operator(inputs, out, on_error="dead_letter", max_error_fraction=0.05, max_value_bytes=1000).execute(
         {"ti": TaskInstanceStandIn()})
-    manifest = read_valid_manifest(str(out))
+    manifest = committed_manifest(str(out))
     assert manifest["counts"] == {"input_rows": 200, "output_rows": 196, "error_rows": 4}
     assert xcom["error_rows"] == 4 and xcom["error_files"] and all(f.startswith("_errors/") for f in xcom["error_files"])
     errors = pq.read_table([str(out / f["name"]) for f in manifest["error_files"]]).sort_by("ticket_id").to_pylist()
@@ -510,7 +510,7 @@ def test_a_ray_worker_killed_mid_job_is_replaced_and_counts_stay_exact(batchinfe
     assert killed, "the test never saw a worker to kill"
     workers = {int(p.name) for p in pid_dir.iterdir()}
     assert workers - set(killed), "no new worker took over after the kill"
-    manifest = read_valid_manifest(str(tmp_path / "out"))
+    manifest = committed_manifest(str(tmp_path / "out"))
     assert xcom["rows"] == 300 and manifest["counts"] == {"input_rows": 300, "output_rows": 300, "error_rows": 0}
     assert _ids(tmp_path / "out", manifest) == list(range(300))  # exactly once: no loss, no duplicate
 
@@ -577,7 +577,7 @@ def test_task_killed_mid_job_then_retried_with_overwrite_and_with_resume(batchin
     resumed = _operator(inputs, out, mode=SaveMode.RESUME, model="slow_length", input_spec=spec, max_batch_rows=40,
                         rows_per_part=40)
     xcom = resumed.execute({"ti": TaskInstanceStandIn(try_number=2)})
-    manifest = read_valid_manifest(str(out))
+    manifest = committed_manifest(str(out))
     kept_rows = sum(pq.read_metadata(p).num_rows for p in kept)
     assert manifest["resume"]["kept_rows"] == kept_rows > 0
     assert manifest["resume"]["processed_rows"] == rows - kept_rows  # only the remaining rows were scored
@@ -591,7 +591,7 @@ def test_task_killed_mid_job_then_retried_with_overwrite_and_with_resume(batchin
     clean = _operator(inputs, overwrite_dir, mode=SaveMode.OVERWRITE, model="slow_length", input_spec=spec,
                       max_batch_rows=40, rows_per_part=120)
     xcom = clean.execute({"ti": TaskInstanceStandIn(try_number=2)})
-    manifest = read_valid_manifest(str(overwrite_dir))
+    manifest = committed_manifest(str(overwrite_dir))
     assert manifest["resume"]["processed_rows"] == rows and manifest["resume"]["kept_rows"] == 0
     assert sorted(p.name for p in overwrite_dir.glob("part-*.parquet")) == sorted(f["name"] for f in manifest["files"])
     assert all(xcom["attempt"] in f["name"] for f in manifest["files"])

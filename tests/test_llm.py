@@ -35,7 +35,7 @@ from airflow_provider_batchinfer.runtime.dereference import (
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SpecError
 from airflow_provider_batchinfer.contract import ERROR_PREFIX
 from airflow_provider_batchinfer.stage import SUCCESS_MARKER, Stage, sanitize_run_key
-from tests.models import committed_manifest as read_valid_manifest
+from tests.models import committed_manifest
 from tests.models import job_file, write_job_file
 
 
@@ -394,7 +394,7 @@ def test_ticket_summaries_dag_fills_responses_and_token_counts_reconcile(batchin
     state, tasks, run_id = run_dag("batchinfer_ticket_summaries", num_tickets=20)
     assert state == "success", tasks
     run_key = sanitize_run_key(run_id)
-    manifest = read_valid_manifest(str(batchinfer_home / "stage" / "summaries" / "tickets" / run_key))
+    manifest = committed_manifest(str(batchinfer_home / "stage" / "summaries" / "tickets" / run_key))
     assert manifest["counts"] == {"input_rows": 20, "output_rows": 20, "error_rows": 0}
     assert manifest["columns"] == {"passthrough": ["ticket_id"], "outputs": ["choices", "usage"]}
     out = pq.read_table([f"{manifest['run_dir']}/{f['name']}" for f in manifest["files"]]).sort_by("ticket_id")
@@ -429,7 +429,7 @@ def test_image_labels_dag_reads_real_image_files_from_the_stage(batchinfer_home)
     run_key = sanitize_run_key(run_id)
     images = sorted(os.listdir(batchinfer_home / "stage" / "images" / "products" / run_key))
     assert {name.rsplit(".", 1)[1] for name in images} == {"png", "jpg"} and len(images) == 12
-    manifest = read_valid_manifest(str(batchinfer_home / "stage" / "labels" / "product_images" / run_key))
+    manifest = committed_manifest(str(batchinfer_home / "stage" / "labels" / "product_images" / run_key))
     assert manifest["counts"]["output_rows"] == 12
     out = pq.read_table([f"{manifest['run_dir']}/{f['name']}" for f in manifest["files"]]).sort_by("product_id")
     assert out.column_names == ["product_id", "color", "label", "score"]
@@ -473,7 +473,7 @@ def test_vllm_engine_on_a_gpu_end_to_end(registry, tmp_path):
     # a fresh local Ray with every CPU and GPU of the machine, not the tests' 2-CPU head
     rc, output = run_runtime(write_job_file(spec), RAY_ADDRESS="")
     assert rc == 0, output[-3000:]
-    manifest = read_valid_manifest(run_dir.location)
+    manifest = committed_manifest(run_dir.location)
     assert manifest["counts"]["output_rows"] == n
     out = pq.read_table([f"{manifest['run_dir']}/{f['name']}" for f in manifest["files"]])
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))

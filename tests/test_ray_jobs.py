@@ -14,7 +14,8 @@ import pytest
 
 from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher, submission_id_for
 from tests.task_context import TaskInstanceStandIn
-from airflow_provider_batchinfer.stage import SUCCESS_MARKER, read_valid_manifest, sanitize_run_key
+from airflow_provider_batchinfer.stage import SUCCESS_MARKER, sanitize_run_key
+from tests.models import committed_manifest
 from tests.conftest import run_dag, xcom_value
 from tests.models import SlowLength, write_tickets
 
@@ -77,7 +78,7 @@ def test_example_dags_run_through_the_jobs_api_deferrable(ray_jobs_conn, launche
     state, tasks, run_id = run_dag(dag_id, **conf)
     assert state == "success", tasks
     run_dir = batchinfer_home.joinpath("stage", *subdir, sanitize_run_key(run_id))
-    manifest = read_valid_manifest(str(run_dir))
+    manifest = committed_manifest(str(run_dir))
     assert manifest["counts"]["output_rows"] == rows and manifest["job"]["launcher"] == "ray_jobs"
     sid = submission_id_for(dag_id, task_id, run_id, -1, 1)
     assert launcher.find(sid)["status"] == "SUCCEEDED"
