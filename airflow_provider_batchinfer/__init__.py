@@ -22,7 +22,18 @@ _EXPORTS = {
     "SpecError": "airflow_provider_batchinfer.specs",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = [  # noqa: RUF022  (the order of the README's import line)
+    "BatchInferenceOperator",
+    "SuccessMarkerSensor",
+    "ModelServiceHook",
+    "SuccessMarkerTrigger",
+    "InputSpec",
+    "OutputSpec",
+    "JobSpec",
+    "SaveMode",
+    "SpecError",
+    "__version__",
+]
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook

@@ -17,8 +17,9 @@ SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_toke
 FINISH_REASONS = ("stop", "length")
 
 
-def text_to_messages(table: Any, template: str = "{text}", *, system: str | None = None,
-                     column: str = "messages") -> Any:
+def text_to_messages(
+    table: Any, template: str = "{text}", *, system: str | None = None, column: str = "messages"
+) -> Any:
     """Return ``table`` with a ``messages`` column built from a prompt template.
 
     ``template`` is a ``str.format`` template over the table's columns, e.g.
@@ -59,7 +60,9 @@ def sampling_params(job_params: dict[str, Any], row_override: Any = None) -> dic
         values = {("max_tokens" if k == "max_completion_tokens" else k): v for k, v in values.items() if v is not None}
         unknown = sorted(set(values) - set(SAMPLING_DEFAULTS))
         if unknown:
-            raise ValueError(f"{source} has unknown sampling parameter(s) {unknown}; known: {sorted(SAMPLING_DEFAULTS)}")
+            raise ValueError(
+                f"{source} has unknown sampling parameter(s) {unknown}; known: {sorted(SAMPLING_DEFAULTS)}"
+            )
         merged.update(values)
     stop = merged["stop"]
     merged["stop"] = [stop] if isinstance(stop, str) else list(stop) if stop else None
@@ -78,8 +81,11 @@ def response(content: str, finish_reason: str, prompt_tokens: int, completion_to
         raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
     return {
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}],
-        "usage": {"prompt_tokens": int(prompt_tokens), "completion_tokens": int(completion_tokens),
-                  "total_tokens": int(prompt_tokens) + int(completion_tokens)},
+        "usage": {
+            "prompt_tokens": int(prompt_tokens),
+            "completion_tokens": int(completion_tokens),
+            "total_tokens": int(prompt_tokens) + int(completion_tokens),
+        },
     }
 
 
@@ -98,8 +104,10 @@ def response_columns(responses: list[dict[str, Any]]) -> dict[str, Any]:
     import pyarrow as pa
 
     choices_type, usage_type = response_types()
-    return {"choices": pa.array([r["choices"] for r in responses], choices_type),
-            "usage": pa.array([r["usage"] for r in responses], usage_type)}
+    return {
+        "choices": pa.array([r["choices"] for r in responses], choices_type),
+        "usage": pa.array([r["usage"] for r in responses], usage_type),
+    }
 
 
 def finish_reason(completion_tokens: int, max_tokens: int, stopped: bool) -> str:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 
@@ -69,7 +70,9 @@ class ManifestError(ContractError):
 # --- small typed readers ---------------------------------------------------------------------------
 
 
-def _get(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, error: type[ContractError]) -> Any:
+def _get(
+    data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, error: type[ContractError]
+) -> Any:
     if not isinstance(data, Mapping):
         raise error(f"{where} must be a JSON object, got {type(data).__name__}")
     if key not in data:
@@ -82,8 +85,14 @@ def _get(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where
     return value
 
 
-def _opt(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, error: type[ContractError],
-         default: Any = None) -> Any:
+def _opt(
+    data: Mapping[str, Any],
+    key: str,
+    kind: type | tuple[type, ...],
+    where: str,
+    error: type[ContractError],
+    default: Any = None,
+) -> Any:
     if data.get(key) is None:
         return default
     return _get(data, key, kind, where, error)
@@ -91,8 +100,17 @@ def _opt(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({"str": "a string", "int": "a whole number", "float": "a number", "bool": "true/false",
-                        "dict": "an object", "list": "a list"}.get(k.__name__, k.__name__) for k in kinds)
+    return " or ".join(
+        {
+            "str": "a string",
+            "int": "a whole number",
+            "float": "a number",
+            "bool": "true/false",
+            "dict": "an object",
+            "list": "a list",
+        }.get(k.__name__, k.__name__)
+        for k in kinds
+    )
 
 
 def _strings(values: Any, where: str, error: type[ContractError]) -> tuple[str, ...]:
@@ -120,15 +138,25 @@ class RunOwner:
     def same_task_instance(self, other: RunOwner) -> bool:
         """Same dag, task, run and map index: another try of the very same task instance."""
         return (self.dag_id, self.task_id, self.run_id, self.map_index) == (
-            other.dag_id, other.task_id, other.run_id, other.map_index)
+            other.dag_id,
+            other.task_id,
+            other.run_id,
+            other.map_index,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dag_id": self.dag_id, "task_id": self.task_id, "run_id": self.run_id,
-                "try_number": self.try_number, "map_index": self.map_index}
+        return {
+            "dag_id": self.dag_id,
+            "task_id": self.task_id,
+            "run_id": self.run_id,
+            "try_number": self.try_number,
+            "map_index": self.map_index,
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "airflow",
-                  error: type[ContractError] = ContractError) -> RunOwner:
+    def from_dict(
+        cls, data: Mapping[str, Any], where: str = "airflow", error: type[ContractError] = ContractError
+    ) -> RunOwner:
         return cls(
             dag_id=_get(data, "dag_id", str, where, error),
             task_id=_get(data, "task_id", str, where, error),
@@ -151,8 +179,13 @@ class ModelRef:
     signature: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "version": self.version, "flavor": self.flavor,
-                               "sha256": self.sha256, "uri": self.uri}
+        out: dict[str, Any] = {
+            "name": self.name,
+            "version": self.version,
+            "flavor": self.flavor,
+            "sha256": self.sha256,
+            "uri": self.uri,
+        }
         if self.signature is not None:
             out["signature"] = dict(self.signature)
         return out
@@ -161,12 +194,18 @@ class ModelRef:
         return ModelRef(self.name, self.version, self.flavor, self.sha256, self.uri)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "model",
-                  error: type[ContractError] = ContractError) -> ModelRef:
+    def from_dict(
+        cls, data: Mapping[str, Any], where: str = "model", error: type[ContractError] = ContractError
+    ) -> ModelRef:
         signature = _opt(data, "signature", dict, where, error)
-        return cls(name=_get(data, "name", str, where, error), version=_get(data, "version", str, where, error),
-                   flavor=_get(data, "flavor", str, where, error), sha256=_get(data, "sha256", str, where, error),
-                   uri=_get(data, "uri", str, where, error), signature=signature)
+        return cls(
+            name=_get(data, "name", str, where, error),
+            version=_get(data, "version", str, where, error),
+            flavor=_get(data, "flavor", str, where, error),
+            sha256=_get(data, "sha256", str, where, error),
+            uri=_get(data, "uri", str, where, error),
+            signature=signature,
+        )
 
     @property
     def inputs(self) -> dict[str, Any]:
@@ -249,8 +288,11 @@ class JobFile:
             attempt=_get(data, "attempt", str, where, err),
             launcher=_get(data, "launcher", str, where, err),
             run_dir=_get(data, "run_dir", str, where, err),
-            input_locations=_strings(_get(_get(data, "input", dict, where, err), "locations", list, f"{where}.input",
-                                          err), f"{where}.input.locations", err),
+            input_locations=_strings(
+                _get(_get(data, "input", dict, where, err), "locations", list, f"{where}.input", err),
+                f"{where}.input.locations",
+                err,
+            ),
             input_spec=input_spec,
             job_spec=job_spec,
             model=ModelRef.from_dict(_get(data, "model", dict, where, err), f"{where}.model"),
@@ -326,8 +368,13 @@ class ResumeInfo:
     removed_files: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"resumed": self.resumed, "kept_files": self.kept_files, "kept_rows": self.kept_rows,
-                "processed_rows": self.processed_rows, "removed_files": list(self.removed_files)}
+        return {
+            "resumed": self.resumed,
+            "kept_files": self.kept_files,
+            "kept_rows": self.kept_rows,
+            "processed_rows": self.processed_rows,
+            "removed_files": list(self.removed_files),
+        }
 
 
 @dataclass(frozen=True)
@@ -341,8 +388,13 @@ class JobRecord:
     device: str = "cpu"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "attempt": self.attempt, "launcher": self.launcher, "replicas": self.replicas,
-                "device": self.device}
+        return {
+            "id": self.id,
+            "attempt": self.attempt,
+            "launcher": self.launcher,
+            "replicas": self.replicas,
+            "device": self.device,
+        }
 
 
 @dataclass(frozen=True)
@@ -407,14 +459,20 @@ class Manifest:
         if fmt not in READABLE_MANIFEST_FORMATS:
             raise err(f"{where} is not a batchinfer manifest (format {fmt!r}; readable: {READABLE_MANIFEST_FORMATS})")
         checksums = fmt != "batchinfer.manifest/1"
-        files = tuple(FileEntry.from_dict(e, f"{where}.files[{i}]", checksums)
-                      for i, e in enumerate(_get(data, "files", list, where, err)))
-        errors = tuple(FileEntry.from_dict(e, f"{where}.error_files[{i}]", checksums)
-                       for i, e in enumerate(_opt(data, "error_files", list, where, err, [])))
+        files = tuple(
+            FileEntry.from_dict(e, f"{where}.files[{i}]", checksums)
+            for i, e in enumerate(_get(data, "files", list, where, err))
+        )
+        errors = tuple(
+            FileEntry.from_dict(e, f"{where}.error_files[{i}]", checksums)
+            for i, e in enumerate(_opt(data, "error_files", list, where, err, []))
+        )
         c = _get(data, "counts", dict, where, err)
-        counts = Counts(_get(c, "input_rows", int, f"{where}.counts", err),
-                        _get(c, "output_rows", int, f"{where}.counts", err),
-                        _opt(c, "error_rows", int, f"{where}.counts", err, 0))
+        counts = Counts(
+            _get(c, "input_rows", int, f"{where}.counts", err),
+            _get(c, "output_rows", int, f"{where}.counts", err),
+            _opt(c, "error_rows", int, f"{where}.counts", err, 0),
+        )
         job = _get(data, "job", dict, where, err)
         inputs = _get(data, "input", dict, where, err)
         columns = _opt(data, "columns", dict, where, err, {})
@@ -428,24 +486,31 @@ class Manifest:
             error_files=errors,
             counts=counts,
             model=ModelRef.from_dict(_get(data, "model", dict, where, err), f"{where}.model", err),
-            job=JobRecord(id=_get(job, "id", str, f"{where}.job", err),
-                          attempt=_get(job, "attempt", str, f"{where}.job", err),
-                          launcher=_opt(job, "launcher", str, f"{where}.job", err, "local"),
-                          replicas=_opt(job, "replicas", int, f"{where}.job", err, 1),
-                          device=_opt(job, "device", str, f"{where}.job", err, "cpu")),
-            input_locations=_strings(_get(inputs, "locations", list, f"{where}.input", err), f"{where}.input.locations",
-                                     err),
+            job=JobRecord(
+                id=_get(job, "id", str, f"{where}.job", err),
+                attempt=_get(job, "attempt", str, f"{where}.job", err),
+                launcher=_opt(job, "launcher", str, f"{where}.job", err, "local"),
+                replicas=_opt(job, "replicas", int, f"{where}.job", err, 1),
+                device=_opt(job, "device", str, f"{where}.job", err, "cpu"),
+            ),
+            input_locations=_strings(
+                _get(inputs, "locations", list, f"{where}.input", err), f"{where}.input.locations", err
+            ),
             input_files=_strings(_get(inputs, "files", list, f"{where}.input", err), f"{where}.input.files", err),
             airflow=RunOwner.from_dict(airflow, f"{where}.airflow", err) if airflow else None,
             passthrough_columns=_strings(columns.get("passthrough", []), f"{where}.columns.passthrough", err),
             output_columns=_strings(columns.get("outputs", []), f"{where}.columns.outputs", err),
             on_error=_opt(policy, "on_error", str, f"{where}.error_policy", err, "fail"),
-            max_error_fraction=float(_opt(policy, "max_error_fraction", (int, float), f"{where}.error_policy", err,
-                                          0.0)),
-            resume=ResumeInfo(resumed=bool(resume.get("resumed", False)),
-                              kept_files=int(resume.get("kept_files", 0)), kept_rows=int(resume.get("kept_rows", 0)),
-                              processed_rows=int(resume.get("processed_rows", 0)),
-                              removed_files=tuple(resume.get("removed_files", []))),
+            max_error_fraction=float(
+                _opt(policy, "max_error_fraction", (int, float), f"{where}.error_policy", err, 0.0)
+            ),
+            resume=ResumeInfo(
+                resumed=bool(resume.get("resumed", False)),
+                kept_files=int(resume.get("kept_files", 0)),
+                kept_rows=int(resume.get("kept_rows", 0)),
+                processed_rows=int(resume.get("processed_rows", 0)),
+                removed_files=tuple(resume.get("removed_files", [])),
+            ),
             started_at=_opt(data, "started_at", str, where, err, ""),
             finished_at=_opt(data, "finished_at", str, where, err, ""),
             timings=_opt(data, "timings", dict, where, err, {}),
@@ -463,16 +528,19 @@ class Manifest:
 
     def check_counts(self, where: str = SUCCESS_MARKER) -> None:
         """The counts reconcile: listed rows match the counts, and input = output + dead-lettered."""
-        for key, entries, count in (("files", self.files, self.counts.output_rows),
-                                    ("error_files", self.error_files, self.counts.error_rows)):
+        for key, entries, count in (
+            ("files", self.files, self.counts.output_rows),
+            ("error_files", self.error_files, self.counts.error_rows),
+        ):
             listed = sum(e.rows for e in entries)
             if listed != count:
                 which = "output_rows" if key == "files" else "error_rows"
                 raise ManifestError(f"{where}: {key} hold {listed} rows but {which} is {count}")
         c = self.counts
         if c.input_rows != c.output_rows + c.error_rows:
-            raise ManifestError(f"{where}: input_rows {c.input_rows} != output_rows {c.output_rows} + error_rows "
-                                f"{c.error_rows}")
+            raise ManifestError(
+                f"{where}: input_rows {c.input_rows} != output_rows {c.output_rows} + error_rows {c.error_rows}"
+            )
 
 
 # --- the runtime's last line --------------------------------------------------------------------------
@@ -510,12 +578,15 @@ def parse_runtime_line(line: str) -> JobResult | JobFailure | None:
     line = line.rstrip("\r\n")
     try:
         if line.startswith(RESULT_PREFIX):
-            data = json.loads(line[len(RESULT_PREFIX):])
+            data = json.loads(line[len(RESULT_PREFIX) :])
             return JobResult(rows=int(data["rows"]), files=int(data["files"]))
         if line.startswith(ERROR_PREFIX):
-            data = json.loads(line[len(ERROR_PREFIX):])
-            return JobFailure(error=str(data["error"]), type=str(data.get("type", "Exception")),
-                              permanent=bool(data.get("permanent", False)))
+            data = json.loads(line[len(ERROR_PREFIX) :])
+            return JobFailure(
+                error=str(data["error"]),
+                type=str(data.get("type", "Exception")),
+                permanent=bool(data.get("permanent", False)),
+            )
     except (ValueError, KeyError, TypeError):
         return JobFailure(error=f"unreadable runtime line: {line[:200]}")
     return None

@@ -40,15 +40,27 @@ def build_tiny_chat_model(path: str | Path, seed: int = 0, hidden_size: int = 32
     core = Tokenizer(models.WordLevel(unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     core.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces: decode/encode round-trips
-    core.train_from_iterator(CORPUS + [":"], trainers.WordLevelTrainer(special_tokens=["<unk>", "<pad>", "<s>", "</s>"]))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<pad>",
-                                        bos_token="<s>", eos_token="</s>")
+    core.train_from_iterator(
+        [*CORPUS, ":"], trainers.WordLevelTrainer(special_tokens=["<unk>", "<pad>", "<s>", "</s>"])
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, unk_token="<unk>", pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=2, num_attention_heads=num_heads, num_key_value_heads=max(1, num_heads // 2),
-                         head_dim=hidden_size // num_heads, max_position_embeddings=512,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     # never emit <unk>, <pad> or <s>: generated text then re-tokenizes to exactly the generated tokens
@@ -80,9 +92,18 @@ def build_tiny_image_classifier(path: str | Path, seed: int = 0, steps: int = 40
 
     path = Path(path)
     labels = list(COLORS)
-    config = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=1,
-                       num_attention_heads=2, intermediate_size=64, num_labels=len(labels),
-                       id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        num_channels=3,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={n: i for i, n in enumerate(labels)},
+    )
     processor = Processor(size={"height": 32, "width": 32})
     torch.manual_seed(seed)
     model = ViTForImageClassification(config)

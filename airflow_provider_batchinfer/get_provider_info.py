@@ -27,21 +27,31 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "operators": [
-            {"integration-name": "Batch Inference",
-             "python-modules": ["airflow_provider_batchinfer.operators.batch_inference"]}
+            {
+                "integration-name": "Batch Inference",
+                "python-modules": ["airflow_provider_batchinfer.operators.batch_inference"],
+            }
         ],
         "sensors": [
-            {"integration-name": "Batch Inference",
-             "python-modules": ["airflow_provider_batchinfer.sensors.success_marker"]}
+            {
+                "integration-name": "Batch Inference",
+                "python-modules": ["airflow_provider_batchinfer.sensors.success_marker"],
+            }
         ],
         "hooks": [
-            {"integration-name": "Batch Inference",
-             "python-modules": ["airflow_provider_batchinfer.hooks.model_service"]}
+            {
+                "integration-name": "Batch Inference",
+                "python-modules": ["airflow_provider_batchinfer.hooks.model_service"],
+            }
         ],
         "triggers": [
-            {"integration-name": "Batch Inference",
-             "python-modules": ["airflow_provider_batchinfer.triggers.success_marker",
-                                "airflow_provider_batchinfer.triggers.ray_job"]}
+            {
+                "integration-name": "Batch Inference",
+                "python-modules": [
+                    "airflow_provider_batchinfer.triggers.success_marker",
+                    "airflow_provider_batchinfer.triggers.ray_job",
+                ],
+            }
         ],
         "extra-links": ["airflow_provider_batchinfer.links.ray_dashboard.RayJobLink"],
         "connection-types": [

@@ -60,6 +60,8 @@ def inspect_input(files: list[str], storage_options: dict[str, Any] | None) -> t
             diff = sorted(set(map(str, file_schema)) ^ set(map(str, schema)))
             raise InputError(f"input file {location} has a different schema from {files[0]}: {diff}")
     if total == 0:
-        raise InputError(f"input {', '.join(files[:3])}{' …' if len(files) > 3 else ''} holds 0 rows; nothing to "
-                         "score. Check data_prep's output (a run that legitimately has no rows should skip this task)")
+        raise InputError(
+            f"input {', '.join(files[:3])}{' …' if len(files) > 3 else ''} holds 0 rows; nothing to "
+            "score. Check data_prep's output (a run that legitimately has no rows should skip this task)"
+        )
     return total, schema

@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_batchinfer.s3 import is_s3, split_uri
 from airflow_provider_batchinfer.registry import RegistryError
+from airflow_provider_batchinfer.s3 import is_s3, split_uri
 from airflow_provider_batchinfer.stage import Stage, join, read_valid_manifest
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def dataset_name(location: str) -> tuple[str, str]:
         bucket, key = split_uri(location)
         naming: Any = S3(bucket_name=bucket, object_key=key or "/")
     else:
-        path = location[len("file://"):] if location.startswith("file://") else location
+        path = location[len("file://") :] if location.startswith("file://") else location
         naming = LocalFileSystem(path=os.path.normpath(os.path.abspath(path)))
     return naming.get_namespace(), naming.get_name()
 
@@ -110,16 +110,20 @@ def _sql_lineage(operator: BatchInferenceOperator) -> OperatorLineage:
         return OperatorLineage(job_facets=job_facets)
     from airflow.providers.openlineage.sqlparser import SQLParser
 
-    parser = SQLParser(dialect=hook.get_openlineage_database_dialect(connection),
-                       default_schema=hook.get_openlineage_default_schema())
+    parser = SQLParser(
+        dialect=hook.get_openlineage_database_dialect(connection), default_schema=hook.get_openlineage_default_schema()
+    )
     parsed = parser.generate_openlineage_metadata_from_sql(
-        sql=operator.sql, hook=hook, database_info=database_info, sqlalchemy_engine=None, use_connection=False)
-    return OperatorLineage(inputs=parsed.inputs, job_facets={**parsed.job_facets, **job_facets},
-                           run_facets=parsed.run_facets)
+        sql=operator.sql, hook=hook, database_info=database_info, sqlalchemy_engine=None, use_connection=False
+    )
+    return OperatorLineage(
+        inputs=parsed.inputs, job_facets={**parsed.job_facets, **job_facets}, run_facets=parsed.run_facets
+    )
 
 
-def operator_lineage(operator: BatchInferenceOperator, task_instance: Any = None,
-                     committed: bool = True) -> OperatorLineage:
+def operator_lineage(
+    operator: BatchInferenceOperator, task_instance: Any = None, committed: bool = True
+) -> OperatorLineage:
     """Inputs, output and facets of one task instance.
 
     Without ``task_instance`` (the task is starting), only what is known before the job runs: the
@@ -149,8 +153,14 @@ def operator_lineage(operator: BatchInferenceOperator, task_instance: Any = None
     else:
         try:
             mv = hook.get_model(operator.model, operator.version, verify=False)
-            model = {"name": mv.name, "version": mv.version, "flavor": mv.flavor, "sha256": mv.sha256,
-                     "uri": mv.uri, "signature": mv.signature}
+            model = {
+                "name": mv.name,
+                "version": mv.version,
+                "flavor": mv.flavor,
+                "sha256": mv.sha256,
+                "uri": mv.uri,
+                "signature": mv.signature,
+            }
         except RegistryError:
             model = {"name": operator.model, "version": operator.version}
     signature = model.pop("signature", None) or {}
@@ -184,12 +194,18 @@ def operator_lineage(operator: BatchInferenceOperator, task_instance: Any = None
         if manifest is not None:
             files = manifest.files
             facets = {"schema": _schema_facet(_parquet_fields(join(location, files[0].name), storage))} if files else {}
-            output_facets = {"outputStatistics": OutputStatisticsOutputDatasetFacet(
-                rowCount=manifest.counts.output_rows, size=sum(f.size for f in files),
-                fileCount=len(files))}
+            output_facets = {
+                "outputStatistics": OutputStatisticsOutputDatasetFacet(
+                    rowCount=manifest.counts.output_rows, size=sum(f.size for f in files), fileCount=len(files)
+                )
+            }
         else:
             # before the job: the model's outputs (the passthrough columns are known once it ran)
-            facets = {"schema": _schema_facet(list(signature.get("outputs", {}).items()))} if signature.get("outputs") else {}
+            facets = (
+                {"schema": _schema_facet(list(signature.get("outputs", {}).items()))}
+                if signature.get("outputs")
+                else {}
+            )
             output_facets = {}
         outputs.append(OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=output_facets))
 
@@ -199,5 +215,9 @@ def operator_lineage(operator: BatchInferenceOperator, task_instance: Any = None
         counts=manifest.counts.to_dict() if manifest else {},
         timings=dict(manifest.timings) if manifest else {},
     )
-    return OperatorLineage(inputs=inputs, outputs=outputs, job_facets=lineage.job_facets,
-                           run_facets={**lineage.run_facets, RUN_FACET: run_facet})
+    return OperatorLineage(
+        inputs=inputs,
+        outputs=outputs,
+        job_facets=lineage.job_facets,
+        run_facets={**lineage.run_facets, RUN_FACET: run_facet},
+    )

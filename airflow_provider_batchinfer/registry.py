@@ -114,8 +114,10 @@ def normalize_signature(signature: dict[str, Any] | None, flavor: str) -> dict[s
         "sentence_transformers": {"inputs": {"text": "string"}, "outputs": {"embedding": "list<float32>"}},
         "python": {"inputs": {}, "outputs": {}},
         # messages: OpenAI chat messages (list of structs or JSON); sampling_params: optional per-row overrides
-        "text_generation": {"inputs": {"messages": "messages", "sampling_params": "optional"},
-                            "outputs": {"choices": "list<struct>", "usage": "struct"}},
+        "text_generation": {
+            "inputs": {"messages": "messages", "sampling_params": "optional"},
+            "outputs": {"choices": "list<struct>", "usage": "struct"},
+        },
         "image_classification": {"inputs": {"image": "binary"}, "outputs": {"label": "string", "score": "float32"}},
     }
     if signature is None:
@@ -169,8 +171,12 @@ class ModelRegistry:
                 hint = f"known versions of {name!r}: {', '.join(known)}"
             else:
                 models = self.list_models()
-                hint = f"known models: {', '.join(models) if models else 'none'}; log it with ModelServiceHook.log_model"
-            raise ModelNotFoundError(f"model {name!r} version {version!r} is not in the registry at {self.root} ({hint})")
+                hint = (
+                    f"known models: {', '.join(models) if models else 'none'}; log it with ModelServiceHook.log_model"
+                )
+            raise ModelNotFoundError(
+                f"model {name!r} version {version!r} is not in the registry at {self.root} ({hint})"
+            )
         manifest = marker.read_json()
         if manifest.get("format") != REGISTRY_FORMAT:
             raise RegistryError(f"{marker.location} is not a {REGISTRY_FORMAT} manifest")
@@ -280,7 +286,9 @@ class ModelRegistry:
             options["file"] = "artifact/model.pt"
         elif flavor == "sentence_transformers":
             if artifact is None:
-                raise RegistryError("a sentence_transformers model needs artifact=<SentenceTransformer or its directory>")
+                raise RegistryError(
+                    "a sentence_transformers model needs artifact=<SentenceTransformer or its directory>"
+                )
             if isinstance(artifact, (str, os.PathLike)):
                 if not Path(artifact).is_dir():
                     raise RegistryError(f"sentence_transformers artifact {artifact!s} is not a directory")
@@ -348,19 +356,24 @@ class ModelRegistry:
         recorded = manifest["files"]
         for rel in sorted(set(recorded) | set(present)):
             if rel not in present:
-                raise TamperedModelError(f"model file {where.location}/{rel} was removed after the model was logged; "
-                                         "re-log the model")
+                raise TamperedModelError(
+                    f"model file {where.location}/{rel} was removed after the model was logged; re-log the model"
+                )
             if rel not in recorded:
-                raise TamperedModelError(f"model file {where.location}/{rel} was added after the model was logged; "
-                                         "re-log the model")
+                raise TamperedModelError(
+                    f"model file {where.location}/{rel} was added after the model was logged; re-log the model"
+                )
             if present[rel] != recorded[rel]["size"]:
                 raise TamperedModelError(
                     f"model file {where.location}/{rel} is {present[rel]} bytes but was {recorded[rel]['size']} when "
-                    "logged: it changed after the model was logged; refusing to use it")
+                    "logged: it changed after the model was logged; refusing to use it"
+                )
         digest = tree_digest(recorded)
         if digest != manifest["sha256"] or (expected_sha256 and digest != expected_sha256):
-            raise TamperedModelError(f"model at {where.location}: its {MODEL_MANIFEST} was edited (digest {digest[:12]}… "
-                                     f"but {expected_sha256 or manifest['sha256']} was pinned); refusing to use it")
+            raise TamperedModelError(
+                f"model at {where.location}: its {MODEL_MANIFEST} was edited (digest {digest[:12]}… "
+                f"but {expected_sha256 or manifest['sha256']} was pinned); refusing to use it"
+            )
         return manifest
 
 
@@ -406,8 +419,10 @@ def fetch_version(
             return cache, verify_local_copy(cache, sha256)
         except TamperedModelError as exc:
             if fresh:
-                raise TamperedModelError(f"{exc} (downloaded just now from {source.location}: the registry's copy "
-                                         "changed after it was logged)") from exc
+                raise TamperedModelError(
+                    f"{exc} (downloaded just now from {source.location}: the registry's copy "
+                    "changed after it was logged)"
+                ) from exc
     raise AssertionError("unreachable")
 
 
@@ -418,8 +433,9 @@ def _download(source: Stage, cache: Path, replace: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name[:12]}-", dir=cache.parent))
     try:
         with source._io("download"):
-            pafs.copy_files(source.path, str(tmp), source_filesystem=source.fs,
-                            destination_filesystem=pafs.LocalFileSystem())
+            pafs.copy_files(
+                source.path, str(tmp), source_filesystem=source.fs, destination_filesystem=pafs.LocalFileSystem()
+            )
         if not (tmp / MODEL_MANIFEST).exists():
             raise RegistryError(f"{source.location} holds no {MODEL_MANIFEST}; it is not a logged model version")
         if replace and cache.exists():
@@ -454,7 +470,9 @@ def verify_local_copy(path: Path, expected_sha256: str | None = None) -> dict[st
     actual = hash_tree(path)
     for rel in sorted(set(recorded) | set(actual)):
         if rel not in actual:
-            raise TamperedModelError(f"model file {path / rel} was removed after the model was logged; re-log the model")
+            raise TamperedModelError(
+                f"model file {path / rel} was removed after the model was logged; re-log the model"
+            )
         if rel not in recorded:
             raise TamperedModelError(f"model file {path / rel} was added after the model was logged; re-log the model")
         if actual[rel]["sha256"] != recorded[rel]["sha256"]:
@@ -479,7 +497,11 @@ def _stage_pretrained(art: Path, flavor: str, artifact: Any) -> None:
         if not Path(artifact).is_dir():
             raise RegistryError(f"{flavor} artifact {artifact!s} is not a directory (save_pretrained output)")
         shutil.copytree(artifact, art, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".cache"))
-    elif isinstance(artifact, (tuple, list)) and len(artifact) == 2 and all(hasattr(a, "save_pretrained") for a in artifact):
+    elif (
+        isinstance(artifact, (tuple, list))
+        and len(artifact) == 2
+        and all(hasattr(a, "save_pretrained") for a in artifact)
+    ):
         art.mkdir()
         for part in artifact:
             part.save_pretrained(str(art))
@@ -491,7 +513,9 @@ def _stage_pretrained(art: Path, flavor: str, artifact: Any) -> None:
     if not (art / "config.json").exists():
         raise RegistryError(f"{flavor} artifact has no config.json; save the model with save_pretrained")
     if flavor == "text_generation":
-        config = json.loads((art / "tokenizer_config.json").read_text()) if (art / "tokenizer_config.json").exists() else {}
+        config = (
+            json.loads((art / "tokenizer_config.json").read_text()) if (art / "tokenizer_config.json").exists() else {}
+        )
         if not (art / "chat_template.jinja").exists() and not config.get("chat_template"):
             raise RegistryError(
                 "a text_generation model needs a tokenizer with a chat template (chat_template.jinja or "
@@ -518,6 +542,8 @@ def _python_class_source(python_class: Any, code_paths: list[str] | None) -> tup
             raise RegistryError(f"python_class {python_class.__name__} has no {method}() method")
     source = inspect.getsourcefile(python_class)
     if not source:
-        raise RegistryError(f"cannot find the source file of {python_class.__name__}; pass 'module:Class' and code_paths")
+        raise RegistryError(
+            f"cannot find the source file of {python_class.__name__}; pass 'module:Class' and code_paths"
+        )
     module = Path(source).stem
     return module, python_class.__qualname__, [source, *(code_paths or [])]

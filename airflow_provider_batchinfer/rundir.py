@@ -36,8 +36,17 @@ from airflow_provider_batchinfer.specs import SaveMode
 from airflow_provider_batchinfer.stage import Stage, StageError, validate_manifest
 
 __all__ = [
-    "FencedError", "ForeignRunDirectoryError", "Preparation", "ReconcileError", "RunDirectoryError",
-    "RunDirectoryNotEmptyError", "check_fence", "claim", "commit", "prepare", "read_claim",
+    "FencedError",
+    "ForeignRunDirectoryError",
+    "Preparation",
+    "ReconcileError",
+    "RunDirectoryError",
+    "RunDirectoryNotEmptyError",
+    "check_fence",
+    "claim",
+    "commit",
+    "prepare",
+    "read_claim",
 ]
 
 
@@ -106,14 +115,20 @@ def check_fence(run_dir: Stage, attempt: str) -> JobFile:
     try:
         job = read_claim(run_dir)
     except ContractError as exc:
-        raise FencedError(f"attempt {attempt} cannot tell who owns {run_dir.location}: {exc}; not committing. "
-                          "A retry of the task writes a new claim") from exc
+        raise FencedError(
+            f"attempt {attempt} cannot tell who owns {run_dir.location}: {exc}; not committing. "
+            "A retry of the task writes a new claim"
+        ) from exc
     if job is None:
-        raise FencedError(f"attempt {attempt} is no longer the owner of {run_dir.location}: its {JOB_SPEC_FILE} "
-                          "is gone (a newer attempt cleared the directory); not committing")
+        raise FencedError(
+            f"attempt {attempt} is no longer the owner of {run_dir.location}: its {JOB_SPEC_FILE} "
+            "is gone (a newer attempt cleared the directory); not committing"
+        )
     if job.attempt != attempt:
-        raise FencedError(f"attempt {attempt} is no longer the owner of {run_dir.location}: attempt {job.attempt} "
-                          f"(try {job.airflow.try_number}) took over; not committing")
+        raise FencedError(
+            f"attempt {attempt} is no longer the owner of {run_dir.location}: attempt {job.attempt} "
+            f"(try {job.airflow.try_number}) took over; not committing"
+        )
     return job
 
 
@@ -126,8 +141,9 @@ def commit(run_dir: Stage, manifest: Manifest) -> None:
     try:
         manifest.check_counts(where)
     except ManifestError as exc:
-        raise ReconcileError(f"{exc}; nothing was committed. Rows were lost or counted twice: a retry re-runs "
-                             "the job") from exc
+        raise ReconcileError(
+            f"{exc}; nothing was committed. Rows were lost or counted twice: a retry re-runs the job"
+        ) from exc
     Manifest.from_dict(manifest.to_dict(), where)  # one schema: what readers accept is what is written
     validate_manifest(run_dir, manifest)
     check_fence(run_dir, manifest.job.attempt)  # validation reads every footer: narrow the race
@@ -137,9 +153,16 @@ def commit(run_dir: Stage, manifest: Manifest) -> None:
 # --- prepare: RESUME or the save mode ----------------------------------------------------------------
 
 
-def prepare(run_dir: Stage, owner: RunOwner, mode: SaveMode, *, model_sha256: str,
-            input_locations: Sequence[str] | None, id_column: str | None,
-            materialized_input: bool) -> Preparation:
+def prepare(
+    run_dir: Stage,
+    owner: RunOwner,
+    mode: SaveMode,
+    *,
+    model_sha256: str,
+    input_locations: Sequence[str] | None,
+    id_column: str | None,
+    materialized_input: bool,
+) -> Preparation:
     """Make the run directory ready for a new attempt of ``owner``, before any work starts.
 
     ``SaveMode.RESUME`` keeps earlier parts only when they were written for this very result (same
@@ -148,14 +171,19 @@ def prepare(run_dir: Stage, owner: RunOwner, mode: SaveMode, *, model_sha256: st
     ForeignRunDirectoryError or RunDirectoryNotEmptyError (both permanent) and changes nothing then.
     """
     messages: list[str] = []
-    if mode is SaveMode.RESUME and _resume_allowed(run_dir, owner, model_sha256, input_locations, id_column,
-                                                   messages):
+    if mode is SaveMode.RESUME and _resume_allowed(run_dir, owner, model_sha256, input_locations, id_column, messages):
         return _clear_for_resume(run_dir, materialized_input, messages)
     return _apply_save_mode(run_dir, owner, mode, messages)
 
 
-def _resume_allowed(run_dir: Stage, owner: RunOwner, model_sha256: str, input_locations: Sequence[str] | None,
-                    id_column: str | None, messages: list[str]) -> bool:
+def _resume_allowed(
+    run_dir: Stage,
+    owner: RunOwner,
+    model_sha256: str,
+    input_locations: Sequence[str] | None,
+    id_column: str | None,
+    messages: list[str],
+) -> bool:
     try:
         recorded = read_claim(run_dir)
     except ContractError:
@@ -170,8 +198,10 @@ def _resume_allowed(run_dir: Stage, owner: RunOwner, model_sha256: str, input_lo
     }
     differs = [what for what, ok in same.items() if not ok]
     if differs:
-        messages.append(f"SaveMode.RESUME: the earlier attempt in {run_dir.location} differs in "
-                        f"{', '.join(differs)}; starting over as with OVERWRITE")
+        messages.append(
+            f"SaveMode.RESUME: the earlier attempt in {run_dir.location} differs in "
+            f"{', '.join(differs)}; starting over as with OVERWRITE"
+        )
         return False
     return True
 
@@ -188,8 +218,10 @@ def _clear_for_resume(run_dir: Stage, materialized_input: bool, messages: list[s
         inputs = run_dir.child(INPUT_DIR)
         removed += len(inputs.list_files())
         inputs.delete()
-    messages.append(f"SaveMode.RESUME: keeping the parts of earlier attempts in {run_dir.location}; only the "
-                    "remaining rows will be scored")
+    messages.append(
+        f"SaveMode.RESUME: keeping the parts of earlier attempts in {run_dir.location}; only the "
+        "remaining rows will be scored"
+    )
     return Preparation(resume=True, removed_files=removed, messages=tuple(messages))
 
 
@@ -201,7 +233,8 @@ def _recorded_owner(run_dir: Stage, sample: str, count: int) -> RunOwner | None:
         raise ForeignRunDirectoryError(
             f"run directory {run_dir.location} holds {count} file(s) ({sample}) and a {JOB_SPEC_FILE} that cannot "
             f"be read ({exc}), so it is unknown which task owns them; nothing was changed. Point the task at "
-            "an empty location or remove them yourself") from exc
+            "an empty location or remove them yourself"
+        ) from exc
     return None if job is None else job.airflow
 
 
@@ -216,22 +249,29 @@ def _apply_save_mode(run_dir: Stage, owner: RunOwner, mode: SaveMode, messages: 
         raise ForeignRunDirectoryError(
             f"run directory {run_dir.location} belongs to {recorded.dag_id}.{recorded.task_id}, not "
             f"{owner.dag_id}.{owner.task_id}; two tasks must not share a run directory: give this task its "
-            "own stage_location / base_stage_location")
-    retry_leftovers = (recorded is not None and SUCCESS_MARKER not in names
-                       and (recorded.run_id, recorded.map_index) == (owner.run_id, owner.map_index))
+            "own stage_location / base_stage_location"
+        )
+    retry_leftovers = (
+        recorded is not None
+        and SUCCESS_MARKER not in names
+        and (recorded.run_id, recorded.map_index) == (owner.run_id, owner.map_index)
+    )
     if mode is SaveMode.ERROR and not retry_leftovers:
         raise RunDirectoryNotEmptyError(
             f"run directory {run_dir.location} is not empty ({len(files)} file(s): {sample}) and the save mode is "
             "SaveMode.ERROR; nothing was changed. Use OutputSpec(mode=SaveMode.OVERWRITE) to replace it (retries "
-            "and backfill re-runs), or write to another location")
+            "and backfill re-runs), or write to another location"
+        )
     if recorded is None:
         raise ForeignRunDirectoryError(
             f"run directory {run_dir.location} holds {len(files)} file(s) ({sample}) that no batchinfer task wrote "
             f"(no {JOB_SPEC_FILE}); refusing to delete them with SaveMode.OVERWRITE. Point the task at an empty "
-            "location or remove them yourself")
+            "location or remove them yourself"
+        )
     if retry_leftovers and mode is SaveMode.ERROR:
-        messages.append(f"Removing the uncommitted files of an earlier try (try {recorded.try_number}) of this "
-                        "task and run")
+        messages.append(
+            f"Removing the uncommitted files of an earlier try (try {recorded.try_number}) of this task and run"
+        )
     removed = run_dir.clear_run_directory()
     what = "SaveMode.OVERWRITE" if mode is SaveMode.OVERWRITE else "retry clean-up"
     if SUCCESS_MARKER in names:

@@ -32,8 +32,14 @@ SECRET_KEYS = ("access_key", "secret_key", "session_token")
 PUBLIC_KEYS = ("endpoint_url", "region", "max_attempts", "connect_timeout", "request_timeout")
 # what the runtime's Ray workers need from the runtime's own environment; nothing else is forwarded
 WORKER_ENV = (
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_PROFILE",
 )
 DEFAULT_MAX_ATTEMPTS = 5
 # errors that retrying cannot fix: fail at once, without Airflow retries
@@ -75,9 +81,13 @@ def credential_env(options: dict[str, Any] | None) -> dict[str, str]:
     """Environment variables handing credentials and endpoint to the runtime subprocess."""
     options = options or {}
     env = {}
-    for key, var in (("access_key", "AWS_ACCESS_KEY_ID"), ("secret_key", "AWS_SECRET_ACCESS_KEY"),
-                     ("session_token", "AWS_SESSION_TOKEN"), ("endpoint_url", "AWS_ENDPOINT_URL"),
-                     ("region", "AWS_DEFAULT_REGION")):
+    for key, var in (
+        ("access_key", "AWS_ACCESS_KEY_ID"),
+        ("secret_key", "AWS_SECRET_ACCESS_KEY"),
+        ("session_token", "AWS_SESSION_TOKEN"),
+        ("endpoint_url", "AWS_ENDPOINT_URL"),
+        ("region", "AWS_DEFAULT_REGION"),
+    ):
         if options.get(key):
             env[var] = str(options[key])
     return env
@@ -102,12 +112,14 @@ def filesystem(options: dict[str, Any] | None = None) -> pafs.S3FileSystem:
         raise ValueError(f"unknown S3 storage option(s) {sorted(unknown)}; known: {PUBLIC_KEYS + SECRET_KEYS}")
     kwargs: dict[str, Any] = {
         "retry_strategy": pafs.AwsStandardS3RetryStrategy(
-            max_attempts=int(options.get("max_attempts") or DEFAULT_MAX_ATTEMPTS)),
+            max_attempts=int(options.get("max_attempts") or DEFAULT_MAX_ATTEMPTS)
+        ),
         "connect_timeout": float(options.get("connect_timeout") or 10),
         "request_timeout": float(options.get("request_timeout") or 60),
     }
-    endpoint = (options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3")
-                or os.environ.get("AWS_ENDPOINT_URL"))
+    endpoint = (
+        options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    )
     if endpoint:
         scheme, _, host = endpoint.partition("://")
         if not host:
@@ -120,8 +132,11 @@ def filesystem(options: dict[str, Any] | None = None) -> pafs.S3FileSystem:
     if options.get("access_key") or options.get("secret_key"):
         if not (options.get("access_key") and options.get("secret_key")):
             raise ValueError("S3 credentials need both an access key id and a secret access key")
-        kwargs.update(access_key=options["access_key"], secret_key=options["secret_key"],
-                      session_token=options.get("session_token"))
+        kwargs.update(
+            access_key=options["access_key"],
+            secret_key=options["secret_key"],
+            session_token=options.get("session_token"),
+        )
     return pafs.S3FileSystem(**kwargs)
 
 
@@ -134,8 +149,10 @@ def check_bucket(fs: pafs.FileSystem, location: str) -> None:
     with translate_errors(location, "check bucket"):
         kind = fs.get_file_info(bucket).type
     if kind == pafs.FileType.NotFound:
-        error = S3StageError(f"S3 bucket {bucket!r} does not exist (location {location}); create it or fix the "
-                             "location / endpoint_url in the connection")
+        error = S3StageError(
+            f"S3 bucket {bucket!r} does not exist (location {location}); create it or fix the "
+            "location / endpoint_url in the connection"
+        )
         error.permanent = True
         raise error
 

@@ -151,8 +151,12 @@ def _check_column_handling(value: Any) -> dict[str, dict[str, Any]]:
                 f"InputSpec.column_handling[{column!r}]={how!r}: use one of {list(FILE_ENCODINGS)} "
                 "or {'encoding': <one of them>, 'mime_type': 'image/png'}."
             )
-        if rule.get("mime_type") is not None and (not isinstance(rule["mime_type"], str) or "/" not in rule["mime_type"]):
-            raise SpecError(f"InputSpec.column_handling[{column!r}]: mime_type must look like 'image/png', got {rule['mime_type']!r}.")
+        if rule.get("mime_type") is not None and (
+            not isinstance(rule["mime_type"], str) or "/" not in rule["mime_type"]
+        ):
+            raise SpecError(
+                f"InputSpec.column_handling[{column!r}]: mime_type must look like 'image/png', got {rule['mime_type']!r}."
+            )
         out[column] = {"encoding": rule["encoding"], "mime_type": rule.get("mime_type")}
     return out
 
@@ -250,7 +254,9 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         if self.engine is not None and self.engine not in LLM_ENGINES:
-            raise SpecError(f"JobSpec.engine={self.engine!r}: use one of {list(LLM_ENGINES)} or None (decided by the connection).")
+            raise SpecError(
+                f"JobSpec.engine={self.engine!r}: use one of {list(LLM_ENGINES)} or None (decided by the connection)."
+            )
         if not isinstance(self.engine_kwargs, dict):
             raise SpecError("JobSpec.engine_kwargs must be a dict, e.g. {'max_model_len': 4096, 'dtype': 'bfloat16'}.")
         object.__setattr__(self, "engine_kwargs", dict(self.engine_kwargs))
@@ -263,13 +269,17 @@ class JobSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise SpecError(f"JobSpec.{name} must be a number >= 0, got {value!r}.")
         if self.num_cpus == 0 and self.num_gpus == 0:
-            raise SpecError("JobSpec needs num_cpus > 0 or num_gpus > 0 per replica; a replica with neither never runs.")
+            raise SpecError(
+                "JobSpec needs num_cpus > 0 or num_gpus > 0 per replica; a replica with neither never runs."
+            )
         if self.num_gpus > 1 and self.num_gpus != int(self.num_gpus):
             raise SpecError(
                 f"JobSpec.num_gpus={self.num_gpus}: above 1 GPU a replica takes whole GPUs; use {int(self.num_gpus)} "
                 f"or {int(self.num_gpus) + 1}."
             )
-        if self.memory is not None and (isinstance(self.memory, bool) or not isinstance(self.memory, int) or self.memory <= 0):
+        if self.memory is not None and (
+            isinstance(self.memory, bool) or not isinstance(self.memory, int) or self.memory <= 0
+        ):
             raise SpecError(f"JobSpec.memory is bytes per replica (a whole number > 0), got {self.memory!r}.")
         if self.replicas < self.num_workers:
             raise SpecError(
@@ -293,9 +303,13 @@ class JobSpec:
         ):
             raise SpecError(f"JobSpec.rows_per_part must be a whole number >= 1 or None, got {self.rows_per_part!r}.")
         if self.max_value_bytes is not None and (
-            isinstance(self.max_value_bytes, bool) or not isinstance(self.max_value_bytes, int) or self.max_value_bytes < 1
+            isinstance(self.max_value_bytes, bool)
+            or not isinstance(self.max_value_bytes, int)
+            or self.max_value_bytes < 1
         ):
-            raise SpecError(f"JobSpec.max_value_bytes must be a whole number of bytes > 0 or None, got {self.max_value_bytes!r}.")
+            raise SpecError(
+                f"JobSpec.max_value_bytes must be a whole number of bytes > 0 or None, got {self.max_value_bytes!r}."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

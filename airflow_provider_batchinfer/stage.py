@@ -46,10 +46,29 @@ if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
 __all__ = [
-    "ERRORS_DIR", "INPUT_DIR", "JOB_SPEC_FILE", "MANIFEST_FORMAT", "SUCCESS_MARKER", "ManifestError", "Stage",
-    "StageError", "attempt_of", "check_relative_path", "committed_files", "dead_letter_files", "file_sha256",
-    "is_part_name", "is_uri", "join", "new_attempt_id", "part_name", "read_committed", "read_valid_manifest",
-    "resolve_location", "sanitize_run_key", "validate_manifest",
+    "ERRORS_DIR",
+    "INPUT_DIR",
+    "JOB_SPEC_FILE",
+    "MANIFEST_FORMAT",
+    "SUCCESS_MARKER",
+    "ManifestError",
+    "Stage",
+    "StageError",
+    "attempt_of",
+    "check_relative_path",
+    "committed_files",
+    "dead_letter_files",
+    "file_sha256",
+    "is_part_name",
+    "is_uri",
+    "join",
+    "new_attempt_id",
+    "part_name",
+    "read_committed",
+    "read_valid_manifest",
+    "resolve_location",
+    "sanitize_run_key",
+    "validate_manifest",
 ]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -279,13 +298,15 @@ def _footer_rows(stage: Stage, size: int) -> int:
     except (ValueError, OSError) as exc:
         raise ManifestError(
             f"{stage.location} is not a readable Parquet file ({exc}); it was overwritten or truncated after the "
-            f"commit. Do not use this output: re-run the task that wrote it") from exc
+            f"commit. Do not use this output: re-run the task that wrote it"
+        ) from exc
 
 
 def _no_checksums(where: str, manifest: Manifest) -> ManifestError:
     return ManifestError(
         f"{where} is a {manifest.format} marker and records no checksums, so its files cannot be verified; read it "
-        "with verify_checksums=False, or re-run the task to write a marker with checksums")
+        "with verify_checksums=False, or re-run the task to write a marker with checksums"
+    )
 
 
 def _check_entry(run_dir: Stage, entry: FileEntry, present: dict[str, int], verify_checksums: bool) -> None:
@@ -309,7 +330,8 @@ def _compare_sha256(location: str, actual: str, expected: str) -> None:
     if actual != expected:
         raise ManifestError(
             f"{location} does not match its sha256 in {SUCCESS_MARKER} (file {actual[:16]}…, manifest "
-            f"{expected[:16]}…): it changed after the commit. Do not use this output: re-run the task that wrote it")
+            f"{expected[:16]}…): it changed after the commit. Do not use this output: re-run the task that wrote it"
+        )
 
 
 def validate_manifest(run_dir: Stage, manifest: ManifestLike, *, verify_checksums: bool = False) -> None:
@@ -327,8 +349,9 @@ def validate_manifest(run_dir: Stage, manifest: ManifestLike, *, verify_checksum
         _check_entry(run_dir, entry, present, verify_checksums)
 
 
-def read_valid_manifest(location: str, storage_options: dict[str, Any] | None = None, *,
-                        verify_checksums: bool = False) -> Manifest | None:
+def read_valid_manifest(
+    location: str, storage_options: dict[str, Any] | None = None, *, verify_checksums: bool = False
+) -> Manifest | None:
     """The validated manifest of a run directory, or None while it has no marker."""
     run_dir = Stage.open(location, storage_options)
     marker = run_dir.child(SUCCESS_MARKER)
@@ -351,8 +374,12 @@ def dead_letter_files(manifest: ManifestLike) -> list[str]:
     return [join(m.run_dir, *entry.name.split("/")) for entry in m.error_files]
 
 
-def read_committed(manifest: ManifestLike, storage_options: dict[str, Any] | None = None,
-                   columns: list[str] | None = None, verify_checksums: bool = True) -> pa.Table:
+def read_committed(
+    manifest: ManifestLike,
+    storage_options: dict[str, Any] | None = None,
+    columns: list[str] | None = None,
+    verify_checksums: bool = True,
+) -> pa.Table:
     """The committed predictions as one ``pyarrow.Table``: exactly the files the manifest lists, read
     through the stage's own filesystem, so an ``s3://`` run directory on a custom endpoint (MinIO,
     R2) reads with the connection's settings (``ModelServiceHook.read_committed`` passes them).
@@ -383,6 +410,7 @@ def read_committed(manifest: ManifestLike, storage_options: dict[str, Any] | Non
         try:
             tables.append(pq.read_table(pa.BufferReader(data), columns=columns))
         except (ValueError, OSError) as exc:
-            raise ManifestError(f"{location} is not a readable Parquet file ({exc}); re-run the task that wrote it"
-                                ) from exc
+            raise ManifestError(
+                f"{location} is not a readable Parquet file ({exc}); re-run the task that wrote it"
+            ) from exc
     return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]

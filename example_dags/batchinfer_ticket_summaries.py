@@ -19,8 +19,8 @@ import os
 from datetime import timedelta
 
 import pendulum
-
 from airflow.sdk import Param, dag, task
+
 from airflow_provider_batchinfer import (
     BatchInferenceOperator,
     InputSpec,
@@ -37,10 +37,21 @@ MAX_TOKENS = 24
 SYSTEM = "You are a support lead. Be brief and factual."
 
 PRODUCTS = ["billing", "login", "mobile app", "export", "invoices", "notifications", "dashboard"]
-PROBLEMS = ["fails with a timeout", "shows the wrong total", "keeps logging me out", "returns error 500",
-            "does not load at all", "sends duplicate emails", "is very slow since the update"]
-DETAILS = ["", "It started yesterday.", "This blocks our month-end close, please help urgently.",
-           "Our whole team is affected and customers are noticing too."]
+PROBLEMS = [
+    "fails with a timeout",
+    "shows the wrong total",
+    "keeps logging me out",
+    "returns error 500",
+    "does not load at all",
+    "sends duplicate emails",
+    "is very slow since the update",
+]
+DETAILS = [
+    "",
+    "It started yesterday.",
+    "This blocks our month-end close, please help urgently.",
+    "Our whole team is affected and customers are noticing too.",
+]
 
 
 @dag(
@@ -69,8 +80,14 @@ def batchinfer_ticket_summaries():
             return hook.log_model(MODEL_NAME, None, "text_generation", source, if_exists="reuse").version
         with tempfile.TemporaryDirectory() as tmp:
             path = build_tiny_chat_model(tmp)
-            return hook.log_model(MODEL_NAME, None, "text_generation", str(path), if_exists="reuse",
-                                  description="tiny in-process Llama for demos and CI").version
+            return hook.log_model(
+                MODEL_NAME,
+                None,
+                "text_generation",
+                str(path),
+                if_exists="reuse",
+                description="tiny in-process Llama for demos and CI",
+            ).version
 
     @task
     def data_prep(params: dict, run_id: str) -> str:
@@ -106,13 +123,22 @@ def batchinfer_ticket_summaries():
             params={"temperature": 0.0, "max_tokens": MAX_TOKENS},  # greedy: the same tickets, the same summaries
         ),
         output_spec=OutputSpec(base_stage_location="summaries/tickets", mode=SaveMode.OVERWRITE),
-        job_spec=JobSpec(replicas=1, num_gpus=GPUS, max_batch_rows=64,
-                         engine_kwargs={"max_model_len": 4096, "dtype": "auto"} if GPUS else {}),
+        job_spec=JobSpec(
+            replicas=1,
+            num_gpus=GPUS,
+            max_batch_rows=64,
+            engine_kwargs={"max_model_len": 4096, "dtype": "auto"} if GPUS else {},
+        ),
         deferrable=True,
     )
 
-    ready = SuccessMarkerSensor(task_id="summaries_ready", location=summarize.output["output_location"],
-                                deferrable=True, poke_interval=5, timeout=3600)
+    ready = SuccessMarkerSensor(
+        task_id="summaries_ready",
+        location=summarize.output["output_location"],
+        deferrable=True,
+        poke_interval=5,
+        timeout=3600,
+    )
 
     @task
     def publish(manifest: dict, run_id: str) -> str:

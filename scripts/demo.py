@@ -38,8 +38,9 @@ def main() -> int:
     started = time.monotonic()
     log_path = REPO / ".airflow" / "demo-run.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([*airflow, "dags", "test", DAG_ID], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [*airflow, "dags", "test", DAG_ID], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             log.write(line)
@@ -67,7 +68,9 @@ def main() -> int:
     print(f"Files         : {', '.join(manifest.file_names)}")
     print(f"Rows          : {counts.output_rows} of {counts.input_rows} input rows, {counts.error_rows} errors")
     print(f"Model         : {model.name}/{model.version} sha256 {model.sha256[:16]}…")
-    print(f"Job           : {timings.get('total_s')}s launch to marker, {timings.get('rows_per_s')} rows/s through the pipeline")
+    print(
+        f"Job           : {timings.get('total_s')}s launch to marker, {timings.get('rows_per_s')} rows/s through the pipeline"
+    )
     print(f"DAG wall time : {wall:.1f}s  (full log: {log_path})")
     return 0 if counts.output_rows == counts.input_rows else 1
 

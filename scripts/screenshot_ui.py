@@ -14,7 +14,6 @@ Takes 2-4 minutes on 2 cores; not part of ``make test``.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import signal
 import subprocess
@@ -30,8 +29,13 @@ sys.path.insert(0, str(REPO))
 from tests.airflow_services import AirflowServices, services_env  # noqa: E402
 
 DAG_ID = "batchinfer_ticket_embeddings"
-BUNDLES = [{"name": "batchinfer_examples", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(REPO / "example_dags"), "refresh_interval": 0}}]
+BUNDLES = [
+    {
+        "name": "batchinfer_examples",
+        "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+        "kwargs": {"path": str(REPO / "example_dags"), "refresh_interval": 0},
+    }
+]
 
 
 def free_port() -> int:
@@ -53,10 +57,22 @@ def take_screenshot(url: str, out: Path, profile: Path, wait_ms: int) -> None:
     """Headless Chromium, offline apart from 127.0.0.1: no first-run, sync, updates or QUIC. The UI
     is a React app; the virtual time budget lets it fetch and render before the picture is taken."""
     cmd = [
-        chromium_binary(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", "--hide-scrollbars", f"--user-data-dir={profile}", "--window-size=1600,1000",
-        f"--virtual-time-budget={wait_ms}", f"--screenshot={out}", url,
+        chromium_binary(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        "--window-size=1600,1000",
+        f"--virtual-time-budget={wait_ms}",
+        f"--screenshot={out}",
+        url,
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     if result.returncode != 0 or not out.exists():
@@ -88,13 +104,18 @@ def main() -> int:
     home = root / "airflow"
     home.mkdir()
     port = free_port()
-    env = services_env(home, port, BUNDLES, {
-        "BATCHINFER_HOME": str(root / "batchinfer"),
-        "AIRFLOW__OPENLINEAGE__DISABLED": "True",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    })
+    env = services_env(
+        home,
+        port,
+        BUNDLES,
+        {
+            "BATCHINFER_HOME": str(root / "batchinfer"),
+            "AIRFLOW__OPENLINEAGE__DISABLED": "True",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        },
+    )
     env.pop("RAY_ADDRESS", None)  # each job starts its own local Ray, as in the embedded default
     services = AirflowServices(home, port, env)
     t0 = time.monotonic()
@@ -115,8 +136,11 @@ def main() -> int:
         take_screenshot(url, args.out, root / "chromium-profile", args.wait_ms)
         share = green_share(args.out)
         if share < 0.001:
-            print(f"{args.out} shows no successful task instances (green share {share:.4%}): the page did not "
-                  "render; try a larger --wait-ms", file=sys.stderr)
+            print(
+                f"{args.out} shows no successful task instances (green share {share:.4%}): the page did not "
+                "render; try a larger --wait-ms",
+                file=sys.stderr,
+            )
             return 1
         print(f"== saved {args.out} ({share:.2%} green) after {time.monotonic() - t0:.0f}s", flush=True)
         return 0

@@ -30,11 +30,16 @@ class AirflowServices:
     def start(self, timeout: float = 180) -> None:
         self.cli("db", "migrate")
         for component in COMPONENTS:
-            args = [component] + (["--port", str(self.port), "--host", "127.0.0.1"] if component == "api-server" else [])
+            args = [component] + (
+                ["--port", str(self.port), "--host", "127.0.0.1"] if component == "api-server" else []
+            )
             log = open(self.home / f"{component}.log", "w")
             # each in its own process group: stopping the group also stops the executor's workers
             self.procs[component] = subprocess.Popen(
-                [sys.executable, "-m", "airflow", *args], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                [sys.executable, "-m", "airflow", *args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout
@@ -67,8 +72,9 @@ class AirflowServices:
         """Run an ``airflow`` CLI command. SQLite allows one writer: a command that meets the
         scheduler's write lock ("database is locked") is simply run again."""
         for attempt in range(attempts):
-            result = subprocess.run([sys.executable, "-m", "airflow", *args], env=self.env, capture_output=True,
-                                    text=True, timeout=300)
+            result = subprocess.run(
+                [sys.executable, "-m", "airflow", *args], env=self.env, capture_output=True, text=True, timeout=300
+            )
             if result.returncode == 0:
                 return result.stdout
             if "database is locked" not in result.stderr + result.stdout or attempt == attempts - 1:

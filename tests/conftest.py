@@ -20,10 +20,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 _HOME = Path(tempfile.mkdtemp(prefix="batchinfer-airflow-"))
 _BUNDLES = [
-    {"name": "batchinfer_examples", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-     "kwargs": {"path": str(REPO / "example_dags"), "refresh_interval": 0}},
-    {"name": "test_dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-     "kwargs": {"path": str(REPO / "tests" / "dags"), "refresh_interval": 0}},
+    {
+        "name": "batchinfer_examples",
+        "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+        "kwargs": {"path": str(REPO / "example_dags"), "refresh_interval": 0},
+    },
+    {
+        "name": "test_dags",
+        "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+        "kwargs": {"path": str(REPO / "tests" / "dags"), "refresh_interval": 0},
+    },
 ]
 # Airflow reads its configuration at import, so this runs before any test module imports it.
 os.environ.update(
@@ -56,12 +62,14 @@ class BackgroundServer:
     """A test server in its own process group: started, waited for on its ports, and stopped by
     group, so whatever else runs on the machine (another Ray, another moto) is left alone."""
 
-    def __init__(self, name: str, cmd: list[str], ports: list[int], env: dict[str, str] | None = None,
-                 timeout: float = 120) -> None:
+    def __init__(
+        self, name: str, cmd: list[str], ports: list[int], env: dict[str, str] | None = None, timeout: float = 120
+    ) -> None:
         self.log_path = _HOME / f"{name}.log"
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env or os.environ,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env or os.environ, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         for port in ports:
             while True:
@@ -103,25 +111,42 @@ def ray_cluster():
     env = dict(os.environ, RAY_AUTH_MODE="token")
     head = BackgroundServer(
         "ray-head",
-        [ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--disable-usage-stats",
-         # every fixed default port picked anew: another Ray on the machine (a developer's, a stale
-         # one) holding 52365 leaves the Jobs API without an agent ("No available agent")
-         f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
-         f"--dashboard-agent-grpc-port={_free_port()}", f"--metrics-export-port={_free_port()}",
-         f"--runtime-env-agent-port={_free_port()}", f"--node-manager-port={_free_port()}",
-         f"--object-manager-port={_free_port()}",
-         # its own temp dir: the Jobs API points each driver at the cluster recorded in
-         # <temp dir>/ray_current_cluster, and in the shared /tmp/ray another Ray started later on
-         # the machine overwrites that record (the driver then waits on the other GCS forever)
-         f"--temp-dir={temp_dir}"],
-        ports=[port, dashboard_port], env=env,
+        [
+            ray_bin,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard_port}",
+            "--disable-usage-stats",
+            # every fixed default port picked anew: another Ray on the machine (a developer's, a stale
+            # one) holding 52365 leaves the Jobs API without an agent ("No available agent")
+            f"--ray-client-server-port={_free_port()}",
+            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--dashboard-agent-grpc-port={_free_port()}",
+            f"--metrics-export-port={_free_port()}",
+            f"--runtime-env-agent-port={_free_port()}",
+            f"--node-manager-port={_free_port()}",
+            f"--object-manager-port={_free_port()}",
+            # its own temp dir: the Jobs API points each driver at the cluster recorded in
+            # <temp dir>/ray_current_cluster, and in the shared /tmp/ray another Ray started later on
+            # the machine overwrites that record (the driver then waits on the other GCS forever)
+            f"--temp-dir={temp_dir}",
+        ],
+        ports=[port, dashboard_port],
+        env=env,
     )
     address = f"127.0.0.1:{port}"
     os.environ["RAY_ADDRESS"] = address
     os.environ["RAY_AUTH_MODE"] = "token"
-    yield {"address": address, "dashboard": f"http://127.0.0.1:{dashboard_port}",
-           "token": (Path.home() / ".ray" / "auth_token").read_text().strip()}
+    yield {
+        "address": address,
+        "dashboard": f"http://127.0.0.1:{dashboard_port}",
+        "token": (Path.home() / ".ray" / "auth_token").read_text().strip(),
+    }
     os.environ.pop("RAY_ADDRESS", None)
     head.stop()
     shutil.rmtree(temp_dir, ignore_errors=True)
@@ -146,8 +171,13 @@ def registry(batchinfer_home):
 def text_length_model(registry):
     from tests.models import TextLength
 
-    return registry.log_model("text_length", "v1", "python", python_class=TextLength,
-                              signature={"inputs": {"text": "string"}, "outputs": {"length": "int64"}})
+    return registry.log_model(
+        "text_length",
+        "v1",
+        "python",
+        python_class=TextLength,
+        signature={"inputs": {"text": "string"}, "outputs": {"length": "int64"}},
+    )
 
 
 @pytest.fixture
@@ -171,10 +201,9 @@ def run_dag(dag_id: str, **conf):
 
 
 def task_states(dag_id: str, run_id: str) -> dict[str, str]:
-    from sqlalchemy import select
-
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as session:
         rows = session.execute(
@@ -186,15 +215,18 @@ def task_states(dag_id: str, run_id: str) -> dict[str, str]:
 
 
 def xcom_value(dag_id: str, run_id: str, task_id: str, key: str = "return_value"):
-    from sqlalchemy import select
-
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as session:
         row = session.scalars(
-            select(XComModel).where(XComModel.dag_id == dag_id, XComModel.run_id == run_id,
-                                    XComModel.task_id == task_id, XComModel.key == key)
+            select(XComModel).where(
+                XComModel.dag_id == dag_id,
+                XComModel.run_id == run_id,
+                XComModel.task_id == task_id,
+                XComModel.key == key,
+            )
         ).first()
         return None if row is None else XComModel.deserialize_value(row)
 
@@ -219,6 +251,11 @@ def s3_bucket(s3_server, monkeypatch):
 
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     name = f"bi-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id="AKIDTEST",
-                 aws_secret_access_key="unused").create_bucket(Bucket=name)
+    boto3.client(
+        "s3",
+        endpoint_url=s3_server,
+        region_name="us-east-1",
+        aws_access_key_id="AKIDTEST",
+        aws_secret_access_key="unused",
+    ).create_bucket(Bucket=name)
     return name

@@ -17,8 +17,8 @@ class TextLength:
 
     def predict(self, batch):
         for text in batch["text"]:
-            if text.startswith("fail-once:") and os.path.exists(text[len("fail-once:"):]):
-                os.remove(text[len("fail-once:"):])
+            if text.startswith("fail-once:") and os.path.exists(text[len("fail-once:") :]):
+                os.remove(text[len("fail-once:") :])
                 raise RuntimeError("injected failure for the retry test")
         if (batch["text"] == "boom").any():
             row = batch.index[batch["text"] == "boom"][0]
@@ -49,8 +49,9 @@ class PidLength(TextLength):
         return super().predict(batch)
 
 
-def write_tickets(directory: Path, rows: int = 500, files: int = 4, bad_row: int | None = None,
-                  fail_once_flag: Path | None = None) -> Path:
+def write_tickets(
+    directory: Path, rows: int = 500, files: int = 4, bad_row: int | None = None, fail_once_flag: Path | None = None
+) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -75,9 +76,21 @@ def tiny_mlp(features: int = 8):
     return torch.jit.script(net.eval())
 
 
-def job_file(run_dir, model, registry_root: str, inputs, *, input_spec=None, job_spec=None, attempt: str = "t01test",
-             job_id: str = "batchinfer-test", file_roots=(), ray_address: str | None = None, resume: bool = False,
-             try_number: int = 1):
+def job_file(
+    run_dir,
+    model,
+    registry_root: str,
+    inputs,
+    *,
+    input_spec=None,
+    job_spec=None,
+    attempt: str = "t01test",
+    job_id: str = "batchinfer-test",
+    file_roots=(),
+    ray_address: str | None = None,
+    resume: bool = False,
+    try_number: int = 1,
+):
     """A job file as the operator writes it (``contract.JobFile``), for driving the runtime directly.
 
     ``model`` is a registry ``ModelVersion`` (or anything with ``to_dict()`` in the registry's shape)."""
@@ -85,11 +98,19 @@ def job_file(run_dir, model, registry_root: str, inputs, *, input_spec=None, job
     from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 
     return JobFile(
-        job_id=job_id, attempt=attempt, launcher="local", run_dir=str(run_dir),
-        input_locations=tuple(str(i) for i in inputs), input_spec=input_spec or InputSpec(),
-        job_spec=job_spec or JobSpec(), model=ModelRef.from_dict(model.to_dict()), registry_root=registry_root,
+        job_id=job_id,
+        attempt=attempt,
+        launcher="local",
+        run_dir=str(run_dir),
+        input_locations=tuple(str(i) for i in inputs),
+        input_spec=input_spec or InputSpec(),
+        job_spec=job_spec or JobSpec(),
+        model=ModelRef.from_dict(model.to_dict()),
+        registry_root=registry_root,
         airflow=RunOwner(dag_id="bi_tests", task_id="infer", run_id="r1", try_number=try_number),
-        file_roots=tuple(str(r) for r in file_roots), ray_address=ray_address, resume=resume,
+        file_roots=tuple(str(r) for r in file_roots),
+        ray_address=ray_address,
+        resume=resume,
     )
 
 

@@ -43,23 +43,53 @@ def write_part(run_dir: Path, name: str, ids: list[int]) -> FileEntry:
     return FileEntry(name=name, size=len(data), rows=len(ids), sha256=hashlib.sha256(data).hexdigest())
 
 
-def job_file(run_dir: Path | str, attempt: str = "t01aaaa", owner: RunOwner = OWNER, model: ModelRef = MODEL,
-             inputs: tuple[str, ...] = ("/data/in",), id_column: str | None = "id") -> JobFile:
-    return JobFile(job_id=f"batchinfer-{owner.dag_id}-{owner.task_id}-{attempt}", attempt=attempt, launcher="local",
-                   run_dir=str(run_dir), input_locations=inputs, input_spec=InputSpec(id_column=id_column),
-                   job_spec=JobSpec(), model=model, registry_root="/registry", airflow=owner)
+def job_file(
+    run_dir: Path | str,
+    attempt: str = "t01aaaa",
+    owner: RunOwner = OWNER,
+    model: ModelRef = MODEL,
+    inputs: tuple[str, ...] = ("/data/in",),
+    id_column: str | None = "id",
+) -> JobFile:
+    return JobFile(
+        job_id=f"batchinfer-{owner.dag_id}-{owner.task_id}-{attempt}",
+        attempt=attempt,
+        launcher="local",
+        run_dir=str(run_dir),
+        input_locations=inputs,
+        input_spec=InputSpec(id_column=id_column),
+        job_spec=JobSpec(),
+        model=model,
+        registry_root="/registry",
+        airflow=owner,
+    )
 
 
-def manifest_for(run_dir: Path | str, files: tuple[FileEntry, ...], error_files: tuple[FileEntry, ...] = (),
-                 attempt: str = "t01aaaa", input_rows: int | None = None, fmt: str | None = None) -> Manifest:
+def manifest_for(
+    run_dir: Path | str,
+    files: tuple[FileEntry, ...],
+    error_files: tuple[FileEntry, ...] = (),
+    attempt: str = "t01aaaa",
+    input_rows: int | None = None,
+    fmt: str | None = None,
+) -> Manifest:
     output = sum(f.rows for f in files)
     errors = sum(f.rows for f in error_files)
     extra = {"format": fmt} if fmt else {}
-    return Manifest(run_dir=str(run_dir), files=files, error_files=error_files,
-                    counts=Counts(input_rows=output + errors if input_rows is None else input_rows,
-                                  output_rows=output, error_rows=errors),
-                    model=MODEL, job=JobRecord(id=f"batchinfer-dag-infer-{attempt}", attempt=attempt),
-                    input_locations=("/data/in",), input_files=("/data/in/a.parquet",), airflow=OWNER, **extra)
+    return Manifest(
+        run_dir=str(run_dir),
+        files=files,
+        error_files=error_files,
+        counts=Counts(
+            input_rows=output + errors if input_rows is None else input_rows, output_rows=output, error_rows=errors
+        ),
+        model=MODEL,
+        job=JobRecord(id=f"batchinfer-dag-infer-{attempt}", attempt=attempt),
+        input_locations=("/data/in",),
+        input_files=("/data/in/a.parquet",),
+        airflow=OWNER,
+        **extra,
+    )
 
 
 def committed_run(run_dir: Path, rows: int = 3, attempt: str = "t01aaaa") -> Manifest:

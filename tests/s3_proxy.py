@@ -31,8 +31,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connection", "te", "upgrade"}
-_ERROR_BODY = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
-               "<Resource>{resource}</Resource><RequestId>batchinfer-fault-proxy</RequestId></Error>")
+_ERROR_BODY = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
+    "<Resource>{resource}</Resource><RequestId>batchinfer-fault-proxy</RequestId></Error>"
+)
 
 
 class Rule:
@@ -105,8 +107,11 @@ class Handler(BaseHTTPRequestHandler):
             os._exit(17)  # mid-request: the client gets a reset connection and no answer, like a crash
         body = self._body()
         if rule is not None:
-            payload = b"" if self.command == "HEAD" else _ERROR_BODY.format(
-                code=rule.code, message=rule.message, resource=self.path.split("?")[0]).encode()
+            payload = (
+                b""
+                if self.command == "HEAD"
+                else _ERROR_BODY.format(code=rule.code, message=rule.message, resource=self.path.split("?")[0]).encode()
+            )
             self.send_response(rule.status)
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(payload)))

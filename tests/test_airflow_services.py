@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.stage import SUCCESS_MARKER, sanitize_run_key
-from tests.models import committed_manifest
+from airflow_provider_batchinfer.stage import sanitize_run_key
 from tests.airflow_services import AirflowServices, services_env
-from tests.conftest import REPO, _BUNDLES, _free_port
-from tests.models import SlowLength, TextLength, write_tickets
+from tests.conftest import _BUNDLES, _free_port
+from tests.models import SlowLength, TextLength, committed_manifest, write_tickets
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 TIMINGS: dict[str, float] = {}
@@ -33,28 +31,54 @@ def world(tmp_path_factory, ray_cluster):
     registry.log_model("text_length", "v1", "python", python_class=TextLength, signature=sig)
     registry.log_model("slow_length", "v1", "python", python_class=SlowLength, signature=sig)
     inputs = write_tickets(root / "input", rows=400, files=2)
-    cluster_conn = {"conn_type": "batchinfer", "host": ray_cluster["dashboard"], "extra": {"launcher": "ray_jobs", "python": __import__("sys").executable, "ray_token": ray_cluster["token"],
-                              "stage_root": str(bi_home / "stage"), "registry_root": str(bi_home / "registry")}}
+    cluster_conn = {
+        "conn_type": "batchinfer",
+        "host": ray_cluster["dashboard"],
+        "extra": {
+            "launcher": "ray_jobs",
+            "python": __import__("sys").executable,
+            "ray_token": ray_cluster["token"],
+            "stage_root": str(bi_home / "stage"),
+            "registry_root": str(bi_home / "registry"),
+        },
+    }
     port = _free_port()
-    env = services_env(home, port, _BUNDLES, {
-        "BATCHINFER_HOME": str(bi_home),
-        "AIRFLOW_VAR_BI_SVC_INPUT": str(inputs),
-        "AIRFLOW_CONN_BATCHINFER_CLUSTER": json.dumps(cluster_conn),
-        # Airflow's OpenLineage listener, writing every event it emits to a file (one JSON a line)
-        "AIRFLOW__OPENLINEAGE__DISABLED": "False",
-        "AIRFLOW__OPENLINEAGE__NAMESPACE": "batchinfer-services",
-        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(root / "openlineage.jsonl"),
-                                                        "append": True}),
-    })
+    env = services_env(
+        home,
+        port,
+        _BUNDLES,
+        {
+            "BATCHINFER_HOME": str(bi_home),
+            "AIRFLOW_VAR_BI_SVC_INPUT": str(inputs),
+            "AIRFLOW_CONN_BATCHINFER_CLUSTER": json.dumps(cluster_conn),
+            # Airflow's OpenLineage listener, writing every event it emits to a file (one JSON a line)
+            "AIRFLOW__OPENLINEAGE__DISABLED": "False",
+            "AIRFLOW__OPENLINEAGE__NAMESPACE": "batchinfer-services",
+            "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+                {"type": "file", "log_file_path": str(root / "openlineage.jsonl"), "append": True}
+            ),
+        },
+    )
     services = AirflowServices(home, port, env)
     t0 = time.monotonic()
     services.start()
-    for dag_id in ("batchinfer_ticket_embeddings", "batchinfer_tabular_scoring", "bi_test_overwrite_retry",
-                   "bi_svc_error_daily", "bi_svc_ray_jobs", "bi_svc_sensor_wait"):
+    for dag_id in (
+        "batchinfer_ticket_embeddings",
+        "batchinfer_tabular_scoring",
+        "bi_test_overwrite_retry",
+        "bi_svc_error_daily",
+        "bi_svc_ray_jobs",
+        "bi_svc_sensor_wait",
+    ):
         services.wait_for_dag(dag_id)
     TIMINGS["start services and parse DAGs"] = time.monotonic() - t0
-    yield {"services": services, "root": root, "stage": bi_home / "stage", "inputs": inputs,
-           "registry": bi_home / "registry"}
+    yield {
+        "services": services,
+        "root": root,
+        "stage": bi_home / "stage",
+        "inputs": inputs,
+        "registry": bi_home / "registry",
+    }
     services.stop()
     print("\nscenario wall times:", json.dumps({k: round(v, 1) for k, v in TIMINGS.items()}))
 
@@ -77,9 +101,17 @@ def test_the_provider_as_the_ui_sees_it(world):
     form = meta["batchinfer"]
     assert form["hook_name"] == "Batch Inference Model Service"
     assert {"stage_root", "registry_root", "launcher"} <= set(form["extra_fields"])
-    tested = s.api("POST", "/connections/test", json={
-        "connection_id": "ui_test", "conn_type": "batchinfer",
-        "extra": json.dumps({"stage_root": str(world["root"] / "ui-stage"), "registry_root": str(world["root"] / "ui-reg")})})
+    tested = s.api(
+        "POST",
+        "/connections/test",
+        json={
+            "connection_id": "ui_test",
+            "conn_type": "batchinfer",
+            "extra": json.dumps(
+                {"stage_root": str(world["root"] / "ui-stage"), "registry_root": str(world["root"] / "ui-reg")}
+            ),
+        },
+    )
     assert tested["status"] is True, tested
     TIMINGS["provider, connection form, connection test"] = time.monotonic() - t0
 
@@ -88,7 +120,9 @@ def test_rest_trigger_of_the_embeddings_dag(world):
     s = world["services"]
     t0 = time.monotonic()
     run_id = s.trigger("batchinfer_ticket_embeddings", {"num_tickets": 200})
-    assert s.wait_for_run("batchinfer_ticket_embeddings", run_id) == "success", s.task_states("batchinfer_ticket_embeddings", run_id)
+    assert s.wait_for_run("batchinfer_ticket_embeddings", run_id) == "success", s.task_states(
+        "batchinfer_ticket_embeddings", run_id
+    )
     run_dir = world["stage"] / "embeddings" / "tickets" / sanitize_run_key(run_id)
     manifest = committed_manifest(str(run_dir))
     assert manifest["counts"] == {"input_rows": 200, "output_rows": 200, "error_rows": 0}
@@ -96,27 +130,41 @@ def test_rest_trigger_of_the_embeddings_dag(world):
 
     # what Airflow's OpenLineage listener emitted for the inference task: input, model and output
     # datasets under the naming spec's namespaces, with schemas, statistics and the model facet
-    (event,) = [e for e in openlineage_events(world, "batchinfer_ticket_embeddings.embed_tickets", "COMPLETE")
-                if e["run"]["facets"]["airflow"]["dagRun"]["run_id"] == run_id]
+    (event,) = [
+        e
+        for e in openlineage_events(world, "batchinfer_ticket_embeddings.embed_tickets", "COMPLETE")
+        if e["run"]["facets"]["airflow"]["dagRun"]["run_id"] == run_id
+    ]
     (input_location,) = manifest["input"]["locations"]
     data, model = event["inputs"]
     assert (data["namespace"], data["name"]) == ("file", input_location)
     assert {"ticket_id", "text"} <= {f["name"] for f in data["facets"]["schema"]["fields"]}
     assert data["inputFacets"]["inputStatistics"]["rowCount"] == 200
-    assert (model["namespace"], model["name"]) == ("file", str(world["registry"] / "ticket_embedder" / "all-minilm-l6-v2"))
+    assert (model["namespace"], model["name"]) == (
+        "file",
+        str(world["registry"] / "ticket_embedder" / "all-minilm-l6-v2"),
+    )
     (output,) = event["outputs"]
     assert (output["namespace"], output["name"]) == ("file", str(run_dir))
     assert [f["name"] for f in output["facets"]["schema"]["fields"]] == ["ticket_id", "embedding"]
     assert output["outputFacets"]["outputStatistics"] == {
-        **output["outputFacets"]["outputStatistics"], "rowCount": 200, "fileCount": len(manifest["files"]),
-        "size": sum(f["size"] for f in manifest["files"])}
+        **output["outputFacets"]["outputStatistics"],
+        "rowCount": 200,
+        "fileCount": len(manifest["files"]),
+        "size": sum(f["size"] for f in manifest["files"]),
+    }
     facet = event["run"]["facets"]["batchinference"]
     assert facet["model"] == {k: manifest["model"][k] for k in ("name", "version", "flavor", "sha256")}
     assert facet["job"]["attempt"] == manifest["job"]["attempt"] and facet["counts"] == manifest["counts"]
     # the START event already names the inputs and the model (the run directory needs the run)
-    (start,) = [e for e in openlineage_events(world, "batchinfer_ticket_embeddings.embed_tickets", "START")
-                if e["run"]["runId"] == event["run"]["runId"]]
-    assert [(d["namespace"], d["name"]) for d in start["inputs"]] == [(d["namespace"], d["name"]) for d in event["inputs"]]
+    (start,) = [
+        e
+        for e in openlineage_events(world, "batchinfer_ticket_embeddings.embed_tickets", "START")
+        if e["run"]["runId"] == event["run"]["runId"]
+    ]
+    assert [(d["namespace"], d["name"]) for d in start["inputs"]] == [
+        (d["namespace"], d["name"]) for d in event["inputs"]
+    ]
     TIMINGS["REST trigger, embeddings DAG"] = time.monotonic() - t0
 
 
@@ -126,8 +174,17 @@ def test_backfill_three_dates_then_reprocess(world):
     dag_id = "batchinfer_tabular_scoring"
     # one run at a time: every job attaches to the session's 2-CPU Ray cluster, and two concurrent
     # jobs each holding a CPU for their model replica leave none for either's reads (both stall)
-    s.create_backfill(dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
-          "--dag-run-conf", json.dumps({"num_customers": 1000}), "--max-active-runs", "1")
+    s.create_backfill(
+        dag_id,
+        "--from-date",
+        "2026-11-01",
+        "--to-date",
+        "2026-11-03",
+        "--dag-run-conf",
+        json.dumps({"num_customers": 1000}),
+        "--max-active-runs",
+        "1",
+    )
     backfill_runs = lambda: sorted(r["dag_run_id"] for r in s.runs(dag_id) if r["run_type"] == "backfill")  # noqa: E731
     deadline = time.monotonic() + 60
     while len(backfill_runs()) < 3 and time.monotonic() < deadline:
@@ -161,15 +218,26 @@ def test_backfill_three_dates_then_reprocess(world):
 
     for _ in range(3):
         s.wait_for_backfills(dag_id)
-        s.create_backfill(dag_id, "--from-date", "2026-11-01", "--to-date", "2026-11-03",
-                          "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"num_customers": 1000}),
-                          "--max-active-runs", "1")
+        s.create_backfill(
+            dag_id,
+            "--from-date",
+            "2026-11-01",
+            "--to-date",
+            "2026-11-03",
+            "--reprocess-behavior",
+            "completed",
+            "--dag-run-conf",
+            json.dumps({"num_customers": 1000}),
+            "--max-active-runs",
+            "1",
+        )
         deadline = time.monotonic() + 420
         while time.monotonic() < deadline:
             if reprocessed() == set(runs):
                 break
-            if _backfills_closed(s, dag_id) and all(s.api("GET", f"/dags/{dag_id}/dagRuns/{r}")["state"] == "success"
-                                                    for r in runs):
+            if _backfills_closed(s, dag_id) and all(
+                s.api("GET", f"/dags/{dag_id}/dagRuns/{r}")["state"] == "success" for r in runs
+            ):
                 break
             time.sleep(3)
         if reprocessed() == set(runs):
@@ -206,8 +274,9 @@ def test_backfill_reprocess_is_refused_in_error_mode(world):
     # the scenario creates it again rather than wait for a re-run that never comes
     for _ in range(3):
         s.wait_for_backfills(dag_id)
-        s.create_backfill(dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05",
-                          "--reprocess-behavior", "completed")
+        s.create_backfill(
+            dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05", "--reprocess-behavior", "completed"
+        )
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             state, tries = s.task_states(dag_id, run["dag_run_id"])["infer"]
@@ -221,8 +290,11 @@ def test_backfill_reprocess_is_refused_in_error_mode(world):
     assert s.task_states(dag_id, run["dag_run_id"])["infer"][0] == "failed"
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
     # the FAIL event names the directory it refused to touch, without the earlier run's statistics
-    fails = [e for e in openlineage_events(world, f"{dag_id}.infer", "FAIL")
-             if e["run"]["facets"]["airflow"]["dagRun"]["run_id"] == run["dag_run_id"]]
+    fails = [
+        e
+        for e in openlineage_events(world, f"{dag_id}.infer", "FAIL")
+        if e["run"]["facets"]["airflow"]["dagRun"]["run_id"] == run["dag_run_id"]
+    ]
     assert fails, "no OpenLineage FAIL event for the refused re-run"
     (output,) = fails[-1]["outputs"]
     assert (output["namespace"], output["name"]) == ("file", str(run_dir)) and not output.get("outputFacets")

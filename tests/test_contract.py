@@ -38,15 +38,25 @@ SHA = "ab" * 32
 
 
 def _manifest() -> Manifest:
-    files = (FileEntry(part_name(0, "t01aaaa"), size=100, rows=3, sha256=SHA),
-             FileEntry(part_name(1, "t01aaaa"), size=90, rows=2, sha256=SHA))
+    files = (
+        FileEntry(part_name(0, "t01aaaa"), size=100, rows=3, sha256=SHA),
+        FileEntry(part_name(1, "t01aaaa"), size=90, rows=2, sha256=SHA),
+    )
     errors = (FileEntry(part_name(0, "t01aaaa", dead_letter=True), size=50, rows=1, sha256=SHA),)
     base = manifest_for("/stage/run1", files, errors)
-    return dataclasses.replace(base, passthrough_columns=("id",), output_columns=("score",), on_error="dead_letter",
-                               max_error_fraction=0.5, started_at="2026-11-23T01:00:00+00:00",
-                               finished_at="2026-11-23T01:01:00+00:00", timings={"total_s": 60.0, "rows_per_s": None},
-                               resume=ResumeInfo(resumed=True, kept_files=1, kept_rows=3, processed_rows=3,
-                                                 removed_files=("part-00009-t00old.parquet",)))
+    return dataclasses.replace(
+        base,
+        passthrough_columns=("id",),
+        output_columns=("score",),
+        on_error="dead_letter",
+        max_error_fraction=0.5,
+        started_at="2026-11-23T01:00:00+00:00",
+        finished_at="2026-11-23T01:01:00+00:00",
+        timings={"total_s": 60.0, "rows_per_s": None},
+        resume=ResumeInfo(
+            resumed=True, kept_files=1, kept_rows=3, processed_rows=3, removed_files=("part-00009-t00old.parquet",)
+        ),
+    )
 
 
 def _data() -> dict[str, Any]:
@@ -65,8 +75,11 @@ def test_job_file_round_trips():
 
 def test_job_file_errors_name_the_key():
     data = job_file("/stage/run1").to_dict()
-    with pytest.raises(ContractError, match=r"_job.json is a 'batchinfer.job/9' job file; this version of the "
-                                            r"provider reads 'batchinfer.job/1'"):
+    with pytest.raises(
+        ContractError,
+        match=r"_job.json is a 'batchinfer.job/9' job file; this version of the "
+        r"provider reads 'batchinfer.job/1'",
+    ):
         JobFile.from_dict({**data, "format": "batchinfer.job/9"})
     with pytest.raises(ContractError, match=r"_job.json.airflow has no 'run_id'"):
         JobFile.from_dict({**data, "airflow": {k: v for k, v in data["airflow"].items() if k != "run_id"}})
@@ -110,10 +123,19 @@ def test_a_missing_key_is_named(key):
         Manifest.from_dict(data)
 
 
-@pytest.mark.parametrize(("path", "key"), [
-    (("counts",), "output_rows"), (("model",), "sha256"), (("job",), "attempt"), (("input",), "files"),
-    (("files", 1), "size"), (("files", 0), "sha256"), (("error_files", 0), "rows"), (("airflow",), "dag_id"),
-])
+@pytest.mark.parametrize(
+    ("path", "key"),
+    [
+        (("counts",), "output_rows"),
+        (("model",), "sha256"),
+        (("job",), "attempt"),
+        (("input",), "files"),
+        (("files", 1), "size"),
+        (("files", 0), "sha256"),
+        (("error_files", 0), "rows"),
+        (("airflow",), "dag_id"),
+    ],
+)
 def test_a_missing_nested_key_is_named_with_its_path(path, key):
     data = _data()
     target = data
@@ -125,16 +147,19 @@ def test_a_missing_nested_key_is_named_with_its_path(path, key):
         Manifest.from_dict(data)
 
 
-@pytest.mark.parametrize(("mutate", "message"), [
-    (lambda d: d.update(files="part-0.parquet"), r"_SUCCESS.files must be a list, got str"),
-    (lambda d: d.update(run_dir=7), r"_SUCCESS.run_dir must be a string, got int"),
-    (lambda d: d["counts"].update(input_rows="6"), r"_SUCCESS.counts.input_rows must be a whole number, got str"),
-    (lambda d: d["files"][0].update(rows=True), r"_SUCCESS.files\[0\].rows must be a whole number, got True"),
-    (lambda d: d["files"][0].update(size=-1), r"_SUCCESS.files\[0\]: size and rows must be >= 0"),
-    (lambda d: d["input"].update(files=["a", 2]), r"_SUCCESS.input.files must be a list of strings"),
-    (lambda d: d["job"].update(replicas="2"), r"_SUCCESS.job.replicas must be a whole number"),
-    (lambda d: d.update(timings=[]), r"_SUCCESS.timings must be an object"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(files="part-0.parquet"), r"_SUCCESS.files must be a list, got str"),
+        (lambda d: d.update(run_dir=7), r"_SUCCESS.run_dir must be a string, got int"),
+        (lambda d: d["counts"].update(input_rows="6"), r"_SUCCESS.counts.input_rows must be a whole number, got str"),
+        (lambda d: d["files"][0].update(rows=True), r"_SUCCESS.files\[0\].rows must be a whole number, got True"),
+        (lambda d: d["files"][0].update(size=-1), r"_SUCCESS.files\[0\]: size and rows must be >= 0"),
+        (lambda d: d["input"].update(files=["a", 2]), r"_SUCCESS.input.files must be a list of strings"),
+        (lambda d: d["job"].update(replicas="2"), r"_SUCCESS.job.replicas must be a whole number"),
+        (lambda d: d.update(timings=[]), r"_SUCCESS.timings must be an object"),
+    ],
+)
 def test_a_wrong_type_is_named(mutate, message):
     data = _data()
     mutate(data)
@@ -142,11 +167,14 @@ def test_a_wrong_type_is_named(mutate, message):
         Manifest.from_dict(data)
 
 
-@pytest.mark.parametrize(("mutate", "message"), [
-    (lambda d: d["counts"].update(input_rows=7), r"input_rows 7 != output_rows 5 \+ error_rows 1"),
-    (lambda d: d["counts"].update(output_rows=4, input_rows=5), r"files hold 5 rows but output_rows is 4"),
-    (lambda d: d["counts"].update(error_rows=0, input_rows=5), r"error_files hold 1 rows but error_rows is 0"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["counts"].update(input_rows=7), r"input_rows 7 != output_rows 5 \+ error_rows 1"),
+        (lambda d: d["counts"].update(output_rows=4, input_rows=5), r"files hold 5 rows but output_rows is 4"),
+        (lambda d: d["counts"].update(error_rows=0, input_rows=5), r"error_files hold 1 rows but error_rows is 0"),
+    ],
+)
 def test_counts_that_do_not_reconcile_are_refused(mutate, message):
     data = _data()
     mutate(data)
@@ -214,8 +242,13 @@ def test_an_unreadable_runtime_line_is_a_failure_not_a_crash():
 
 
 def test_last_failure_is_the_last_error_line_of_a_log():
-    log = ["start", JobFailure(error="first").to_line(), "more", JobFailure(error="second", permanent=True).to_line(),
-           JobResult(rows=1, files=1).to_line()]
+    log = [
+        "start",
+        JobFailure(error="first").to_line(),
+        "more",
+        JobFailure(error="second", permanent=True).to_line(),
+        JobResult(rows=1, files=1).to_line(),
+    ]
     assert last_failure(log) == JobFailure(error="second", permanent=True)
     assert last_failure("\n".join(log)) == JobFailure(error="second", permanent=True)
     assert last_failure(["start", JobResult(rows=1, files=1).to_line()]) is None

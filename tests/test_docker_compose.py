@@ -30,8 +30,16 @@ def compose() -> dict:
 
 def test_every_service_the_deployment_needs_is_there(compose):
     services = compose["services"]
-    for name in ("postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
-                 "ray-head", "ray-gpu-worker", "minio"):
+    for name in (
+        "postgres",
+        "airflow-apiserver",
+        "airflow-scheduler",
+        "airflow-dag-processor",
+        "airflow-triggerer",
+        "ray-head",
+        "ray-gpu-worker",
+        "minio",
+    ):
         assert name in services, name
     assert services["airflow-triggerer"]["command"] == "triggerer"
     gpu = services["ray-gpu-worker"]["deploy"]["resources"]["reservations"]["devices"][0]
@@ -76,12 +84,18 @@ def test_airflow_is_wired_to_the_ray_jobs_api_with_the_cluster_token(compose):
         conn = json.loads(services[name]["environment"]["AIRFLOW_CONN_BATCHINFER_DEFAULT"])
         assert conn["conn_type"] == "batchinfer" and conn["extra"]["launcher"] == "ray_jobs"
         assert conn["host"] == f"http://ray-head:{dashboard_port}"
-        assert conn["extra"]["ray_token"] == env["RAY_AUTH_TOKEN"] == services["ray-head"]["environment"]["RAY_AUTH_TOKEN"]
+        assert (
+            conn["extra"]["ray_token"] == env["RAY_AUTH_TOKEN"] == services["ray-head"]["environment"]["RAY_AUTH_TOKEN"]
+        )
         stage = conn["extra"]["stage_root"]
         mounts = [v.split(":")[1] for v in services[name]["volumes"]]
         assert any(stage.startswith(m) for m in mounts), f"{name}: stage {stage} is not on a mounted volume"
-        assert any(stage.startswith(v.split(":")[1]) for v in services["ray-head"]["volumes"]), "Ray cannot see the stage"
-        assert services[name]["environment"]["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"].startswith("http://airflow-apiserver:")
+        assert any(stage.startswith(v.split(":")[1]) for v in services["ray-head"]["volumes"]), (
+            "Ray cannot see the stage"
+        )
+        assert services[name]["environment"]["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"].startswith(
+            "http://airflow-apiserver:"
+        )
     assert "airflow" not in (DOCKER / "ray-requirements.txt").read_text()  # the Ray side never needs Airflow
 
 
@@ -106,7 +120,9 @@ def test_images_install_the_tested_set():
     assert f"FROM apache/airflow:{pins['apache-airflow']}-python3.11" in airflow
     assert f"FROM rayproject/ray:{pins['ray']}-py311-gpu" in ray
     for text in (airflow, ray):
-        assert re.search(r"pip install [^\n]*-c \S*constraints-3\.11\.txt", text), "install without the constraints file"
+        assert re.search(r"pip install [^\n]*-c \S*constraints-3\.11\.txt", text), (
+            "install without the constraints file"
+        )
     llm = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["llm"]
     for requirement in llm:
         assert f'"{requirement}"' in ray, f"ray.Dockerfile does not install {requirement} like the [llm] extra"

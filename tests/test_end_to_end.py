@@ -12,9 +12,8 @@ import pytest
 from airflow_provider_batchinfer.contract import JobFile, ModelRef, RunOwner
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, sanitize_run_key
-from tests.models import committed_manifest
 from tests.conftest import run_dag, xcom_value
-from tests.models import write_tickets
+from tests.models import committed_manifest, write_tickets
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_db", "ray_cluster")]
 
@@ -25,11 +24,18 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
 
 def _job_file(run_dir: Path, dag_id: str, task_id: str, attempt: str = "t01old") -> str:
     """The ``_job.json`` an earlier job of ``dag_id.task_id`` left in ``run_dir``."""
-    return JobFile(job_id=f"batchinfer-{dag_id}-{task_id}-{attempt}", attempt=attempt, launcher="local",
-                   run_dir=str(run_dir), input_locations=("/elsewhere",), input_spec=InputSpec(), job_spec=JobSpec(),
-                   model=ModelRef("text_length", "v1", "python", "0" * 64, "/registry/text_length/v1"),
-                   registry_root="/registry",
-                   airflow=RunOwner(dag_id=dag_id, task_id=task_id, run_id="manual__old", try_number=1)).to_json()
+    return JobFile(
+        job_id=f"batchinfer-{dag_id}-{task_id}-{attempt}",
+        attempt=attempt,
+        launcher="local",
+        run_dir=str(run_dir),
+        input_locations=("/elsewhere",),
+        input_spec=InputSpec(),
+        job_spec=JobSpec(),
+        model=ModelRef("text_length", "v1", "python", "0" * 64, "/registry/text_length/v1"),
+        registry_root="/registry",
+        airflow=RunOwner(dag_id=dag_id, task_id=task_id, run_id="manual__old", try_number=1),
+    ).to_json()
 
 
 def _part_files(directory: Path) -> list[str]:
@@ -51,8 +57,11 @@ def test_ticket_embeddings_example_end_to_end(batchinfer_home):
     out = xcom_value("batchinfer_ticket_embeddings", run_id, "embed_tickets")
     assert out["output_location"] == str(run_dir) and out["rows"] == 300
     assert xcom_value("batchinfer_ticket_embeddings", run_id, "embed_tickets", key="output_location") == str(run_dir)
-    report = json.loads((batchinfer_home / "stage" / "published" / "ticket_embeddings" / sanitize_run_key(run_id)
-                         / "report.json").read_text())
+    report = json.loads(
+        (
+            batchinfer_home / "stage" / "published" / "ticket_embeddings" / sanitize_run_key(run_id) / "report.json"
+        ).read_text()
+    )
     assert report["rows"] == 300 and report["dimensions"] == 384
 
 
@@ -72,7 +81,9 @@ def test_tabular_example_two_runs_land_in_two_directories(batchinfer_home):
     assert len(list((batchinfer_home / "registry" / "churn_scorer").iterdir())) == 1
 
 
-def test_error_mode_refuses_a_non_empty_directory_before_launching(batchinfer_home, text_length_model, tickets, tmp_path):
+def test_error_mode_refuses_a_non_empty_directory_before_launching(
+    batchinfer_home, text_length_model, tickets, tmp_path
+):
     out = tmp_path / "out"
     out.mkdir()
     (out / "precious.parquet").write_bytes(b"keep me")
@@ -143,15 +154,16 @@ def test_overwrite_removes_a_stale_marker_and_stray_parts(batchinfer_home, text_
         (("other_dag", "other_task"), "belongs to other_dag.other_task"),
     ],
 )
-def test_overwrite_refuses_directories_it_does_not_own(batchinfer_home, text_length_model, tickets, tmp_path, capfd,
-                                                       job_file, expected):
+def test_overwrite_refuses_directories_it_does_not_own(
+    batchinfer_home, text_length_model, tickets, tmp_path, capfd, job_file, expected
+):
     out = tmp_path / "out"
     out.mkdir()
     (out / "data.parquet").write_bytes(b"someone else's")
     if job_file:
         (out / JOB_SPEC_FILE).write_text(_job_file(out, *job_file))
     before = _snapshot(out)
-    state, tasks, _ = run_dag("bi_test_overwrite_retry", input=str(tickets[0]), out=str(out))
+    state, _tasks, _ = run_dag("bi_test_overwrite_retry", input=str(tickets[0]), out=str(out))
     assert state == "failed"
     assert _snapshot(out) == before
     assert expected in capfd.readouterr().out
@@ -170,7 +182,11 @@ def test_sql_input_is_materialized_in_chunks(batchinfer_home, text_length_model,
     manifest = committed_manifest(str(out))
     assert manifest["counts"]["output_rows"] == 1000
     table = pq.read_table([str(out / f["name"]) for f in manifest["files"]]).sort_by("ticket_id")
-    assert table.column("length").to_pylist()[:3] == [len("ticket number 0"), len("ticket number 1"), len("ticket number 2")]
+    assert table.column("length").to_pylist()[:3] == [
+        len("ticket number 0"),
+        len("ticket number 1"),
+        len("ticket number 2"),
+    ]
 
 
 def test_without_an_address_the_job_starts_its_own_ray_beside_a_running_cluster(

@@ -68,9 +68,21 @@ def test_the_airflow_side_never_imports_the_runtime():
     offenders = []
     for folder in AIRFLOW_SIDE:
         for path in sorted((PACKAGE / folder).rglob("*.py")):
-            runtime = sorted({name for name in _imports(path) if name == "airflow_provider_batchinfer.runtime"
-                              or name.startswith("airflow_provider_batchinfer.runtime.")})
+            runtime = sorted(
+                {
+                    name
+                    for name in _imports(path)
+                    if name == "airflow_provider_batchinfer.runtime"
+                    or name.startswith("airflow_provider_batchinfer.runtime.")
+                }
+            )
             text = path.read_text()  # and the grep the issue asks for, in case an import hides from the parser
-            if runtime or "airflow_provider_batchinfer.runtime import" in text or "import airflow_provider_batchinfer.runtime" in text:
+            if (
+                runtime
+                or "airflow_provider_batchinfer.runtime import" in text
+                or "import airflow_provider_batchinfer.runtime" in text
+            ):
                 offenders.append(f"{path.relative_to(PACKAGE.parent)} imports {', '.join(runtime) or 'the runtime'}")
-    assert not offenders, "the Airflow side must start the runtime as `python -m`, not import it:\n" + "\n".join(offenders)
+    assert not offenders, "the Airflow side must start the runtime as `python -m`, not import it:\n" + "\n".join(
+        offenders
+    )

@@ -22,10 +22,18 @@ OWNER = RunOwner(dag_id="d", task_id="t", run_id="manual__1", try_number=2, map_
 
 
 def _job(tmp_path) -> JobFile:
-    return JobFile(job_id="batchinfer-d-t-t02abc", attempt="t02abc", launcher="local", run_dir=str(tmp_path / "out"),
-                   input_locations=(str(tmp_path / "in"),), input_spec=InputSpec(), job_spec=JobSpec(),
-                   model=ModelRef("m", "v1", "python", "0" * 64, str(tmp_path / "m")), registry_root=str(tmp_path),
-                   airflow=OWNER)
+    return JobFile(
+        job_id="batchinfer-d-t-t02abc",
+        attempt="t02abc",
+        launcher="local",
+        run_dir=str(tmp_path / "out"),
+        input_locations=(str(tmp_path / "in"),),
+        input_spec=InputSpec(),
+        job_spec=JobSpec(),
+        model=ModelRef("m", "v1", "python", "0" * 64, str(tmp_path / "m")),
+        registry_root=str(tmp_path),
+        airflow=OWNER,
+    )
 
 
 class ScriptLauncher(LocalLauncher):
@@ -101,11 +109,14 @@ def test_local_zero_exit_without_a_result_line_is_not_a_success(tmp_path):
 
 
 def test_local_job_past_its_timeout_is_stopped(tmp_path):
-    launcher = ScriptLauncher("""
+    launcher = ScriptLauncher(
+        """
         import time
         print("working", flush=True)
         time.sleep(60)
-    """, kill_grace_s=5)
+    """,
+        kill_grace_s=5,
+    )
     started = time.monotonic()
     _, outcome, lines = _run(launcher, tmp_path, timeout=1.0)
     assert outcome.status == TIMEOUT and time.monotonic() - started < 30
@@ -114,12 +125,15 @@ def test_local_job_past_its_timeout_is_stopped(tmp_path):
 
 
 def test_local_stop_ends_the_whole_process_group(tmp_path):
-    launcher = ScriptLauncher("""
+    launcher = ScriptLauncher(
+        """
         import subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         print(child.pid, flush=True)
         time.sleep(60)
-    """, kill_grace_s=5)
+    """,
+        kill_grace_s=5,
+    )
     handle = launcher.start(_job(tmp_path), "unused", LOG)
     lines: list[str] = []
     waiter = threading.Thread(target=lambda: lines.append(launcher.wait(handle, lines.append)))  # type: ignore[arg-type]
@@ -166,8 +180,9 @@ def test_a_cluster_on_another_ray_version_is_refused_with_what_to_do():
     with pytest.raises(LaunchError) as info:
         check_ray_version("10.0.0.5:6379", "2.51.1", "2.60.0")
     assert info.value.permanent
-    assert str(info.value).startswith("the Ray cluster at 10.0.0.5:6379 runs Ray 2.51.1, but this Airflow worker has "
-                                      "Ray 2.60.0")
+    assert str(info.value).startswith(
+        "the Ray cluster at 10.0.0.5:6379 runs Ray 2.51.1, but this Airflow worker has Ray 2.60.0"
+    )
     assert "Install ray==2.51.1 on the worker" in str(info.value)
 
 
@@ -191,21 +206,34 @@ def test_ray_jobs_from_a_connection(tmp_path):
     from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher, submission_id_for
     from airflow_provider_batchinfer.triggers.ray_job import RayJobTrigger
 
-    config = ServiceConfig(stage_root="/s", registry_root="/r", launcher="ray_jobs", ray_address="http://head:8265",
-                           runtime_env={"pip": ["x"]}, python="/opt/py", storage_options={"access_key": "AK",
-                                                                                          "secret_key": "SK"},
-                           ray_headers={"Authorization": "Bearer tok"})
+    config = ServiceConfig(
+        stage_root="/s",
+        registry_root="/r",
+        launcher="ray_jobs",
+        ray_address="http://head:8265",
+        runtime_env={"pip": ["x"]},
+        python="/opt/py",
+        storage_options={"access_key": "AK", "secret_key": "SK"},
+        ray_headers={"Authorization": "Bearer tok"},
+    )
     launcher = RayJobsLauncher.from_config(config)
     assert launcher.headers == {"Authorization": "Bearer tok"} and launcher.python == "/opt/py"
-    assert launcher.runtime_env == {"pip": ["x"], "env_vars": {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK"}}
+    assert launcher.runtime_env == {
+        "pip": ["x"],
+        "env_vars": {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK"},
+    }
     assert launcher.job_name(OWNER) == submission_id_for("d", "t", "manual__1", -1, 2)
     assert launcher.job_ray_address is None  # a Jobs API driver finds its cluster by itself
     handle = launcher.attach("sid", "t02abc", LOG)
     assert handle.url == "http://head:8265/#/jobs/sid"
     trigger = launcher.trigger(handle, conn_id="c", poll_interval=2, deadline=None)
     assert isinstance(trigger, RayJobTrigger)
-    assert trigger.serialize()[1] == {"submission_id": "sid", "model_service_conn_id": "c", "poll_interval": 2.0,
-                                      "deadline": None}
+    assert trigger.serialize()[1] == {
+        "submission_id": "sid",
+        "model_service_conn_id": "c",
+        "poll_interval": 2.0,
+        "deadline": None,
+    }
     assert RayJobsLauncher.check_address("head:8265", "c") == "http://head:8265"
     with pytest.raises(ValueError, match="needs the Ray dashboard address"):
         RayJobsLauncher.check_address(None, "c")

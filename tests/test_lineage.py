@@ -33,10 +33,18 @@ def test_dataset_names_follow_the_openlineage_naming_spec(location, expected):
 def test_start_facets_of_a_sql_input(text_length_model, tmp_path, monkeypatch):
     from airflow_provider_batchinfer import BatchInferenceOperator, OutputSpec
 
-    monkeypatch.setenv("AIRFLOW_CONN_BI_LINEAGE_SQLITE", json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "t.db")}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_BI_LINEAGE_SQLITE", json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "t.db")})
+    )
     query = "SELECT id AS ticket_id, body AS text FROM tickets"
-    op = BatchInferenceOperator(task_id="infer", model="text_length", version="v1", sql=query,
-                                conn_id="bi_lineage_sqlite", output_spec=OutputSpec(stage_location=str(tmp_path / "out")))
+    op = BatchInferenceOperator(
+        task_id="infer",
+        model="text_length",
+        version="v1",
+        sql=query,
+        conn_id="bi_lineage_sqlite",
+        output_spec=OutputSpec(stage_location=str(tmp_path / "out")),
+    )
     lineage = op.get_openlineage_facets_on_start()
     # SQLite's hook does not describe its database to OpenLineage: the query is the job facet, and
     # the only dataset input is the model version
@@ -47,7 +55,12 @@ def test_start_facets_of_a_sql_input(text_length_model, tmp_path, monkeypatch):
     assert [(f.name, f.type) for f in out.facets["schema"].fields] == [("length", "int64")]
     assert out.outputFacets == {}  # nothing committed yet: no statistics
     facet = lineage.run_facets[RUN_FACET]
-    assert facet.model == {"name": "text_length", "version": "v1", "flavor": "python", "sha256": text_length_model.sha256}
+    assert facet.model == {
+        "name": "text_length",
+        "version": "v1",
+        "flavor": "python",
+        "sha256": text_length_model.sha256,
+    }
     assert facet.counts == {}
 
 
@@ -81,8 +94,13 @@ def test_an_unknown_model_version_still_names_the_task_datasets(text_length_mode
     """The task fails on the version; its lineage still says what it was meant to read and write."""
     from airflow_provider_batchinfer import BatchInferenceOperator, OutputSpec
 
-    op = BatchInferenceOperator(task_id="infer", model="text_length", version="v9", input=str(tickets[0]),
-                                output_spec=OutputSpec(stage_location=str(tmp_path / "out")))
+    op = BatchInferenceOperator(
+        task_id="infer",
+        model="text_length",
+        version="v9",
+        input=str(tickets[0]),
+        output_spec=OutputSpec(stage_location=str(tmp_path / "out")),
+    )
     lineage = op.get_openlineage_facets_on_start()
     assert [(d.namespace, d.name) for d in lineage.inputs] == [("file", str(tickets[0]))]
     assert [(d.namespace, d.name, d.facets) for d in lineage.outputs] == [("file", str(tmp_path / "out"), {})]

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.chat import response_columns, sampling_params, text_to_messages
+from airflow_provider_batchinfer.contract import ERROR_PREFIX
 from airflow_provider_batchinfer.demo_models import build_tiny_chat_model, build_tiny_image_classifier, color_image
 from airflow_provider_batchinfer.runtime import dereference, llm
 from airflow_provider_batchinfer.runtime.dereference import (
@@ -33,10 +34,8 @@ from airflow_provider_batchinfer.runtime.dereference import (
     read_location,
 )
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SpecError
-from airflow_provider_batchinfer.contract import ERROR_PREFIX
 from airflow_provider_batchinfer.stage import SUCCESS_MARKER, Stage, sanitize_run_key
-from tests.models import committed_manifest
-from tests.models import job_file, write_job_file
+from tests.models import committed_manifest, job_file, write_job_file
 
 
 def run_runtime(spec_location: str, **env: str) -> tuple[int, str]:
@@ -46,8 +45,13 @@ def run_runtime(spec_location: str, **env: str) -> tuple[int, str]:
 
     environ = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **env}
     environ = {k: v for k, v in environ.items() if v is not None and v != ""}
-    proc = subprocess.run([sys.executable, "-m", "airflow_provider_batchinfer.runtime", "--spec", spec_location],
-                          capture_output=True, text=True, env=environ, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow_provider_batchinfer.runtime", "--spec", spec_location],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=900,
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -83,18 +87,32 @@ def test_every_encoding_of_column_handling_local_and_s3(stage_root, s3_server, s
     (stage_root / "clip").write_bytes(wav)  # no extension: the MIME type comes from the bytes
     s3_opts = {"endpoint_url": s3_server, "region": "us-east-1", "access_key": "AKIDTEST", "secret_key": "x"}
     Stage.open(f"s3://{s3_bucket}/stage/b.jpg", s3_opts).write_bytes(png_bytes("blue", "JPEG"))
-    spec = InputSpec(column_handling={"raw": "bytes", "b64": "base64", "url": "data_url",
-                                      "typed": {"encoding": "data_url", "mime_type": "audio/x-wav"}})
-    plan = dereference.dereference_plan(spec.column_handling, ["raw", "b64", "url", "typed"], [],
-                                        {}, [str(stage_root), f"s3://{s3_bucket}/stage"], s3_opts)
+    spec = InputSpec(
+        column_handling={
+            "raw": "bytes",
+            "b64": "base64",
+            "url": "data_url",
+            "typed": {"encoding": "data_url", "mime_type": "audio/x-wav"},
+        }
+    )
+    plan = dereference.dereference_plan(
+        spec.column_handling,
+        ["raw", "b64", "url", "typed"],
+        [],
+        {},
+        [str(stage_root), f"s3://{s3_bucket}/stage"],
+        s3_opts,
+    )
     a, clip, b = str(stage_root / "images" / "a.png"), str(stage_root / "clip"), f"s3://{s3_bucket}/stage/b.jpg"
     table = pa.table({"raw": [a, b], "b64": [b, a], "url": [a, clip], "typed": [clip, f"file://{a}"]})
     out = dereference_inputs(table, plan)
     jpg = Stage.open(b, s3_opts).read_bytes()
     assert out.schema.field("raw").type == pa.binary() and out.column("raw").to_pylist() == [png, jpg]
     assert out.column("b64").to_pylist() == [base64.b64encode(jpg).decode(), base64.b64encode(png).decode()]
-    assert out.column("url").to_pylist() == [f"data:image/png;base64,{base64.b64encode(png).decode()}",
-                                             f"data:audio/wav;base64,{base64.b64encode(wav).decode()}"]
+    assert out.column("url").to_pylist() == [
+        f"data:image/png;base64,{base64.b64encode(png).decode()}",
+        f"data:audio/wav;base64,{base64.b64encode(wav).decode()}",
+    ]
     assert out.column("typed").to_pylist()[0] == f"data:audio/x-wav;base64,{base64.b64encode(wav).decode()}"
     assert out.column("typed").to_pylist()[1].startswith("data:audio/x-wav;base64,iVBORw0KGgo")
     roots = normalize_roots(plan["roots"])
@@ -150,14 +168,17 @@ def test_stage_files_inside_chat_messages_are_inlined_and_checked(stage_root, mo
     roots = normalize_roots([str(stage_root)])
     messages = [
         {"role": "system", "content": "Describe products."},
-        {"role": "user", "content": [
-            {"type": "text", "text": "What is this?"},
-            {"type": "image_url", "image_url": {"url": str(stage_root / "images" / "p.png"), "detail": "low"}},
-            {"type": "image_url", "image_url": {"url": "https://cdn.example.com/x.png"}},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-            {"type": "input_audio", "input_audio": {"data": str(stage_root / "call.mp3")}},
-            {"type": "input_audio", "input_audio": {"data": "//uQxAAAAAAA", "format": "mp3"}},  # base64 data
-        ]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": str(stage_root / "images" / "p.png"), "detail": "low"}},
+                {"type": "image_url", "image_url": {"url": "https://cdn.example.com/x.png"}},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                {"type": "input_audio", "input_audio": {"data": str(stage_root / "call.mp3")}},
+                {"type": "input_audio", "input_audio": {"data": "//uQxAAAAAAA", "format": "mp3"}},  # base64 data
+            ],
+        },
     ]
     out = dereference_messages(messages, roots, None)
     parts = out[1]["content"]
@@ -180,8 +201,10 @@ def test_stage_files_inside_chat_messages_are_inlined_and_checked(stage_root, mo
 def test_prompt_template_helper_and_sampling_params():
     table = pa.table({"ticket_id": [7, 8], "text": ["Export fails.", "Login loops."]})
     out = text_to_messages(table, "Summarize ticket {ticket_id}: {text}", system="Be brief.")
-    assert out.column("messages").to_pylist()[1] == [{"role": "system", "content": "Be brief."},
-                                                    {"role": "user", "content": "Summarize ticket 8: Login loops."}]
+    assert out.column("messages").to_pylist()[1] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Summarize ticket 8: Login loops."},
+    ]
     with pytest.raises(ValueError, match=r"prompt template names \['body'\], which are not columns"):
         text_to_messages(table, "{body}")
     sp = sampling_params({"temperature": 0.2, "max_tokens": 16, "stop": "\n"}, json.dumps({"max_tokens": 4, "seed": 3}))
@@ -197,13 +220,26 @@ def test_prompt_template_helper_and_sampling_params():
 def test_connection_sets_allowed_roots_and_llm_engine(tmp_path, monkeypatch):
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
 
-    monkeypatch.setenv("AIRFLOW_CONN_BI_LLM", json.dumps({"conn_type": "batchinfer", "extra": {
-        "stage_root": str(tmp_path / "s"), "allowed_roots": "s3://images/products/, /mnt/photos", "llm_engine": "vllm"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_BI_LLM",
+        json.dumps(
+            {
+                "conn_type": "batchinfer",
+                "extra": {
+                    "stage_root": str(tmp_path / "s"),
+                    "allowed_roots": "s3://images/products/, /mnt/photos",
+                    "llm_engine": "vllm",
+                },
+            }
+        ),
+    )
     cfg = ModelServiceHook("bi_llm").config
     assert cfg.file_roots == [str(tmp_path / "s"), "s3://images/products", "/mnt/photos"] and cfg.llm_engine == "vllm"
-    for extra, message in (({"allowed_roots": ["photos"]}, "allowed_roots entry 'photos' must be an absolute path"),
-                           ({"allowed_roots": ["/data/../etc"]}, "without '..'"),
-                           ({"llm_engine": "tgi"}, "llm_engine 'tgi' is not available")):
+    for extra, message in (
+        ({"allowed_roots": ["photos"]}, "allowed_roots entry 'photos' must be an absolute path"),
+        ({"allowed_roots": ["/data/../etc"]}, "without '..'"),
+        ({"llm_engine": "tgi"}, "llm_engine 'tgi' is not available"),
+    ):
         monkeypatch.setenv("AIRFLOW_CONN_BI_BAD", json.dumps({"conn_type": "batchinfer", "extra": extra}))
         with pytest.raises(ValueError, match=message):
             ModelServiceHook("bi_bad").config
@@ -231,13 +267,21 @@ def test_engine_choice_and_early_failures_without_gpu_or_vllm(tmp_path):
     for path, config in ((chat_model_dir, {"model_type": "llama"}), (vision_model_dir, {"vision_config": {}})):
         path.mkdir()
         (path / "config.json").write_text(json.dumps(config))
-    job = JobSpec(replicas=3, num_gpus=2, max_batch_rows=128, engine_kwargs={"max_model_len": 4096, "dtype": "bfloat16"})
+    job = JobSpec(
+        replicas=3, num_gpus=2, max_batch_rows=128, engine_kwargs={"max_model_len": 4096, "dtype": "bfloat16"}
+    )
     assert llm.processor_config(vision_model_dir, job)["prepare_multimodal_stage"] is True
     config = llm.processor_config(chat_model_dir, job)
-    assert config == {"model_source": str(chat_model_dir), "concurrency": 3, "batch_size": 128,
-                      "engine_kwargs": {"max_model_len": 4096, "dtype": "bfloat16", "tensor_parallel_size": 2},
-                      "chat_template_stage": True, "tokenize_stage": True, "detokenize_stage": True,
-                      "prepare_multimodal_stage": False}
+    assert config == {
+        "model_source": str(chat_model_dir),
+        "concurrency": 3,
+        "batch_size": 128,
+        "engine_kwargs": {"max_model_len": 4096, "dtype": "bfloat16", "tensor_parallel_size": 2},
+        "chat_template_stage": True,
+        "tokenize_stage": True,
+        "detokenize_stage": True,
+        "prepare_multimodal_stage": False,
+    }
     from ray.data.llm import vLLMEngineProcessorConfig
 
     parsed = vLLMEngineProcessorConfig(**config)  # ray 2.60's own validation accepts the mapping
@@ -251,12 +295,20 @@ def test_vllm_job_without_vllm_fails_before_ray_starts_and_commits_nothing(regis
     table = text_to_messages(pa.table({"ticket_id": [1, 2], "text": ["export fails", "login loops"]}), "{text}")
     pq.write_table(table.select(["ticket_id", "messages"]), tmp_path / "input" / "t.parquet")
     run_dir = Stage.open(str(tmp_path / "out"))
-    spec = job_file(run_dir.location, mv, registry.root, [tmp_path / "input"], job_id="t-vllm", attempt="t01v",
-                    job_spec=JobSpec(num_gpus=1), file_roots=[tmp_path],
-                    ray_address="127.0.0.1:1")  # never reached: fails before Ray
+    spec = job_file(
+        run_dir.location,
+        mv,
+        registry.root,
+        [tmp_path / "input"],
+        job_id="t-vllm",
+        attempt="t01v",
+        job_spec=JobSpec(num_gpus=1),
+        file_roots=[tmp_path],
+        ray_address="127.0.0.1:1",
+    )  # never reached: fails before Ray
     rc, output = run_runtime(write_job_file(spec))
     (error_line,) = [line for line in output.splitlines() if line.startswith(ERROR_PREFIX)]
-    error = json.loads(error_line[len(ERROR_PREFIX):])
+    error = json.loads(error_line[len(ERROR_PREFIX) :])
     assert rc != 0 and error["type"] == "LLMEngineError"
     assert error["error"].startswith("LLMEngineError: the vLLM engine needs the vllm package, which is not installed")
     assert "[llm]" in error["error"] and "JobSpec(engine='transformers')" in error["error"]
@@ -265,34 +317,73 @@ def test_vllm_job_without_vllm_fails_before_ray_starts_and_commits_nothing(regis
 
 def test_vllm_pre_and_postprocess_map_rows_to_the_response_columns(stage_root):
     (stage_root / "images" / "p.png").write_bytes(png_bytes())
-    plan = dereference.dereference_plan({}, ["messages"], ["messages"], {"messages": "messages"}, [str(stage_root)], None)
+    plan = dereference.dereference_plan(
+        {}, ["messages"], ["messages"], {"messages": "messages"}, [str(stage_root)], None
+    )
     pre = llm.Preprocess("messages", ["ticket_id"], {"temperature": 0, "max_tokens": 8}, plan)
-    row = {"ticket_id": 5, "sampling_params": {"seed": 11, "temperature": None},
-           "messages": json.dumps([{"role": "user", "content": [
-               {"type": "text", "text": "label it"},
-               {"type": "image_url", "image_url": {"url": str(stage_root / "images" / "p.png")}}]}])}
+    row = {
+        "ticket_id": 5,
+        "sampling_params": {"seed": 11, "temperature": None},
+        "messages": json.dumps(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "label it"},
+                        {"type": "image_url", "image_url": {"url": str(stage_root / "images" / "p.png")}},
+                    ],
+                }
+            ]
+        ),
+    }
     out = pre(row)
     assert out["ticket_id"] == 5
-    assert out["sampling_params"] == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8, "detokenize": False, "seed": 11}
+    assert out["sampling_params"] == {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_tokens": 8,
+        "detokenize": False,
+        "seed": 11,
+    }
     assert out["messages"][0]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,iVBOR")
     post = llm.Postprocess(["ticket_id"])
     # the columns ray.data.llm's vLLM stage adds (vLLMOutputData) after detokenize
-    engine_rows = [{**out, "prompt": "user : label it", "num_input_tokens": 9, "generated_text": " a red mug ",
-                    "num_generated_tokens": 4},
-                   {**out, "ticket_id": 6, "num_input_tokens": 3, "generated_text": "x " * 8, "num_generated_tokens": 8}]
+    engine_rows = [
+        {
+            **out,
+            "prompt": "user : label it",
+            "num_input_tokens": 9,
+            "generated_text": " a red mug ",
+            "num_generated_tokens": 4,
+        },
+        {**out, "ticket_id": 6, "num_input_tokens": 3, "generated_text": "x " * 8, "num_generated_tokens": 8},
+    ]
     rows = [post(r) for r in engine_rows]
     table = llm.to_response_table(pa.Table.from_pylist(rows), ["ticket_id"])
     assert table.column_names == ["ticket_id", "choices", "usage"]
     from airflow_provider_batchinfer.chat import response_types
 
     assert (table.schema.field("choices").type, table.schema.field("usage").type) == response_types()
-    expected = response_columns([
-        {"choices": [{"index": 0, "message": {"role": "assistant", "content": "a red mug"}, "finish_reason": "stop"}],
-         "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}},
-        {"choices": [{"index": 0, "message": {"role": "assistant", "content": ("x " * 8).strip()},
-                      "finish_reason": "length"}],
-         "usage": {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}},
-    ])
+    expected = response_columns(
+        [
+            {
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "a red mug"}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
+            },
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": ("x " * 8).strip()},
+                        "finish_reason": "length",
+                    }
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11},
+            },
+        ]
+    )
     assert table.column("choices").combine_chunks().equals(expected["choices"])
     assert table.column("usage").combine_chunks().equals(expected["usage"])
 
@@ -313,24 +404,39 @@ def test_transformers_engine_honours_row_overrides_stop_strings_and_seeds(regist
     words = full.split()
     k = next(i for i in range(2, len(words)) if f" {words[i]}" not in f" {' '.join(words[:i])}" and words[i] != ":")
     overrides = pa.array([json.dumps({"stop": f" {words[k]}"}), json.dumps({"max_tokens": 3})])
-    out = predict(base.select(["messages"]).append_column("sampling_params", overrides),
-                  {"temperature": 0, "max_tokens": 12})
+    out = predict(
+        base.select(["messages"]).append_column("sampling_params", overrides), {"temperature": 0, "max_tokens": 12}
+    )
     (stopped,), (short,) = out["choices"].to_pylist()
     assert stopped["message"]["content"] == " ".join(words[:k]) and stopped["finish_reason"] == "stop"
     assert out["usage"].to_pylist()[0]["completion_tokens"] == k + 1  # the stop word was generated, then cut
     assert short["finish_reason"] == "length" and out["usage"].to_pylist()[1]["completion_tokens"] == 3
-    assert short["message"]["content"] == " ".join(greedy["choices"].to_pylist()[1][0]["message"]["content"].split()[:3])
-    sampled = [predict(base.select(["messages"]), {"temperature": 1.0, "max_tokens": 12, "seed": seed})["choices"]
-               for seed in (5, 5, 6)]
+    assert short["message"]["content"] == " ".join(
+        greedy["choices"].to_pylist()[1][0]["message"]["content"].split()[:3]
+    )
+    sampled = [
+        predict(base.select(["messages"]), {"temperature": 1.0, "max_tokens": 12, "seed": seed})["choices"]
+        for seed in (5, 5, 6)
+    ]
     assert sampled[0].equals(sampled[1]) and not sampled[0].equals(sampled[2])
-    image = [[{"role": "user", "content": [{"type": "text", "text": "what"},
-                                           {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]]
+    image = [
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
+                ],
+            }
+        ]
+    ]
     with pytest.raises(ValueError, match=r"model chat/v1 reads text only, but a message has \['image_url'\] parts"):
         predict(pa.table({"messages": [json.dumps(m) for m in image]}), {})
 
 
-def test_model_replica_reads_files_and_fails_a_row_with_its_path(registry, image_model_dir, stage_root, tmp_path,
-                                                                 monkeypatch):
+def test_model_replica_reads_files_and_fails_a_row_with_its_path(
+    registry, image_model_dir, stage_root, tmp_path, monkeypatch
+):
     from airflow_provider_batchinfer.runtime.plan import plan_columns
     from airflow_provider_batchinfer.runtime.replica import ModelReplica
 
@@ -343,8 +449,9 @@ def test_model_replica_reads_files_and_fails_a_row_with_its_path(registry, image
         paths.append(str(path))
     batch = pa.table({"id": [0, 1, 2], "path": paths})
     plan = plan_columns(batch.schema, mv.signature, spec, "in.parquet")
-    plan["dereference"] = dereference.dereference_plan(spec.column_handling, plan["sources"], plan["model_inputs"],
-                                                       mv.signature["inputs"], [str(stage_root)], None)
+    plan["dereference"] = dereference.dereference_plan(
+        spec.column_handling, plan["sources"], plan["model_inputs"], mv.signature["inputs"], [str(stage_root)], None
+    )
     replica = ModelReplica(str(registry.local_copy("labeler", "v1")), mv.sha256, plan, {}, "cpu", 1)
     out = replica(batch)
     assert out.column("id").to_pylist() == [0, 1, 2] and out.column("label").to_pylist() == ["red", "green", "blue"]
@@ -360,8 +467,9 @@ def test_model_replica_reads_files_and_fails_a_row_with_its_path(registry, image
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
-def test_ray_job_with_a_missing_image_fails_naming_it_and_commits_nothing(registry, image_model_dir, stage_root,
-                                                                            tmp_path):
+def test_ray_job_with_a_missing_image_fails_naming_it_and_commits_nothing(
+    registry, image_model_dir, stage_root, tmp_path
+):
     mv = registry.log_model("labeler", "v1", "image_classification", str(image_model_dir))
     good = stage_root / "images" / "ok.png"
     good.write_bytes(png_bytes())
@@ -370,13 +478,22 @@ def test_ray_job_with_a_missing_image_fails_naming_it_and_commits_nothing(regist
     inputs.mkdir()
     pq.write_table(pa.table({"id": [1, 2], "path": [str(good), str(missing)]}), inputs / "products.parquet")
     run_dir = Stage.open(str(tmp_path / "out" / "run1"))
-    spec = job_file(run_dir.location, mv, registry.root, [inputs], job_id="t-missing", attempt="t01abc",
-                    input_spec=InputSpec(column_mapping={"path": "image"}, column_handling={"path": "bytes"}),
-                    job_spec=JobSpec(max_batch_rows=8, progress_interval_s=1), file_roots=[stage_root])
+    spec = job_file(
+        run_dir.location,
+        mv,
+        registry.root,
+        [inputs],
+        job_id="t-missing",
+        attempt="t01abc",
+        input_spec=InputSpec(column_mapping={"path": "image"}, column_handling={"path": "bytes"}),
+        job_spec=JobSpec(max_batch_rows=8, progress_interval_s=1),
+        file_roots=[stage_root],
+    )
     rc, output = run_runtime(write_job_file(spec))
     (error_line,) = [line for line in output.splitlines() if line.startswith(ERROR_PREFIX)]
-    assert rc != 0 and json.loads(error_line[len(ERROR_PREFIX):])["error"] == (
-        f"FileReferenceError: column 'image': file {missing} does not exist; fix the location in data_prep")
+    assert rc != 0 and json.loads(error_line[len(ERROR_PREFIX) :])["error"] == (
+        f"FileReferenceError: column 'image': file {missing} does not exist; fix the location in data_prep"
+    )
     assert not run_dir.child(SUCCESS_MARKER).exists()
 
 
@@ -402,9 +519,10 @@ def test_ticket_summaries_dag_fills_responses_and_token_counts_reconcile(batchin
     assert out.column("ticket_id").to_pylist() == prepared.column("ticket_id").to_pylist() == list(range(1, 21))
     model = manifest["model"]
     tokenizer = AutoTokenizer.from_pretrained(
-        str(ModelRegistry(str(batchinfer_home / "registry")).local_copy(model["name"], model["version"]) / "artifact"))
+        str(ModelRegistry(str(batchinfer_home / "registry")).local_copy(model["name"], model["version"]) / "artifact")
+    )
     usage, choices = out.column("usage").to_pylist(), out.column("choices").to_pylist()
-    for messages, u, c in zip(prepared.column("messages").to_pylist(), usage, choices):
+    for messages, u, c in zip(prepared.column("messages").to_pylist(), usage, choices, strict=False):
         (choice,) = c
         content = choice["message"]["content"]
         assert choice["message"]["role"] == "assistant" and content and choice["finish_reason"] in ("stop", "length")
@@ -460,16 +578,28 @@ def test_vllm_engine_on_a_gpu_end_to_end(registry, tmp_path):
     model_dir = build_tiny_chat_model(tmp_path / "gpu-model", hidden_size=128, num_heads=2)
     mv = registry.log_model("gpu_chat", "v1", "text_generation", str(model_dir))
     n = 2000
-    table = text_to_messages(pa.table({"ticket_id": list(range(n)), "text": [f"the billing page fails {i}" for i in range(n)]}),
-                             "summarize the support ticket : {text}")
+    table = text_to_messages(
+        pa.table({"ticket_id": list(range(n)), "text": [f"the billing page fails {i}" for i in range(n)]}),
+        "summarize the support ticket : {text}",
+    )
     (tmp_path / "input").mkdir()
     pq.write_table(table.select(["ticket_id", "messages"]), tmp_path / "input" / "t.parquet")
     run_dir = Stage.open(str(tmp_path / "out"))
-    spec = job_file(run_dir.location, mv, registry.root, [tmp_path / "input"], job_id="t-gpu", attempt="t01gpu",
-                    input_spec=InputSpec(params={"temperature": 0, "max_tokens": 32}),
-                    job_spec=JobSpec(num_gpus=1, max_batch_rows=256, engine_kwargs={
-                        "max_model_len": 256, "dtype": "half", "enforce_eager": True, "gpu_memory_utilization": 0.3}),
-                    file_roots=[tmp_path])
+    spec = job_file(
+        run_dir.location,
+        mv,
+        registry.root,
+        [tmp_path / "input"],
+        job_id="t-gpu",
+        attempt="t01gpu",
+        input_spec=InputSpec(params={"temperature": 0, "max_tokens": 32}),
+        job_spec=JobSpec(
+            num_gpus=1,
+            max_batch_rows=256,
+            engine_kwargs={"max_model_len": 256, "dtype": "half", "enforce_eager": True, "gpu_memory_utilization": 0.3},
+        ),
+        file_roots=[tmp_path],
+    )
     # a fresh local Ray with every CPU and GPU of the machine, not the tests' 2-CPU head
     rc, output = run_runtime(write_job_file(spec), RAY_ADDRESS="")
     assert rc == 0, output[-3000:]
@@ -480,10 +610,14 @@ def test_vllm_engine_on_a_gpu_end_to_end(registry, tmp_path):
     out = out.sort_by("ticket_id")
     assert out.column("ticket_id").to_pylist() == list(range(n))
     prompts = table.column("messages").to_pylist()
-    for messages, u, c in zip(prompts[:50], out.column("usage").to_pylist()[:50], out.column("choices").to_pylist()[:50]):
+    for messages, u, c in zip(
+        prompts[:50], out.column("usage").to_pylist()[:50], out.column("choices").to_pylist()[:50], strict=False
+    ):
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         assert u["prompt_tokens"] == len(prompt)
         assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] and 0 < u["completion_tokens"] <= 32
         assert c[0]["finish_reason"] == ("length" if u["completion_tokens"] == 32 else "stop")
-    print(f"vLLM on GPU: {n} rows, {manifest['timings']['rows_per_s']} rows/s over the pipeline, "
-          f"{manifest['timings']['steady_rows_per_s']} rows/s steady, {manifest['timings']['total_s']} s in total")
+    print(
+        f"vLLM on GPU: {n} rows, {manifest['timings']['rows_per_s']} rows/s over the pipeline, "
+        f"{manifest['timings']['steady_rows_per_s']} rows/s steady, {manifest['timings']['total_s']} s in total"
+    )

@@ -13,15 +13,23 @@ from tests.task_context import TaskInstanceStandIn
 
 
 def _operator(tmp_path) -> BatchInferenceOperator:
-    return BatchInferenceOperator(task_id="infer", model="m", version="v1", input=str(tmp_path / "in"),
-                                  output_spec=OutputSpec(stage_location=str(tmp_path / "out")))
+    return BatchInferenceOperator(
+        task_id="infer",
+        model="m",
+        version="v1",
+        input=str(tmp_path / "in"),
+        output_spec=OutputSpec(stage_location=str(tmp_path / "out")),
+    )
 
 
-@pytest.mark.parametrize(("event", "message"), [
-    (None, "trigger event is missing or not a dict"),
-    ({"status": "SUCCEEDED", "submission_id": "s"}, "unknown status 'SUCCEEDED'"),  # the old vocabulary
-    ({"status": "success"}, r"lacks \['job_id', 'job_status'\]"),
-])
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        (None, "trigger event is missing or not a dict"),
+        ({"status": "SUCCEEDED", "submission_id": "s"}, "unknown status 'SUCCEEDED'"),  # the old vocabulary
+        ({"status": "success"}, r"lacks \['job_id', 'job_status'\]"),
+    ],
+)
 def test_a_malformed_event_fails_before_anything_is_read(tmp_path, event, message):
     with pytest.raises(AirflowException, match=message):
         _operator(tmp_path).execute_complete({"ti": TaskInstanceStandIn()}, event)
@@ -29,8 +37,13 @@ def test_a_malformed_event_fails_before_anything_is_read(tmp_path, event, messag
 
 
 def test_an_error_event_fails_the_task_with_the_watchers_message(tmp_path):
-    event = {"status": WatchStatus.ERROR.value, "job_id": "sid", "submission_id": "sid", "job_status": "UNKNOWN",
-             "message": "ConnectionError: refused"}
+    event = {
+        "status": WatchStatus.ERROR.value,
+        "job_id": "sid",
+        "submission_id": "sid",
+        "job_status": "UNKNOWN",
+        "message": "ConnectionError: refused",
+    }
     with pytest.raises(AirflowException, match="watching job sid failed: ConnectionError: refused"):
         _operator(tmp_path).execute_complete({"ti": TaskInstanceStandIn()}, event)
 
@@ -59,8 +72,12 @@ def test_the_trigger_reports_an_unreachable_cluster_as_an_error_event(monkeypatc
 
     from tests.conftest import _free_port
 
-    monkeypatch.setenv("AIRFLOW_CONN_BI_DEAD", json.dumps(
-        {"conn_type": "batchinfer", "host": f"http://127.0.0.1:{_free_port()}", "extra": {"launcher": "ray_jobs"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_BI_DEAD",
+        json.dumps(
+            {"conn_type": "batchinfer", "host": f"http://127.0.0.1:{_free_port()}", "extra": {"launcher": "ray_jobs"}}
+        ),
+    )
     trigger = RayJobTrigger(submission_id="sid", model_service_conn_id="bi_dead", poll_interval=1)
 
     async def first():
@@ -68,4 +85,8 @@ def test_the_trigger_reports_an_unreachable_cluster_as_an_error_event(monkeypatc
             return event.payload
 
     payload = asyncio.run(first())
-    assert payload["status"] == "error" and payload["job_id"] == "sid" and "cannot reach the Ray Jobs API" in payload["message"]
+    assert (
+        payload["status"] == "error"
+        and payload["job_id"] == "sid"
+        and "cannot reach the Ray Jobs API" in payload["message"]
+    )

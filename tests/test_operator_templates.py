@@ -12,7 +12,7 @@ START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 
 def _jinja(field: str) -> str:
-    return "{{ params.%s }}" % field
+    return f"{{{{ params.{field} }}}}"
 
 
 @pytest.mark.parametrize("output_field", ["stage_location", "base_stage_location"])
@@ -23,8 +23,9 @@ def test_every_template_field_is_stored_verbatim(output_field, source):
     kwargs[source] = _jinja(source)
     if source == "sql":
         kwargs["conn_id"] = _jinja("conn_id")
-    op = BatchInferenceOperator(task_id="t", output_spec=OutputSpec(**{output_field: _jinja(output_field)},
-                                                                    mode=SaveMode.OVERWRITE), **kwargs)
+    op = BatchInferenceOperator(
+        task_id="t", output_spec=OutputSpec(**{output_field: _jinja(output_field)}, mode=SaveMode.OVERWRITE), **kwargs
+    )
     given = {**kwargs, output_field: _jinja(output_field)}
     for field in fields:
         assert getattr(op, field) == given.get(field), field
@@ -32,8 +33,9 @@ def test_every_template_field_is_stored_verbatim(output_field, source):
 
 def test_a_list_input_is_stored_as_given():
     paths = ["{{ params.a }}", "{{ params.b }}"]
-    op = BatchInferenceOperator(task_id="t", model="m", version="v", input=paths,
-                                output_spec=OutputSpec(stage_location="/out"))
+    op = BatchInferenceOperator(
+        task_id="t", model="m", version="v", input=paths, output_spec=OutputSpec(stage_location="/out")
+    )
     assert op.input is paths
 
 
@@ -46,8 +48,9 @@ def test_the_sensor_stores_its_template_fields_verbatim():
 
 def test_no_template_field_is_a_property_or_derived():
     """Airflow renders by setattr: a template field must be a plain instance attribute."""
-    op = BatchInferenceOperator(task_id="t", model="m", version="v", input="/in",
-                                output_spec=OutputSpec(stage_location="/out"))
+    op = BatchInferenceOperator(
+        task_id="t", model="m", version="v", input="/in", output_spec=OutputSpec(stage_location="/out")
+    )
     for field in BatchInferenceOperator.template_fields:
         assert field in vars(op), field
         assert not isinstance(getattr(type(op), field, None), property), field
@@ -58,10 +61,21 @@ def test_sql_renders_from_a_file_on_the_template_search_path(tmp_path):
 
     (tmp_path / "queries").mkdir()
     (tmp_path / "queries" / "x.sql").write_text("SELECT id FROM t WHERE day = '{{ params.day }}'")
-    with DAG("bi_templates", schedule=None, start_date=START, template_searchpath=[str(tmp_path)],
-             params={"day": "2026-01-02", "out": "/out"}):
-        op = BatchInferenceOperator(task_id="t", model="m", version="v", sql="queries/x.sql", conn_id="db",
-                                    output_spec=OutputSpec(stage_location="{{ params.out }}"))
+    with DAG(
+        "bi_templates",
+        schedule=None,
+        start_date=START,
+        template_searchpath=[str(tmp_path)],
+        params={"day": "2026-01-02", "out": "/out"},
+    ):
+        op = BatchInferenceOperator(
+            task_id="t",
+            model="m",
+            version="v",
+            sql="queries/x.sql",
+            conn_id="db",
+            output_spec=OutputSpec(stage_location="{{ params.out }}"),
+        )
     assert BatchInferenceOperator.template_ext == (".sql",)
     assert op.sql == "queries/x.sql"  # stored as given; read only when rendered
     op.render_template_fields({"params": {"day": "2026-01-02", "out": "/out"}})

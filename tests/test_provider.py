@@ -8,8 +8,13 @@ import sys
 
 
 def test_airflow_providers_list_shows_the_provider(airflow_db):
-    out = subprocess.run([sys.executable, "-m", "airflow", "providers", "list", "-o", "json"],
-                         capture_output=True, text=True, env=os.environ, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "airflow", "providers", "list", "-o", "json"],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        check=True,
+    ).stdout
     assert "airflow-provider-batchinfer" in out
 
 
@@ -44,12 +49,25 @@ def test_hook_reads_a_batchinfer_connection(airflow_db, tmp_path, monkeypatch):
 
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
 
-    monkeypatch.setenv("AIRFLOW_CONN_MY_BATCHINFER", json.dumps(
-        {"conn_type": "batchinfer", "host": "127.0.0.1:6379",
-         "extra": {"stage_root": str(tmp_path / "s"), "registry_root": str(tmp_path / "r")}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MY_BATCHINFER",
+        json.dumps(
+            {
+                "conn_type": "batchinfer",
+                "host": "127.0.0.1:6379",
+                "extra": {"stage_root": str(tmp_path / "s"), "registry_root": str(tmp_path / "r")},
+            }
+        ),
+    )
     cfg = ModelServiceHook("my_batchinfer").config
-    assert (cfg.stage_root, cfg.registry_root, cfg.ray_address) == (str(tmp_path / "s"), str(tmp_path / "r"), "127.0.0.1:6379")
-    monkeypatch.setenv("AIRFLOW_CONN_BAD_BATCHINFER", json.dumps({"conn_type": "batchinfer", "extra": {"launcher": "k8s"}}))
+    assert (cfg.stage_root, cfg.registry_root, cfg.ray_address) == (
+        str(tmp_path / "s"),
+        str(tmp_path / "r"),
+        "127.0.0.1:6379",
+    )
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_BAD_BATCHINFER", json.dumps({"conn_type": "batchinfer", "extra": {"launcher": "k8s"}})
+    )
     import pytest
 
     with pytest.raises(ValueError, match="launcher 'k8s' is not available"):

@@ -8,16 +8,14 @@ import json
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher, submission_id_for
-from tests.task_context import TaskInstanceStandIn
 from airflow_provider_batchinfer.stage import SUCCESS_MARKER, sanitize_run_key
-from tests.models import committed_manifest
 from tests.conftest import run_dag, xcom_value
-from tests.models import SlowLength, write_tickets
+from tests.models import SlowLength, committed_manifest, write_tickets
+from tests.task_context import TaskInstanceStandIn
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_db")]
 
@@ -27,8 +25,13 @@ def ray_jobs_conn(ray_cluster, batchinfer_home, monkeypatch):
     conn = {
         "conn_type": "batchinfer",
         "host": ray_cluster["dashboard"],
-        "extra": {"launcher": "ray_jobs", "python": sys.executable, "ray_token": ray_cluster["token"],
-                  "stage_root": str(batchinfer_home / "stage"), "registry_root": str(batchinfer_home / "registry")},
+        "extra": {
+            "launcher": "ray_jobs",
+            "python": sys.executable,
+            "ray_token": ray_cluster["token"],
+            "stage_root": str(batchinfer_home / "stage"),
+            "registry_root": str(batchinfer_home / "registry"),
+        },
     }
     monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps(conn))
     return conn
@@ -41,8 +44,13 @@ def launcher(ray_cluster):
 
 @pytest.fixture
 def slow_model(registry):
-    return registry.log_model("slow_length", "v1", "python", python_class=SlowLength,
-                              signature={"inputs": {"text": "string"}, "outputs": {"length": "int64"}})
+    return registry.log_model(
+        "slow_length",
+        "v1",
+        "python",
+        python_class=SlowLength,
+        signature={"inputs": {"text": "string"}, "outputs": {"length": "int64"}},
+    )
 
 
 def _operator(tmp_path, rows=1000, **kwargs):
@@ -50,9 +58,14 @@ def _operator(tmp_path, rows=1000, **kwargs):
 
     tickets = write_tickets(tmp_path / "input", rows=rows, files=2, bad_row=kwargs.pop("bad_row", None))
     return BatchInferenceOperator(
-        task_id="infer", model=kwargs.pop("model", "slow_length"), version="v1", input=str(tickets),
-        output_spec=OutputSpec(stage_location=str(tmp_path / "out")), job_spec=JobSpec(max_batch_rows=50),
-        poll_interval=0.5, **kwargs,
+        task_id="infer",
+        model=kwargs.pop("model", "slow_length"),
+        version="v1",
+        input=str(tickets),
+        output_spec=OutputSpec(stage_location=str(tmp_path / "out")),
+        job_spec=JobSpec(max_batch_rows=50),
+        poll_interval=0.5,
+        **kwargs,
     )
 
 
@@ -73,8 +86,9 @@ def _wait_for_status(launcher, sid, wanted=("RUNNING",), timeout=90):
         ("batchinfer_ticket_embeddings", {"num_tickets": 150}, "embed_tickets", ("embeddings", "tickets"), 150),
     ],
 )
-def test_example_dags_run_through_the_jobs_api_deferrable(ray_jobs_conn, launcher, batchinfer_home, dag_id, conf,
-                                                          task_id, subdir, rows):
+def test_example_dags_run_through_the_jobs_api_deferrable(
+    ray_jobs_conn, launcher, batchinfer_home, dag_id, conf, task_id, subdir, rows
+):
     state, tasks, run_id = run_dag(dag_id, **conf)
     assert state == "success", tasks
     run_dir = batchinfer_home.joinpath("stage", *subdir, sanitize_run_key(run_id))
@@ -154,7 +168,7 @@ def test_a_failing_job_reports_its_error_and_writes_no_marker(ray_jobs_conn, lau
 def test_deferral_timeout_stops_the_job(ray_jobs_conn, launcher, slow_model, tmp_path):
     tickets = write_tickets(tmp_path / "input", rows=2000, files=2)
     out = tmp_path / "out"
-    state, tasks, run_id = run_dag("bi_test_ray_jobs_timeout", input=str(tickets), out=str(out), model="slow_length")
+    state, _tasks, run_id = run_dag("bi_test_ray_jobs_timeout", input=str(tickets), out=str(out), model="slow_length")
     assert state == "failed"
     sid = submission_id_for("bi_test_ray_jobs_timeout", "infer", run_id, -1, 1)
     assert _wait_for_status(launcher, sid, ("STOPPED",)) == "STOPPED"
@@ -167,8 +181,10 @@ def test_an_unreachable_cluster_names_its_address(batchinfer_home, text_length_m
     from tests.conftest import _free_port
 
     address = f"http://127.0.0.1:{_free_port()}"
-    monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps(
-        {"conn_type": "batchinfer", "host": address, "extra": {"launcher": "ray_jobs"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_BATCHINFER_DEFAULT",
+        json.dumps({"conn_type": "batchinfer", "host": address, "extra": {"launcher": "ray_jobs"}}),
+    )
     op = _operator(tmp_path, rows=10, model="text_length")
     with pytest.raises(AirflowException, match=f"cannot reach the Ray Jobs API at {address}"):
         op.execute({"ti": TaskInstanceStandIn(run_id="manual__unreachable")})

@@ -15,8 +15,13 @@ from tests.models import TextLength, tiny_mlp
 
 
 def test_log_and_resolve_a_torchscript_model(registry):
-    mv = registry.log_model("mlp", "v1", "torchscript", tiny_mlp(),
-                            signature={"inputs": {f"f{i}": "float32" for i in range(8)}, "outputs": {"score": "float32"}})
+    mv = registry.log_model(
+        "mlp",
+        "v1",
+        "torchscript",
+        tiny_mlp(),
+        signature={"inputs": {f"f{i}": "float32" for i in range(8)}, "outputs": {"score": "float32"}},
+    )
     assert mv.uri.endswith("/mlp/v1") and len(mv.sha256) == 64
     manifest = registry.read_manifest("mlp", "v1")
     assert manifest["flavor"] == "torchscript"
@@ -42,8 +47,13 @@ def test_versions_are_immutable(registry, tmp_path):
 
 
 def test_tampered_added_or_removed_files_are_refused(registry):
-    mv = registry.log_model("mlp", "v1", "torchscript", tiny_mlp(),
-                            signature={"inputs": {"x": "list<float32>"}, "outputs": {"score": "float32"}})
+    mv = registry.log_model(
+        "mlp",
+        "v1",
+        "torchscript",
+        tiny_mlp(),
+        signature={"inputs": {"x": "list<float32>"}, "outputs": {"score": "float32"}},
+    )
     root = Path(mv.uri)
     verify_local_copy(root, mv.sha256)
     model_file = root / "artifact" / "model.pt"

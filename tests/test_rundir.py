@@ -79,9 +79,12 @@ def test_error_mode_refuses_a_non_empty_directory_and_changes_nothing(tmp_path):
     (run / "x").mkdir(parents=True)
     for i in range(7):
         (run / "x" / f"f{i}.csv").write_text("a")
-    with pytest.raises(RunDirectoryNotEmptyError, match=r"is not empty \(7 file\(s\): x/f0.csv, .* …\) and the save "
-                                                        r"mode is SaveMode.ERROR; nothing was changed\. Use "
-                                                        r"OutputSpec\(mode=SaveMode.OVERWRITE\)") as info:
+    with pytest.raises(
+        RunDirectoryNotEmptyError,
+        match=r"is not empty \(7 file\(s\): x/f0.csv, .* …\) and the save "
+        r"mode is SaveMode.ERROR; nothing was changed\. Use "
+        r"OutputSpec\(mode=SaveMode.OVERWRITE\)",
+    ) as info:
         _prepare(run, SaveMode.ERROR)
     assert info.value.permanent and len(_files(run)) == 7
 
@@ -122,9 +125,12 @@ def test_overwrite_removes_the_marker_then_the_rest(tmp_path):
 def test_a_directory_another_task_owns_is_refused_in_every_mode(tmp_path, mode):
     run = tmp_path / "run"
     before = _earlier_attempt(run, owner=dataclasses.replace(OWNER, dag_id="other_dag", task_id="other"))
-    with pytest.raises(ForeignRunDirectoryError, match=r"belongs to other_dag.other, not dag.infer; two tasks must "
-                                                       r"not share a run directory: give this task its own "
-                                                       r"stage_location") as info:
+    with pytest.raises(
+        ForeignRunDirectoryError,
+        match=r"belongs to other_dag.other, not dag.infer; two tasks must "
+        r"not share a run directory: give this task its own "
+        r"stage_location",
+    ) as info:
         _prepare(run, mode)
     assert info.value.permanent and _files(run) == before
 
@@ -134,8 +140,11 @@ def test_files_no_batchinfer_task_wrote_are_never_deleted(tmp_path, mode):
     run = tmp_path / "run"
     run.mkdir()
     (run / "precious.csv").write_text("keep me")
-    with pytest.raises(ForeignRunDirectoryError, match=rf"holds 1 file\(s\) \(precious.csv\) that no batchinfer task "
-                                                       rf"wrote \(no {JOB_SPEC_FILE}\); refusing to delete them"):
+    with pytest.raises(
+        ForeignRunDirectoryError,
+        match=rf"holds 1 file\(s\) \(precious.csv\) that no batchinfer task "
+        rf"wrote \(no {JOB_SPEC_FILE}\); refusing to delete them",
+    ):
         _prepare(run, mode)
     assert (run / "precious.csv").read_text() == "keep me"
 
@@ -144,8 +153,11 @@ def test_an_unreadable_claim_is_refused_not_deleted(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / JOB_SPEC_FILE).write_text("{not json")
-    with pytest.raises(ForeignRunDirectoryError, match=rf"a {JOB_SPEC_FILE} that cannot be read .* unknown which task "
-                                                       "owns them; nothing was changed"):
+    with pytest.raises(
+        ForeignRunDirectoryError,
+        match=rf"a {JOB_SPEC_FILE} that cannot be read .* unknown which task "
+        "owns them; nothing was changed",
+    ):
         _prepare(run, SaveMode.OVERWRITE)
     # RESUME cannot resume from it either, and then refuses it the same way
     with pytest.raises(ForeignRunDirectoryError, match="cannot be read"):
@@ -159,8 +171,9 @@ def test_resume_keeps_the_parts_of_the_same_result_and_removes_the_marker_first(
     done = _prepare(run, SaveMode.RESUME, owner=dataclasses.replace(OWNER, try_number=2))
     assert done.resume is True and done.removed_files == 1
     assert _files(run) == [f for f in before if f != SUCCESS_MARKER]
-    assert done.messages == (f"SaveMode.RESUME: keeping the parts of earlier attempts in {run}; only the remaining "
-                             "rows will be scored",)
+    assert done.messages == (
+        f"SaveMode.RESUME: keeping the parts of earlier attempts in {run}; only the remaining rows will be scored",
+    )
 
 
 def test_resume_re_queries_a_materialized_input(tmp_path):
@@ -174,20 +187,24 @@ def test_resume_re_queries_a_materialized_input(tmp_path):
     assert _files(run) == [JOB_SPEC_FILE, part_name(0, "t01aaaa")]
 
 
-@pytest.mark.parametrize(("change", "what"), [
-    ({"owner": dataclasses.replace(OWNER, run_id="run0")}, "task and run"),
-    ({"owner": dataclasses.replace(OWNER, map_index=3)}, "task and run"),
-    ({"model_sha256": "1" * 64}, "model sha256"),
-    ({"input_locations": ["/data/other"]}, "input"),
-    ({"id_column": "ticket_id"}, "id column"),
-])
+@pytest.mark.parametrize(
+    ("change", "what"),
+    [
+        ({"owner": dataclasses.replace(OWNER, run_id="run0")}, "task and run"),
+        ({"owner": dataclasses.replace(OWNER, map_index=3)}, "task and run"),
+        ({"model_sha256": "1" * 64}, "model sha256"),
+        ({"input_locations": ["/data/other"]}, "input"),
+        ({"id_column": "ticket_id"}, "id column"),
+    ],
+)
 def test_resume_starts_over_when_the_earlier_attempt_computed_something_else(tmp_path, change, what):
     run = tmp_path / "run"
     _earlier_attempt(run, marker=True)
     done = _prepare(run, SaveMode.RESUME, **change)
     assert done.resume is False and _files(run) == []
-    assert done.messages[0] == (f"SaveMode.RESUME: the earlier attempt in {run} differs in {what}; starting over as "
-                                "with OVERWRITE")
+    assert done.messages[0] == (
+        f"SaveMode.RESUME: the earlier attempt in {run} differs in {what}; starting over as with OVERWRITE"
+    )
     assert done.messages[1].startswith(f"retry clean-up: removed {SUCCESS_MARKER} then 2 other file(s)")
 
 
@@ -211,8 +228,11 @@ def test_the_fence_lets_only_the_claiming_attempt_through(tmp_path):
         check_fence(run, "t01aaaa")
     claim(run, job_file(run.location, attempt="t02newer", owner=dataclasses.replace(OWNER, try_number=2)))
     assert check_fence(run, "t02newer").attempt == "t02newer"
-    with pytest.raises(FencedError, match=r"attempt t01zombie is no longer the owner .* attempt t02newer \(try 2\) "
-                                          r"took over; not committing") as info:
+    with pytest.raises(
+        FencedError,
+        match=r"attempt t01zombie is no longer the owner .* attempt t02newer \(try 2\) "
+        r"took over; not committing",
+    ) as info:
         check_fence(run, "t01zombie")
     assert not info.value.permanent
     run.child(JOB_SPEC_FILE).write_bytes(b"garbage")
@@ -249,8 +269,11 @@ def test_a_zombie_cannot_commit_over_a_newer_attempt(tmp_path):
 
 def test_counts_that_do_not_reconcile_commit_nothing(tmp_path):
     stage, parts = _claimed_with_parts(tmp_path)
-    with pytest.raises(ReconcileError, match=r"input_rows 9 != output_rows 5 \+ error_rows 0; nothing was "
-                                             "committed") as info:
+    with pytest.raises(
+        ReconcileError,
+        match=r"input_rows 9 != output_rows 5 \+ error_rows 0; nothing was "
+        "committed",
+    ) as info:
         commit(stage, manifest_for(stage.location, parts, input_rows=9))
     assert not info.value.permanent and not stage.child(SUCCESS_MARKER).exists()
     lying = (dataclasses.replace(parts[0], rows=4), parts[1])
@@ -271,7 +294,7 @@ def test_a_manifest_readers_would_refuse_is_never_written(tmp_path):
 
 def test_commit_validates_the_files_it_lists(tmp_path):
     stage, parts = _claimed_with_parts(tmp_path)
-    missing = parts + (dataclasses.replace(parts[1], name=part_name(2, "t01aaaa")),)
+    missing = (*parts, dataclasses.replace(parts[1], name=part_name(2, "t01aaaa")))
     with pytest.raises(ManifestError, match="part-00002-t01aaaa.parquet is listed in _SUCCESS but missing"):
         commit(stage, manifest_for(stage.location, missing))
     Path(stage.path, parts[1].name).write_bytes(b"\0" * parts[1].size)  # a torn write of the same size

@@ -24,9 +24,14 @@ def test_plan_reads_model_inputs_and_passes_the_rest_through():
 
 
 def test_plan_names_the_missing_or_mistyped_column_before_any_compute():
-    with pytest.raises(InputError, match=r"model input 'text' needs column 'text', which the input in.parquet does not have.*column_mapping"):
+    with pytest.raises(
+        InputError,
+        match=r"model input 'text' needs column 'text', which the input in.parquet does not have.*column_mapping",
+    ):
         plan_columns(SCHEMA, SIG, InputSpec(), "in.parquet")
-    with pytest.raises(InputError, match=r"column 'score' of in.parquet is double, but model input 'text' expects string"):
+    with pytest.raises(
+        InputError, match=r"column 'score' of in.parquet is double, but model input 'text' expects string"
+    ):
         plan_columns(SCHEMA, SIG, InputSpec(column_mapping={"score": "text"}), "in.parquet")
     with pytest.raises(InputError, match=r"passthrough columns \['embedding'\] have the same names as model outputs"):
         schema = SCHEMA.append(pa.field("embedding", pa.string()))
@@ -67,7 +72,7 @@ def test_root_message_finds_the_user_error_inside_ray_wrappers():
         pass
 
     wrapped = UserCodeException(
-        "ray::MapWorker(MapBatches(A)).submit()\n  File \"m.py\", line 6, in __call__\n"
+        'ray::MapWorker(MapBatches(A)).submit()\n  File "m.py", line 6, in __call__\n'
         "    raise ValueError(\"cannot score text 'boom' (row 3)\")\nValueError: cannot score text 'boom' (row 3)\n\n"
         "ray.exceptions.UserCodeException: UDF failed to process a data block."
     )
@@ -85,8 +90,10 @@ def test_root_message_prefers_our_model_batch_error_in_a_ray_traceback():
         "cannot score text 'boom' (row 3) on the batch of 8 row(s) with id 0..7; nothing was committed\n"
         "ray.exceptions.UserCodeException: UDF failed to process a data block."
     )
-    assert _root_message(wrapped) == ("ModelBatchError: model m/v1 raised ValueError: cannot score text 'boom' (row 3) "
-                                      "on the batch of 8 row(s) with id 0..7; nothing was committed")
+    assert _root_message(wrapped) == (
+        "ModelBatchError: model m/v1 raised ValueError: cannot score text 'boom' (row 3) "
+        "on the batch of 8 row(s) with id 0..7; nothing was committed"
+    )
 
 
 def test_batch_range_names_ids_or_rows():

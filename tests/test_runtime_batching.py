@@ -6,9 +6,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from airflow_provider_batchinfer.runtime.driver import ray_init_kwargs
 from airflow_provider_batchinfer.runtime.flavors import torchscript, transfer_rows
 from airflow_provider_batchinfer.runtime.io import row_bytes
-from airflow_provider_batchinfer.runtime.driver import ray_init_kwargs
 
 
 def test_no_configured_address_means_a_fresh_local_ray_never_a_stray_cluster():
@@ -29,8 +29,13 @@ def test_transfer_batches_are_larger_than_model_calls_only_where_the_flavor_says
 
 def test_row_bytes_reads_only_the_footer_of_the_columns_asked_for(tmp_path):
     rng = np.random.default_rng(0)
-    table = pa.table({"id": rng.integers(0, 2**62, 1000), "x": rng.standard_normal(1000).astype(np.float32),
-                      "text": [f"{i:03d}" + "a" * 97 for i in range(1000)]})
+    table = pa.table(
+        {
+            "id": rng.integers(0, 2**62, 1000),
+            "x": rng.standard_normal(1000).astype(np.float32),
+            "text": [f"{i:03d}" + "a" * 97 for i in range(1000)],
+        }
+    )
     pq.write_table(table, tmp_path / "in.parquet", compression="none", use_dictionary=False)
     narrow = row_bytes(str(tmp_path / "in.parquet"), ["id", "x"], None)
     wide = row_bytes(str(tmp_path / "in.parquet"), ["id", "x", "text"], None)
@@ -45,8 +50,10 @@ def test_torchscript_calls_the_model_with_at_most_max_batch_rows(tmp_path):
             return torch.full((x.shape[0], 1), float(x.shape[0])) + 0 * x[:, :1]
 
     torch.jit.script(RowsInCall()).save(str(tmp_path / "model.pt"))
-    manifest = {"options": {"file": "model.pt"}, "signature": {"inputs": {"a": "float32", "b": "float32"},
-                                                               "outputs": {"rows_in_call": "float32"}}}
+    manifest = {
+        "options": {"file": "model.pt"},
+        "signature": {"inputs": {"a": "float32", "b": "float32"}, "outputs": {"rows_in_call": "float32"}},
+    }
     predict = torchscript.load(tmp_path, manifest, device="cpu", threads=1, max_rows=256)
     inputs = pa.table({"a": np.arange(1000, dtype=np.float32), "b": np.ones(1000, np.float32)})
     out = predict(inputs, {})["rows_in_call"]

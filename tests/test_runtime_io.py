@@ -55,11 +55,15 @@ def test_hashing_sink_forwards_every_byte():
 def test_resume_hashes_the_parts_it_keeps_from_the_read_that_checks_them(tmp_path):
     pq.write_table(pa.table({"ticket_id": [1, 2], "text": ["a", "b"]}), tmp_path / "part-00000-t01a.parquet")
     (tmp_path / "_errors").mkdir()
-    pq.write_table(pa.table({"ticket_id": [9], "error": ["ValueError: x"]}), tmp_path / "_errors" / "part-00000-t01a.parquet")
+    pq.write_table(
+        pa.table({"ticket_id": [9], "error": ["ValueError: x"]}), tmp_path / "_errors" / "part-00000-t01a.parquet"
+    )
     whole = (tmp_path / "part-00000-t01a.parquet").read_bytes()
     (tmp_path / "part-00001-t01a.parquet").write_bytes(whole[: len(whole) // 2])  # cut off mid-write
     kept = collect_committed(Stage.open(str(tmp_path)), "ticket_id")
-    assert kept["files"] == [FileEntry("part-00000-t01a.parquet", len(whole), 2, _sha(tmp_path / "part-00000-t01a.parquet"))]
+    assert kept["files"] == [
+        FileEntry("part-00000-t01a.parquet", len(whole), 2, _sha(tmp_path / "part-00000-t01a.parquet"))
+    ]
     (error,) = kept["error_files"]
     assert error.name == "_errors/part-00000-t01a.parquet" and error.rows == 1
     assert error.sha256 == _sha(tmp_path / "_errors" / "part-00000-t01a.parquet")

@@ -45,9 +45,22 @@ class FaultProxy:
         self.stop()
         self.server = BackgroundServer(
             f"s3-proxy-{self.port}",
-            [sys.executable, "-m", "tests.s3_proxy", "--port", str(self.port), "--upstream", self.upstream,
-             "--rules", json.dumps(list(rules)), "--log", str(self.log)],
-            ports=[self.port], timeout=30)
+            [
+                sys.executable,
+                "-m",
+                "tests.s3_proxy",
+                "--port",
+                str(self.port),
+                "--upstream",
+                self.upstream,
+                "--rules",
+                json.dumps(list(rules)),
+                "--log",
+                str(self.log),
+            ],
+            ports=[self.port],
+            timeout=30,
+        )
         return self
 
     def alive(self) -> bool:
@@ -75,8 +88,13 @@ def direct(s3_server: str) -> dict:
 
 
 def via(proxy: FaultProxy, max_attempts: int = 3) -> dict:
-    return {"endpoint_url": proxy.endpoint, "region": "us-east-1", "access_key": KEY_ID, "secret_key": SECRET,
-            "max_attempts": max_attempts}
+    return {
+        "endpoint_url": proxy.endpoint,
+        "region": "us-east-1",
+        "access_key": KEY_ID,
+        "secret_key": SECRET,
+        "max_attempts": max_attempts,
+    }
 
 
 @pytest.fixture
@@ -87,19 +105,40 @@ def world(s3_server, s3_bucket, proxy, monkeypatch, tmp_path):
     from tests.models import TextLength
 
     bucket = f"s3://{s3_bucket}"
-    monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps({
-        "conn_type": "batchinfer", "login": KEY_ID, "password": SECRET,
-        "extra": {"endpoint_url": proxy.endpoint, "region_name": "us-east-1", "s3_max_attempts": 3,
-                  "stage_root": f"{bucket}/stage", "registry_root": f"{bucket}/registry"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_BATCHINFER_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "batchinfer",
+                "login": KEY_ID,
+                "password": SECRET,
+                "extra": {
+                    "endpoint_url": proxy.endpoint,
+                    "region_name": "us-east-1",
+                    "s3_max_attempts": 3,
+                    "stage_root": f"{bucket}/stage",
+                    "registry_root": f"{bucket}/registry",
+                },
+            }
+        ),
+    )
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(var, raising=False)
     cache = tmp_path / "model-cache"
     monkeypatch.setenv("BATCHINFER_MODEL_CACHE", str(cache))
     model = ModelRegistry(f"{bucket}/registry", direct(s3_server)).log_model(
-        "text_length", "v1", "python", python_class=TextLength,
-        signature={"inputs": {"text": "string"}, "outputs": {"length": "int64"}})
-    table = pa.table({"ticket_id": pa.array(range(500), pa.int64()),
-                      "text": [f"ticket {i}: " + "slow export " * (i % 5) for i in range(500)]})
+        "text_length",
+        "v1",
+        "python",
+        python_class=TextLength,
+        signature={"inputs": {"text": "string"}, "outputs": {"length": "int64"}},
+    )
+    table = pa.table(
+        {
+            "ticket_id": pa.array(range(500), pa.int64()),
+            "text": [f"ticket {i}: " + "slow export " * (i % 5) for i in range(500)],
+        }
+    )
     for n in range(4):
         sink = io.BytesIO()
         pq.write_table(table.slice(n * 125, 125), sink)
@@ -111,15 +150,27 @@ def operator(input: str, out: str):
     """A fresh operator, as Airflow builds one for every try."""
     from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec
 
-    return BatchInferenceOperator(task_id="infer", model="text_length", version="v1", input=input,
-                                  output_spec=OutputSpec(stage_location=out),  # SaveMode.ERROR, the default
-                                  job_spec=JobSpec(max_batch_rows=100, progress_interval_s=2))
+    return BatchInferenceOperator(
+        task_id="infer",
+        model="text_length",
+        version="v1",
+        input=input,
+        output_spec=OutputSpec(stage_location=out),  # SaveMode.ERROR, the default
+        job_spec=JobSpec(max_batch_rows=100, progress_interval_s=2),
+    )
 
 
 def context(try_number: int) -> dict:
     """The task instance's identity, as the operator reads it (dag, task, run, try, map index)."""
-    return {"ti": SimpleNamespace(dag_id="bi_s3_faults", task_id="infer", run_id="scheduled__2026-11-23T00:00:00+00:00",
-                                  try_number=try_number, map_index=-1)}
+    return {
+        "ti": SimpleNamespace(
+            dag_id="bi_s3_faults",
+            task_id="infer",
+            run_id="scheduled__2026-11-23T00:00:00+00:00",
+            try_number=try_number,
+            map_index=-1,
+        )
+    }
 
 
 def listing(s3_server: str, location: str) -> dict[str, int]:
@@ -129,11 +180,12 @@ def listing(s3_server: str, location: str) -> dict[str, int]:
 # --- the stage layer against injected errors (no Airflow, no Ray) ----------------------------------------
 
 
-def test_throttling_and_server_errors_are_retried_and_outlasting_them_is_a_retryable_error(
-        s3_server, s3_bucket, proxy):
+def test_throttling_and_server_errors_are_retried_and_outlasting_them_is_a_retryable_error(s3_server, s3_bucket, proxy):
     out = f"s3://{s3_bucket}/flaky/run1"
-    proxy.start({"match": f"PUT /{s3_bucket}/flaky/run1/a", "status": 503, "code": "SlowDown", "times": 2},
-                {"match": f"GET /{s3_bucket}\\?.*prefix=flaky", "status": 500, "code": "InternalError", "times": 1})
+    proxy.start(
+        {"match": f"PUT /{s3_bucket}/flaky/run1/a", "status": 503, "code": "SlowDown", "times": 2},
+        {"match": f"GET /{s3_bucket}\\?.*prefix=flaky", "status": 500, "code": "InternalError", "times": 1},
+    )
     stage = Stage.open(out, via(proxy, max_attempts=3))
     stage.child("a").write_bytes(b"payload")
     assert stage.list_files() == [("a", 7)]
@@ -143,28 +195,36 @@ def test_throttling_and_server_errors_are_retried_and_outlasting_them_is_a_retry
 
     # more failures than attempts: a retryable error (Airflow's retries may still win) naming bucket and key
     proxy.start({"match": f"PUT /{s3_bucket}/flaky/run1/b", "status": 503, "code": "SlowDown"})
-    with pytest.raises(S3StageError, match=rf"write failed for bucket '{s3_bucket}', key 'flaky/run1/b'.*SLOW_DOWN") \
-            as info:
+    with pytest.raises(
+        S3StageError, match=rf"write failed for bucket '{s3_bucket}', key 'flaky/run1/b'.*SLOW_DOWN"
+    ) as info:
         Stage.open(out, via(proxy, max_attempts=2)).child("b").write_bytes(b"x")
     assert not info.value.permanent
     assert listing(s3_server, out) == {"a": 7}
 
 
 @pytest.mark.usefixtures("airflow_db")
-@pytest.mark.parametrize(("rule", "operation", "key"), [
-    # the credentials may list the output prefix but not write to it: the job spec is the first write
-    ({"match": "PUT /{bucket}/out/run1/", "status": 403, "code": "AccessDenied"}, "write", "out/run1/_job.json"),
-    # nor read the input
-    ({"match": "(HEAD|GET) /{bucket}/input", "status": 403, "code": "AccessDenied"}, "look up", "input"),
-])
-def test_access_denied_fails_at_once_without_retries_naming_bucket_and_key(world, proxy, s3_server, rule,
-                                                                           operation, key):
+@pytest.mark.parametrize(
+    ("rule", "operation", "key"),
+    [
+        # the credentials may list the output prefix but not write to it: the job spec is the first write
+        ({"match": "PUT /{bucket}/out/run1/", "status": 403, "code": "AccessDenied"}, "write", "out/run1/_job.json"),
+        # nor read the input
+        ({"match": "(HEAD|GET) /{bucket}/input", "status": 403, "code": "AccessDenied"}, "look up", "input"),
+    ],
+)
+def test_access_denied_fails_at_once_without_retries_naming_bucket_and_key(
+    world, proxy, s3_server, rule, operation, key
+):
     from airflow.sdk.exceptions import AirflowFailException
 
     proxy.start({**rule, "match": rule["match"].format(bucket=world.bucket)})
     op = operator(world.input, f"{world.root}/out/run1")
-    with pytest.raises(AirflowFailException, match=rf"S3 {operation} failed for bucket '{world.bucket}', key "
-                                                   rf"'{key}'.*(ACCESS_DENIED|AccessDenied)"):
+    with pytest.raises(
+        AirflowFailException,
+        match=rf"S3 {operation} failed for bucket '{world.bucket}', key "
+        rf"'{key}'.*(ACCESS_DENIED|AccessDenied)",
+    ):
         op.execute(context(1))
     assert listing(s3_server, f"{world.root}/out/run1") == {}  # nothing written, nothing to clean up
     assert any(r["injected"] == "AccessDenied" for r in proxy.requests())
@@ -176,7 +236,8 @@ def test_access_denied_fails_at_once_without_retries_naming_bucket_and_key(world
 @pytest.mark.slow
 @pytest.mark.usefixtures("airflow_db", "ray_cluster")
 def test_store_crashing_mid_write_fails_the_try_retryably_then_the_retry_commits_one_clean_set(
-        world, proxy, s3_server, capfd):
+    world, proxy, s3_server, capfd
+):
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     out = f"{world.root}/out/run1"
@@ -217,11 +278,17 @@ def test_store_crashing_mid_write_fails_the_try_retryably_then_the_retry_commits
 # --- how a failure inside a Ray task reaches the task log and the retry decision -------------------------
 
 
-@pytest.mark.parametrize(("detail", "unreachable", "permanent"), [
-    ("AWS Error NETWORK_CONNECTION during UploadPart operation: curlCode: 7, Could not connect to server", True,
-     False),
-    ("AWS Error ACCESS_DENIED during UploadPart operation: Access Denied", False, True),
-])
+@pytest.mark.parametrize(
+    ("detail", "unreachable", "permanent"),
+    [
+        (
+            "AWS Error NETWORK_CONNECTION during UploadPart operation: curlCode: 7, Could not connect to server",
+            True,
+            False,
+        ),
+        ("AWS Error ACCESS_DENIED during UploadPart operation: Access Denied", False, True),
+    ],
+)
 def test_a_failed_write_task_reports_our_message_and_only_denials_are_permanent(detail, unreachable, permanent):
     """Ray Data raises a failed datasink write as RayTaskError(S3StageError) "from SystemException()"
     and appends its retry advice to the message; the task log must still get our line, and the
@@ -231,11 +298,14 @@ def test_a_failed_write_task_reports_our_message_and_only_denials_are_permanent(
 
     from airflow_provider_batchinfer.runtime.reporting import _root_message, is_permanent
 
-    cause = S3StageError(f"S3 write failed for bucket 'b', key 'out/part-0.parquet' (s3://b/out/part-0.parquet): "
-                         f"{detail}")
+    cause = S3StageError(
+        f"S3 write failed for bucket 'b', key 'out/part-0.parquet' (s3://b/out/part-0.parquet): {detail}"
+    )
     cause.unreachable, cause.permanent = unreachable, True
-    cause.args = (cause.args[0] + "\nFailed to write after 1/1 attempts (total backoff 0.0s).\nTo change retry "
-                  "attempts, configure `ray.data.DataContext.get_current()` if you believe this to be transient.",)
+    cause.args = (
+        cause.args[0] + "\nFailed to write after 1/1 attempts (total backoff 0.0s).\nTo change retry "
+        "attempts, configure `ray.data.DataContext.get_current()` if you believe this to be transient.",
+    )
     wrapped = RayTaskError("Write", "Traceback (most recent call last): ...", cause).as_instanceof_cause()
     try:
         try:
@@ -243,8 +313,10 @@ def test_a_failed_write_task_reports_our_message_and_only_denials_are_permanent(
         except StopIteration:
             raise wrapped from SystemException()
     except Exception as exc:
-        assert _root_message(exc) == f"S3StageError: S3 write failed for bucket 'b', key 'out/part-0.parquet' " \
-                                     f"(s3://b/out/part-0.parquet): {detail}"
+        assert (
+            _root_message(exc) == f"S3StageError: S3 write failed for bucket 'b', key 'out/part-0.parquet' "
+            f"(s3://b/out/part-0.parquet): {detail}"
+        )
         assert is_permanent(exc) is permanent  # a store that vanished mid-job is an outage: retry
 
 
@@ -267,8 +339,11 @@ def test_the_airflow_side_vets_an_s3_model_by_listing_and_never_downloads_it(wor
     original = version.child(*code.split("/")).read_bytes()
     changed = original + b"\n# changed\n"
     version.child(*code.split("/")).write_bytes(changed)
-    with pytest.raises(TamperedModelError, match=rf"{code} is {len(changed)} bytes but was {len(original)} when "
-                                                 r"logged"):
+    with pytest.raises(
+        TamperedModelError,
+        match=rf"{code} is {len(changed)} bytes but was {len(original)} when "
+        r"logged",
+    ):
         hook.get_model("text_length", "v1")
     version.child(*code.split("/")).write_bytes(original)
     version.child("artifact", "extra.bin").write_bytes(b"x")
@@ -299,6 +374,9 @@ def test_each_replica_fetches_the_model_on_its_node_and_a_bad_cache_is_fetched_a
     data = remote.read_bytes()
     remote.write_bytes(data[:-1] + (b"#" if data[-1:] != b"#" else b" "))
     (path / "code" / code.name).write_text("damaged again")
-    with pytest.raises(TamperedModelError, match=rf"does not match its recorded sha256.*downloaded just now from "
-                                                 rf"{uri}"):
+    with pytest.raises(
+        TamperedModelError,
+        match=rf"does not match its recorded sha256.*downloaded just now from "
+        rf"{uri}",
+    ):
         fetch_version(uri, sha, direct(s3_server))

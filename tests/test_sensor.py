@@ -73,8 +73,11 @@ def test_a_minimal_manifest_fails_with_a_clear_message_not_a_key_error(tmp_path)
     manifest = commit(tmp_path / "run")
     minimal = {k: manifest[k] for k in ("format", "run_dir", "files", "counts")}
     (tmp_path / "run" / SUCCESS_MARKER).write_text(json.dumps(minimal))
-    with pytest.raises(AirflowFailException, match=r"has a _SUCCESS marker that does not hold: .*_SUCCESS has no "
-                                                   r"'job'\. Waiting will not fix it"):
+    with pytest.raises(
+        AirflowFailException,
+        match=r"has a _SUCCESS marker that does not hold: .*_SUCCESS has no "
+        r"'job'\. Waiting will not fix it",
+    ):
         _sensor(tmp_path / "run").poke({})
 
 
@@ -169,8 +172,10 @@ def test_execute_complete_validates_the_event(tmp_path):
     with pytest.raises(AirflowException, match="lacks"):
         sensor.execute_complete({}, {"status": "success", "location": location})
     with pytest.raises(AirflowFailException, match="does not hold: .*_SUCCESS has no 'job'"):
-        sensor.execute_complete({}, {"status": "success", "location": location,
-                                     "manifest": {k: v for k, v in manifest.items() if k != "job"}})
+        sensor.execute_complete(
+            {},
+            {"status": "success", "location": location, "manifest": {k: v for k, v in manifest.items() if k != "job"}},
+        )
     with pytest.raises(AirflowFailException, match="does not hold: broken"):
         sensor.execute_complete({}, {"status": "failed", "location": location, "message": "broken"})
     with pytest.raises(AirflowSensorTimeout):
@@ -188,13 +193,13 @@ class TestSensorInDags:
 
     def test_poke_mode_passes_and_pushes_the_manifest(self, tmp_path):
         manifest = commit(tmp_path / "run")
-        state, tasks, run_id = run_dag("bi_test_sensor_poke", location=str(tmp_path / "run"))
+        state, _tasks, run_id = run_dag("bi_test_sensor_poke", location=str(tmp_path / "run"))
         assert state == "success"
         assert xcom_value("bi_test_sensor_poke", run_id, "gate") == manifest
 
     def test_poke_mode_fails_on_a_broken_manifest(self, tmp_path):
         commit(tmp_path / "run", size_ok=False)
-        state, tasks, _ = run_dag("bi_test_sensor_poke", location=str(tmp_path / "run"))
+        state, _tasks, _ = run_dag("bi_test_sensor_poke", location=str(tmp_path / "run"))
         assert state == "failed"
 
     def test_deferrable_waits_in_the_trigger_then_passes(self, tmp_path):
@@ -210,5 +215,5 @@ class TestSensorInDags:
         assert xcom_value("bi_test_sensor_deferrable", run_id, "gate")["counts"]["output_rows"] == 7
 
     def test_deferrable_times_out_without_a_marker(self, tmp_path):
-        state, tasks, _ = run_dag("bi_test_sensor_deferrable", location=str(tmp_path / "never"))
+        state, _tasks, _ = run_dag("bi_test_sensor_deferrable", location=str(tmp_path / "never"))
         assert state == "failed"

@@ -92,11 +92,16 @@ def test_every_listed_part_must_have_a_parquet_footer_with_its_rows(tmp_path):
     manifest = _manifest(run)
     _write(run, manifest)
     size = manifest.files[0].size
-    for garbage in (b"x" * size, b"PAR1" + b"x" * (size - 8) + b"PAR1", b"x" * (size - 8) + (10**6).to_bytes(4, "little")
-                    + b"PAR1"):
+    for garbage in (
+        b"x" * size,
+        b"PAR1" + b"x" * (size - 8) + b"PAR1",
+        b"x" * (size - 8) + (10**6).to_bytes(4, "little") + b"PAR1",
+    ):
         run.child("part-0.parquet").write_bytes(garbage)
-        with pytest.raises(ManifestError, match="part-0.parquet is not a readable Parquet file .* overwritten or "
-                                                "truncated after the commit"):
+        with pytest.raises(
+            ManifestError,
+            match="part-0.parquet is not a readable Parquet file .* overwritten or truncated after the commit",
+        ):
             read_valid_manifest(run.location)
     # a real Parquet file of the right size but other rows: the footer says how many it holds
     other = write_part(Path(run.path), "part-0.parquet", [7, 8])
@@ -130,8 +135,9 @@ def test_checksums_are_verified_when_asked(tmp_path):
     assert len(forged) == manifest.files[0].size
     run.child("part-0.parquet").write_bytes(forged)
     assert read_valid_manifest(run.location) == manifest
-    with pytest.raises(ManifestError, match="part-0.parquet does not match its sha256 in _SUCCESS .* changed after "
-                                            "the commit"):
+    with pytest.raises(
+        ManifestError, match="part-0.parquet does not match its sha256 in _SUCCESS .* changed after the commit"
+    ):
         read_valid_manifest(run.location, verify_checksums=True)
     with pytest.raises(ManifestError, match="does not match its sha256"):
         read_committed(manifest)
@@ -140,8 +146,10 @@ def test_checksums_are_verified_when_asked(tmp_path):
 
 def test_read_committed_reads_exactly_the_listed_files_once(tmp_path):
     run = Stage.open(str(tmp_path / "run"))
-    parts = (write_part(Path(run.path), "part-00000-t01aaaa.parquet", [1, 2]),
-             write_part(Path(run.path), "part-00001-t01aaaa.parquet", [3]))
+    parts = (
+        write_part(Path(run.path), "part-00000-t01aaaa.parquet", [1, 2]),
+        write_part(Path(run.path), "part-00001-t01aaaa.parquet", [3]),
+    )
     write_part(Path(run.path), "part-00000-t00stale.parquet", [99])  # not listed: never read
     manifest = manifest_for(run.location, parts)
     assert read_committed(manifest).column("id").to_pylist() == [1, 2, 3]
@@ -157,8 +165,11 @@ def test_a_format_1_marker_reads_but_cannot_be_verified(tmp_path):
     _write(run, manifest)
     assert read_valid_manifest(run.location) == manifest
     for read in (lambda: read_valid_manifest(run.location, verify_checksums=True), lambda: read_committed(manifest)):
-        with pytest.raises(ManifestError, match="is a batchinfer.manifest/1 marker and records no checksums, so its "
-                                                "files cannot be verified; read it with verify_checksums=False"):
+        with pytest.raises(
+            ManifestError,
+            match="is a batchinfer.manifest/1 marker and records no checksums, so its "
+            "files cannot be verified; read it with verify_checksums=False",
+        ):
             read()
     assert read_committed(manifest, verify_checksums=False).num_rows == 2
 

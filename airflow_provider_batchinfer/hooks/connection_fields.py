@@ -74,7 +74,8 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         format="password",
     ),
     "python": _field(
-        "Python on the cluster (ray_jobs)", "Interpreter that runs the runtime entrypoint on the head node.",
+        "Python on the cluster (ray_jobs)",
+        "Interpreter that runs the runtime entrypoint on the head node.",
         default="python",
     ),
 }

@@ -68,13 +68,15 @@ class ModelServiceHook(BaseHook):
         ``batchinfer_default`` is the embedded default, any other absent id an error."""
         conn = self._connection()
         try:
-            config = ServiceConfig.from_connection(conn, self.model_service_conn_id,
-                                                   get_connection=self.get_connection)
+            config = ServiceConfig.from_connection(conn, self.model_service_conn_id, get_connection=self.get_connection)
         except ConnectionNotFoundError as exc:
             raise AirflowNotFoundException(str(exc)) from exc
         if conn is None:
-            self.log.info("No %s connection: using the embedded default under %s with a local Ray",
-                          self.default_conn_name, embedded_home())
+            self.log.info(
+                "No %s connection: using the embedded default under %s with a local Ray",
+                self.default_conn_name,
+                embedded_home(),
+            )
         return config
 
     @property
@@ -108,10 +110,14 @@ class ModelServiceHook(BaseHook):
         return ModelRegistry(self.config.registry_root, self.storage_options)
 
     # --- models ----------------------------------------------------------------------------------------
-    def log_model(self, name: str, version: str | None, flavor: str, artifact: Any = None, **kwargs: Any) -> ModelVersion:
+    def log_model(
+        self, name: str, version: str | None, flavor: str, artifact: Any = None, **kwargs: Any
+    ) -> ModelVersion:
         """Log an immutable model version; see :meth:`ModelRegistry.log_model` for the arguments."""
         mv = self.registry.log_model(name, version, flavor, artifact, **kwargs)
-        self.log.info("Model %s/%s (%s) is in the registry at %s, sha256 %s", mv.name, mv.version, mv.flavor, mv.uri, mv.sha256)
+        self.log.info(
+            "Model %s/%s (%s) is in the registry at %s, sha256 %s", mv.name, mv.version, mv.flavor, mv.uri, mv.sha256
+        )
         return mv
 
     def get_model(self, name: str, version: str, verify: bool = True) -> ModelVersion:
@@ -146,7 +152,7 @@ class ModelServiceHook(BaseHook):
         """Used by the UI's Test button: the stage and registry roots must be reachable and writable."""
         try:
             cfg = self.config
-            for what, root in (("stage_root", cfg.stage_root), ("registry_root", cfg.registry_root)):
+            for root in (cfg.stage_root, cfg.registry_root):
                 probe = self.open_stage(root).child(".batchinfer-connection-test")
                 probe.write_bytes(b"ok")
                 probe.delete()

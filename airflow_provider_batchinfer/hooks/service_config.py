@@ -81,10 +81,17 @@ class ServiceConfig:
     ray_headers: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stage_root": self.stage_root, "registry_root": self.registry_root,
-                "launcher": self.launcher, "ray_address": self.ray_address,
-                "runtime_env": self.runtime_env, "python": self.python, "s3": dict(self.s3),
-                "allowed_roots": list(self.allowed_roots), "llm_engine": self.llm_engine}
+        return {
+            "stage_root": self.stage_root,
+            "registry_root": self.registry_root,
+            "launcher": self.launcher,
+            "ray_address": self.ray_address,
+            "runtime_env": self.runtime_env,
+            "python": self.python,
+            "s3": dict(self.s3),
+            "allowed_roots": list(self.allowed_roots),
+            "llm_engine": self.llm_engine,
+        }
 
     @property
     def file_roots(self) -> list[str]:
@@ -120,8 +127,9 @@ class ServiceConfig:
         extra: dict[str, Any] = dict(conn.extra_dejson or {})
         launcher = str(extra.get("launcher") or DEFAULT_LAUNCHER)
         if launcher not in LAUNCHER_NAMES:
-            raise ValueError(f"connection {conn_id!r}: launcher {launcher!r} is not available; use one of "
-                             f"{LAUNCHER_NAMES}")
+            raise ValueError(
+                f"connection {conn_id!r}: launcher {launcher!r} is not available; use one of {LAUNCHER_NAMES}"
+            )
         address = launcher_class(launcher).check_address(conn.host or extra.get("ray_address") or None, conn_id)
         llm_engine = extra.get("llm_engine") or None
         if llm_engine not in (None, *LLM_ENGINES):
@@ -132,8 +140,9 @@ class ServiceConfig:
         from airflow_provider_batchinfer.hooks.s3_credentials import storage_options_from_connection
 
         def no_lookup(other: str) -> Connection:
-            raise ConnectionNotFoundError(f"connection {conn_id!r} names aws_conn_id={other!r}, which cannot be "
-                                          "looked up here")
+            raise ConnectionNotFoundError(
+                f"connection {conn_id!r} names aws_conn_id={other!r}, which cannot be looked up here"
+            )
 
         storage_options = storage_options_from_connection(conn, get_connection or no_lookup)
         headers = {str(k): str(v) for k, v in dict(extra.get("headers") or {}).items()}

@@ -137,7 +137,7 @@ class Launcher(abc.ABC):
         """A handle on a job found by :meth:`existing_job` (or named in a trigger event)."""
         return JobHandle(job_id=job_id, attempt=attempt)
 
-    def before_start(self, owner: RunOwner, log: TaskLog) -> None:
+    def before_start(self, owner: RunOwner, log: TaskLog) -> None:  # noqa: B027  (an optional hook)
         """Clear the way for a new try, e.g. stop a job of an earlier try still writing. Default: nothing."""
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -154,8 +154,9 @@ class Launcher(abc.ABC):
         """Block until the job ends, forwarding its log lines; past ``timeout`` seconds stop it (TIMEOUT)."""
 
     @abc.abstractmethod
-    def outcome(self, handle: JobHandle, status: str, log_line: LogLine | None = None, *,
-                timeout: float | None = None) -> Outcome:
+    def outcome(
+        self, handle: JobHandle, status: str, log_line: LogLine | None = None, *, timeout: float | None = None
+    ) -> Outcome:
         """The outcome of a job that ended with ``status`` (seen by :meth:`poll` or a trigger; TIMEOUT
         when it was stopped past ``timeout`` seconds); ``log_line``: forward the job's log, which
         nobody streamed."""

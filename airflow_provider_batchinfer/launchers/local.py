@@ -60,8 +60,9 @@ def cluster_ray_version(address: str, env: Mapping[str, str], timeout_s: float =
     if "://" in address or ":" not in address:
         return None
     try:
-        done = subprocess.run([sys.executable, "-c", _PROBE, address], capture_output=True, text=True,
-                              env=dict(env), timeout=timeout_s)
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE, address], capture_output=True, text=True, env=dict(env), timeout=timeout_s
+        )
     except subprocess.TimeoutExpired:
         return None
     if done.returncode != 0:
@@ -99,8 +100,13 @@ class LocalLauncher(Launcher):
     name = "local"
     deferrable = False
 
-    def __init__(self, ray_address: str | None = None, kill_grace_s: float = 20.0,
-                 extra_env: Mapping[str, str] | None = None, check_version: bool = True) -> None:
+    def __init__(
+        self,
+        ray_address: str | None = None,
+        kill_grace_s: float = 20.0,
+        extra_env: Mapping[str, str] | None = None,
+        check_version: bool = True,
+    ) -> None:
         self.ray_address = ray_address
         self.kill_grace_s = kill_grace_s
         self.extra_env = dict(extra_env or {})
@@ -121,8 +127,15 @@ class LocalLauncher(Launcher):
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                    "RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0"})
+        env.update(
+            {
+                "PYTHONUNBUFFERED": "1",
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "RAY_DEDUP_LOGS": "0",
+                "RAY_USAGE_STATS_ENABLED": "0",
+            }
+        )
         loopback = not self.ray_address or self.ray_address.split(":")[0] in ("127.0.0.1", "localhost")
         if loopback:
             # A single-machine Ray: keep every Ray socket on the loopback interface.
@@ -145,12 +158,20 @@ class LocalLauncher(Launcher):
             if ours is not None:
                 check_ray_version(self.ray_address, cluster_ray_version(self.ray_address, env), ours)
         cmd = self.command(job_location)
-        log.info("Launching batch inference job: %s%s", " ".join(cmd),
-                 f" (Ray at {self.ray_address})" if self.ray_address else " (local Ray)")
+        log.info(
+            "Launching batch inference job: %s%s",
+            " ".join(cmd),
+            f" (Ray at {self.ray_address})" if self.ray_address else " (local Ray)",
+        )
         with self._lock:
             self._timed_out = False
             self._proc = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1,
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                text=True,
+                bufsize=1,
                 start_new_session=True,  # its own process group, so on_kill can stop Ray's children too
             )
         return JobHandle(job_id=job.job_id, attempt=job.attempt)
@@ -158,8 +179,9 @@ class LocalLauncher(Launcher):
     def poll(self, handle: JobHandle) -> str | None:
         return None  # its output is the outcome: only wait() reads it
 
-    def wait(self, handle: JobHandle, log_line: LogLine, *, poll_interval: float = 1.0,
-             timeout: float | None = None) -> Outcome:
+    def wait(
+        self, handle: JobHandle, log_line: LogLine, *, poll_interval: float = 1.0, timeout: float | None = None
+    ) -> Outcome:
         proc = self._proc
         if proc is None or proc.stdout is None:
             raise LaunchError(f"batch inference job {handle.job_id} was not started by this launcher")
@@ -190,22 +212,34 @@ class LocalLauncher(Launcher):
                 self._proc = None
         return self._outcome(handle, code, result, failure, "\n".join(tail), timeout)
 
-    def _outcome(self, handle: JobHandle, code: int, result: JobResult | None, failure: JobFailure | None,
-                 tail: str, timeout: float | None) -> Outcome:
+    def _outcome(
+        self,
+        handle: JobHandle,
+        code: int,
+        result: JobResult | None,
+        failure: JobFailure | None,
+        tail: str,
+        timeout: float | None,
+    ) -> Outcome:
         what = f"batch inference job {handle.job_id}"
         if self._timed_out:
-            return Outcome(TIMEOUT, failure, f"{what} ran past job_timeout={timeout}s and was stopped; nothing was "
-                                             "committed")
+            return Outcome(
+                TIMEOUT, failure, f"{what} ran past job_timeout={timeout}s and was stopped; nothing was committed"
+            )
         if code == 0 and result is not None:
             return Outcome(SUCCEEDED)
         if failure is not None:
             return Outcome(FAILED, failure, f"{what} failed: {failure.error}")
         status = STOPPED if code < 0 else FAILED
-        return Outcome(status, None, f"{what} failed: batch inference job exited with code {code} without a "
-                                     f"result; last output:\n{tail}")
+        return Outcome(
+            status,
+            None,
+            f"{what} failed: batch inference job exited with code {code} without a result; last output:\n{tail}",
+        )
 
-    def outcome(self, handle: JobHandle, status: str, log_line: LogLine | None = None, *,
-                timeout: float | None = None) -> Outcome:
+    def outcome(
+        self, handle: JobHandle, status: str, log_line: LogLine | None = None, *, timeout: float | None = None
+    ) -> Outcome:
         raise LaunchError(f"the local launcher reports its outcome from wait(), not from a status ({status})")
 
     def _expire(self) -> None:

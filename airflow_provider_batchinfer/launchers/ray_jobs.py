@@ -82,9 +82,15 @@ class RayJobsLauncher(Launcher):
     name = "ray_jobs"
     deferrable = True
 
-    def __init__(self, address: str, headers: Mapping[str, str] | None = None,
-                 runtime_env: Mapping[str, Any] | None = None, python: str = "python", verify: bool | str = True,
-                 submit_retry_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        headers: Mapping[str, str] | None = None,
+        runtime_env: Mapping[str, Any] | None = None,
+        python: str = "python",
+        verify: bool | str = True,
+        submit_retry_s: float = 120.0,
+    ) -> None:
         self.address = address
         self.headers = dict(headers or {})
         self.runtime_env = dict(runtime_env) if runtime_env else None
@@ -103,8 +109,12 @@ class RayJobsLauncher(Launcher):
         credentials = credential_env(dict(config.storage_options))
         if credentials:  # for the job driver and its workers, as for the local launcher
             runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **credentials}
-        return cls(address=config.ray_address or "", headers=config.ray_headers, runtime_env=runtime_env or None,
-                   python=config.python)
+        return cls(
+            address=config.ray_address or "",
+            headers=config.ray_headers,
+            runtime_env=runtime_env or None,
+            python=config.python,
+        )
 
     @classmethod
     def check_address(cls, address: str | None, conn_id: str) -> str:
@@ -145,22 +155,38 @@ class RayJobsLauncher(Launcher):
             if "404" in str(exc) or "does not exist" in str(exc):
                 return None
             raise RayJobsError(f"Ray Jobs API at {self.address} failed: {exc}") from exc
-        return {"submission_id": submission_id, "status": _status_text(info.status), "message": info.message,
-                "metadata": info.metadata or {}}
+        return {
+            "submission_id": submission_id,
+            "status": _status_text(info.status),
+            "message": info.message,
+            "metadata": info.metadata or {},
+        }
 
-    def submit(self, spec_location: str, submission_id: str, *, entrypoint_num_cpus: float = 0,
-               entrypoint_num_gpus: float = 0, metadata: dict[str, str] | None = None) -> str:
+    def submit(
+        self,
+        spec_location: str,
+        submission_id: str,
+        *,
+        entrypoint_num_cpus: float = 0,
+        entrypoint_num_gpus: float = 0,
+        metadata: dict[str, str] | None = None,
+    ) -> str:
         """Submit the runtime. The driver itself does no compute, so by default it reserves no CPU:
         the actor pool's resources come from the JobSpec inside the job."""
         deadline = time.monotonic() + self.submit_retry_s
         delay = 1.0
         while True:
             try:
-                return str(self.client().submit_job(
-                    entrypoint=self.entrypoint(spec_location), submission_id=submission_id,
-                    runtime_env=self.runtime_env or None, metadata=metadata or {},
-                    entrypoint_num_cpus=entrypoint_num_cpus, entrypoint_num_gpus=entrypoint_num_gpus,
-                ))
+                return str(
+                    self.client().submit_job(
+                        entrypoint=self.entrypoint(spec_location),
+                        submission_id=submission_id,
+                        runtime_env=self.runtime_env or None,
+                        metadata=metadata or {},
+                        entrypoint_num_cpus=entrypoint_num_cpus,
+                        entrypoint_num_gpus=entrypoint_num_gpus,
+                    )
+                )
             except RayJobsError:
                 raise
             except Exception as exc:
@@ -172,7 +198,9 @@ class RayJobsLauncher(Launcher):
                     time.sleep(delay)
                     delay = min(delay * 2, 10.0)
                     continue
-                raise RayJobsError(f"submitting {submission_id} to the Ray Jobs API at {self.address} failed: {exc}") from exc
+                raise RayJobsError(
+                    f"submitting {submission_id} to the Ray Jobs API at {self.address} failed: {exc}"
+                ) from exc
 
     def status(self, submission_id: str) -> str:
         return _status_text(self.client().get_job_status(submission_id))
@@ -196,8 +224,13 @@ class RayJobsLauncher(Launcher):
 
     def attach(self, job_id: str, attempt: str, log: TaskLog) -> JobHandle:
         url = f"{self.dashboard_url}/#/jobs/{job_id}"
-        log.info("Ray job %s: driver log with `ray job logs %s --address %s`, dashboard %s", job_id, job_id,
-                 self.dashboard_url, url)
+        log.info(
+            "Ray job %s: driver log with `ray job logs %s --address %s`, dashboard %s",
+            job_id,
+            job_id,
+            self.dashboard_url,
+            url,
+        )
         return JobHandle(job_id=job_id, attempt=attempt, url=url)
 
     def before_start(self, owner: RunOwner, log: TaskLog) -> None:
@@ -212,8 +245,16 @@ class RayJobsLauncher(Launcher):
     def start(self, job: JobFile, job_location: str, log: TaskLog) -> JobHandle:
         sid = job.submission_id or self.job_name(job.airflow)
         owner = job.airflow
-        self.submit(job_location, sid, metadata={"dag_id": owner.dag_id, "task_id": owner.task_id,
-                                                 "run_id": owner.run_id, "try_number": str(owner.try_number)})
+        self.submit(
+            job_location,
+            sid,
+            metadata={
+                "dag_id": owner.dag_id,
+                "task_id": owner.task_id,
+                "run_id": owner.run_id,
+                "try_number": str(owner.try_number),
+            },
+        )
         log.info("Submitted Ray job %s", sid)
         return self.attach(sid, job.attempt, log)
 
@@ -221,8 +262,9 @@ class RayJobsLauncher(Launcher):
         status = self.status(handle.job_id)
         return status if status in TERMINAL else None
 
-    def wait(self, handle: JobHandle, log_line: LogLine, *, poll_interval: float = 5.0,
-             timeout: float | None = None) -> Outcome:
+    def wait(
+        self, handle: JobHandle, log_line: LogLine, *, poll_interval: float = 5.0, timeout: float | None = None
+    ) -> Outcome:
         """Block until the job ends, forwarding new driver log lines. On ``timeout`` the job is stopped."""
         deadline = None if timeout is None else time.monotonic() + timeout
         seen = 0
@@ -241,12 +283,16 @@ class RayJobsLauncher(Launcher):
                 return self.outcome(handle, TIMEOUT, timeout=timeout)
             time.sleep(poll_interval)
 
-    def outcome(self, handle: JobHandle, status: str, log_line: LogLine | None = None, *,
-                timeout: float | None = None) -> Outcome:
+    def outcome(
+        self, handle: JobHandle, status: str, log_line: LogLine | None = None, *, timeout: float | None = None
+    ) -> Outcome:
         if status == TIMEOUT:
             limit = "" if timeout is None else f"={timeout}"
-            return Outcome(TIMEOUT, None, f"Ray job {handle.job_id} ran past job_timeout{limit}s and was stopped; "
-                                          "nothing was committed")
+            return Outcome(
+                TIMEOUT,
+                None,
+                f"Ray job {handle.job_id} ran past job_timeout{limit}s and was stopped; nothing was committed",
+            )
         logs = ""
         try:
             logs = self.logs(handle.job_id)
@@ -260,8 +306,11 @@ class RayJobsLauncher(Launcher):
             return Outcome(SUCCEEDED)
         failure = last_failure(logs)
         tail = "\n".join(logs.splitlines()[-20:])
-        return Outcome(status if status in TERMINAL else FAILED, failure,
-                       failure_message(f"Ray job {handle.job_id}", status, failure, tail))
+        return Outcome(
+            status if status in TERMINAL else FAILED,
+            failure,
+            failure_message(f"Ray job {handle.job_id}", status, failure, tail),
+        )
 
     def stop(self, handle: JobHandle) -> bool:
         return self.stop_job(handle.job_id)
@@ -269,5 +318,6 @@ class RayJobsLauncher(Launcher):
     def trigger(self, handle: JobHandle, *, conn_id: str, poll_interval: float, deadline: float | None) -> BaseTrigger:
         from airflow_provider_batchinfer.triggers.ray_job import RayJobTrigger
 
-        return RayJobTrigger(submission_id=handle.job_id, model_service_conn_id=conn_id, poll_interval=poll_interval,
-                             deadline=deadline)
+        return RayJobTrigger(
+            submission_id=handle.job_id, model_service_conn_id=conn_id, poll_interval=poll_interval, deadline=deadline
+        )

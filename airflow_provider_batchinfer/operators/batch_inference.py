@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.configuration import conf
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from airflow_provider_batchinfer.launchers.base import JobHandle, Launcher, Outcome
     from airflow_provider_batchinfer.registry import ModelVersion
 
+
 class BatchInferenceOperator(BaseOperator):
     """Run a registered model over every row of a table and commit the predictions with ``_SUCCESS``.
 
@@ -86,7 +87,7 @@ class BatchInferenceOperator(BaseOperator):
         "model_service_conn_id",
     )
     template_ext: Sequence[str] = (".sql",)
-    template_fields_renderers = {"sql": "sql"}
+    template_fields_renderers: ClassVar[dict[str, str]] = {"sql": "sql"}
     ui_color = "#e8d9ff"
     operator_extra_links = (RayJobLink(),)
 
@@ -110,9 +111,18 @@ class BatchInferenceOperator(BaseOperator):
     ) -> None:
         kwargs.setdefault("multiple_outputs", True)
         super().__init__(**kwargs)
-        check_arguments(kwargs.get("task_id"), input=input, sql=sql, conn_id=conn_id, input_spec=input_spec,
-                        output_spec=output_spec, job_spec=job_spec, materialize_chunk_rows=materialize_chunk_rows,
-                        poll_interval=poll_interval, job_timeout=job_timeout)
+        check_arguments(
+            kwargs.get("task_id"),
+            input=input,
+            sql=sql,
+            conn_id=conn_id,
+            input_spec=input_spec,
+            output_spec=output_spec,
+            job_spec=job_spec,
+            materialize_chunk_rows=materialize_chunk_rows,
+            poll_interval=poll_interval,
+            job_timeout=job_timeout,
+        )
         self.model = model
         self.version = version
         self.input = input
@@ -140,8 +150,9 @@ class BatchInferenceOperator(BaseOperator):
     def resolve_run_directory(self, context: Context) -> str:
         """``stage_location`` as given, or ``<base>/<sanitized run_id>[/map-<i>]``: stable across tries
         of one run (so retries overwrite), distinct across runs, backfills and manual triggers."""
-        spec = OutputSpec(stage_location=self.stage_location, base_stage_location=self.base_stage_location,
-                          mode=self.save_mode)
+        spec = OutputSpec(
+            stage_location=self.stage_location, base_stage_location=self.base_stage_location, mode=self.save_mode
+        )
         if spec.stage_location:
             return self.hook.resolve_location(spec.stage_location)
         ti = context["ti"]
@@ -154,8 +165,13 @@ class BatchInferenceOperator(BaseOperator):
     def _owner(self, context: Context) -> RunOwner:
         ti = context["ti"]
         map_index = getattr(ti, "map_index", -1)
-        return RunOwner(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, try_number=int(ti.try_number),
-                        map_index=-1 if map_index is None else int(map_index))
+        return RunOwner(
+            dag_id=ti.dag_id,
+            task_id=ti.task_id,
+            run_id=ti.run_id,
+            try_number=int(ti.try_number),
+            map_index=-1 if map_index is None else int(map_index),
+        )
 
     def _resolve(self, context: Context) -> tuple[ModelVersion, Stage]:
         try:
@@ -166,8 +182,15 @@ class BatchInferenceOperator(BaseOperator):
         run_dir = self.hook.open_stage(location)
         if is_s3(location):
             check_bucket(run_dir.fs, location)
-        self.log.info("Model %s/%s (%s, sha256 %s) -> run directory %s [%s]", mv.name, mv.version, mv.flavor,
-                      mv.sha256[:12], location, self.save_mode.name)
+        self.log.info(
+            "Model %s/%s (%s, sha256 %s) -> run directory %s [%s]",
+            mv.name,
+            mv.version,
+            mv.flavor,
+            mv.sha256[:12],
+            location,
+            self.save_mode.name,
+        )
         return mv, run_dir
 
     def _input_locations(self) -> list[str] | None:
@@ -198,8 +221,9 @@ class BatchInferenceOperator(BaseOperator):
             elif self.deferrable and launcher.deferrable:
                 self._defer(launcher, handle)
             else:
-                outcome = launcher.wait(handle, self._log_line, poll_interval=self.poll_interval,
-                                        timeout=self.job_timeout)
+                outcome = launcher.wait(
+                    handle, self._log_line, poll_interval=self.poll_interval, timeout=self.job_timeout
+                )
         except LaunchError as exc:
             raise airflow_error(exc, exc.permanent) from exc
         finally:
@@ -216,8 +240,9 @@ class BatchInferenceOperator(BaseOperator):
             except ContractError as exc:
                 raise AirflowFailException(str(exc)) from exc
             if claim is not None:
-                self.log.info("Re-attaching to job %s (%s) instead of starting it again", existing.job_id,
-                              existing.status)
+                self.log.info(
+                    "Re-attaching to job %s (%s) instead of starting it again", existing.job_id, existing.status
+                )
                 return launcher.attach(existing.job_id, claim.attempt, self.log)
         launcher.before_start(owner, self.log)
         job = self._prepare(launcher, owner, mv, run_dir)
@@ -227,9 +252,15 @@ class BatchInferenceOperator(BaseOperator):
         """Everything before the launch: input check, save mode, the job file, SQL materialization."""
         input_locations = self._input_locations()
         try:
-            prep = rundir.prepare(run_dir, owner, self.save_mode, model_sha256=mv.sha256,
-                                  input_locations=input_locations, id_column=self.input_spec.id_column,
-                                  materialized_input=self.sql is not None)
+            prep = rundir.prepare(
+                run_dir,
+                owner,
+                self.save_mode,
+                model_sha256=mv.sha256,
+                input_locations=input_locations,
+                id_column=self.input_spec.id_column,
+                materialized_input=self.sql is not None,
+            )
         except rundir.RunDirectoryError as exc:
             raise airflow_error(exc, exc.permanent) from exc
         for message in prep.messages:
@@ -243,8 +274,15 @@ class BatchInferenceOperator(BaseOperator):
             materialize_sql(self.conn_id, self.sql, run_dir.child(INPUT_DIR), self.materialize_chunk_rows, self.log)
         return job
 
-    def _job_file(self, launcher: Launcher, owner: RunOwner, mv: ModelVersion, run_dir: Stage,
-                  input_locations: list[str] | None, resume: bool) -> JobFile:
+    def _job_file(
+        self,
+        launcher: Launcher,
+        owner: RunOwner,
+        mv: ModelVersion,
+        run_dir: Stage,
+        input_locations: list[str] | None,
+        resume: bool,
+    ) -> JobFile:
         attempt = new_attempt_id(owner.try_number)
         config = self.hook.config
         return JobFile(
@@ -255,8 +293,9 @@ class BatchInferenceOperator(BaseOperator):
             input_locations=tuple(input_locations or [run_dir.child(INPUT_DIR).location]),
             input_spec=self.input_spec,
             job_spec=self.job_spec,
-            model=ModelRef(name=mv.name, version=mv.version, flavor=mv.flavor, sha256=mv.sha256, uri=mv.uri,
-                           signature=mv.signature),
+            model=ModelRef(
+                name=mv.name, version=mv.version, flavor=mv.flavor, sha256=mv.sha256, uri=mv.uri, signature=mv.signature
+            ),
             registry_root=config.registry_root,
             airflow=owner,
             file_roots=tuple(config.file_roots),  # InputSpec.column_handling reads only below these
@@ -270,8 +309,9 @@ class BatchInferenceOperator(BaseOperator):
     def _defer(self, launcher: Launcher, handle: JobHandle) -> NoReturn:
         deadline = None if self.job_timeout is None else time.time() + self.job_timeout
         self.defer(
-            trigger=launcher.trigger(handle, conn_id=self.model_service_conn_id, poll_interval=self.poll_interval,
-                                     deadline=deadline),
+            trigger=launcher.trigger(
+                handle, conn_id=self.model_service_conn_id, poll_interval=self.poll_interval, deadline=deadline
+            ),
             method_name="execute_complete",
             # a backstop only: the trigger's own deadline stops the job first
             timeout=None if self.job_timeout is None else self.job_timeout + 10 * self.poll_interval + 60,
@@ -290,8 +330,10 @@ class BatchInferenceOperator(BaseOperator):
         except ContractError as exc:
             raise AirflowException(str(exc)) from exc
         if claim is None:
-            raise AirflowException(f"{location}/{JOB_SPEC_FILE} is gone: the run directory was changed while job "
-                                   f"{event['job_id']} ran; nothing is committed")
+            raise AirflowException(
+                f"{location}/{JOB_SPEC_FILE} is gone: the run directory was changed while job "
+                f"{event['job_id']} ran; nothing is committed"
+            )
         launcher = self.hook.get_launcher()
         try:
             handle = launcher.attach(str(event["job_id"]), claim.attempt, self.log)
@@ -316,7 +358,9 @@ class BatchInferenceOperator(BaseOperator):
         except (ContractError, StageError) as exc:
             raise AirflowException(f"the job ended but its output is not valid: {exc}") from exc
         if manifest is None:
-            raise AirflowException(f"the job ended but {location}/{SUCCESS_MARKER} was not written; nothing is committed")
+            raise AirflowException(
+                f"the job ended but {location}/{SUCCESS_MARKER} was not written; nothing is committed"
+            )
         return manifest
 
     def _finalize(self, location: str, attempt: str) -> dict[str, Any]:
@@ -327,8 +371,14 @@ class BatchInferenceOperator(BaseOperator):
                 f"({attempt}); another attempt owns the directory"
             )
         counts = manifest.counts
-        self.log.info("Committed %s rows (%s input, %s dead-lettered) in %d file(s) at %s", counts.output_rows,
-                      counts.input_rows, counts.error_rows, len(manifest.files), location)
+        self.log.info(
+            "Committed %s rows (%s input, %s dead-lettered) in %d file(s) at %s",
+            counts.output_rows,
+            counts.input_rows,
+            counts.error_rows,
+            len(manifest.files),
+            location,
+        )
         return {
             "output_location": location,
             "manifest_location": join(location, SUCCESS_MARKER),

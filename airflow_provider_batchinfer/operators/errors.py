@@ -39,15 +39,23 @@ def airflow_error(exc: Exception, permanent: bool) -> AirflowException:
     return (AirflowFailException if permanent else AirflowException)(str(exc))
 
 
-def check_arguments(task_id: str | None, *, input: str | list[str] | None, sql: str | None, conn_id: str | None,
-                    input_spec: InputSpec | None, output_spec: OutputSpec, job_spec: JobSpec | None,
-                    materialize_chunk_rows: int, poll_interval: float, job_timeout: float | None) -> None:
+def check_arguments(
+    task_id: str | None,
+    *,
+    input: str | list[str] | None,
+    sql: str | None,
+    conn_id: str | None,
+    input_spec: InputSpec | None,
+    output_spec: OutputSpec,
+    job_spec: JobSpec | None,
+    materialize_chunk_rows: int,
+    poll_interval: float,
+    job_timeout: float | None,
+) -> None:
     """Raise SpecError for a combination no run can fix. Looks only at whether a templated
     argument is given (never at its value, which renders later)."""
     if (input is None) == (sql is None):
-        raise SpecError(
-            f"{task_id}: give exactly one of input=<Parquet path> or sql=<query> (with conn_id)"
-        )
+        raise SpecError(f"{task_id}: give exactly one of input=<Parquet path> or sql=<query> (with conn_id)")
     if sql is not None and not conn_id:
         raise SpecError(f"{task_id}: sql= needs conn_id=<an Airflow SQL connection id>")
     if not isinstance(output_spec, OutputSpec):

@@ -21,9 +21,9 @@ def _chunk_table(names: list[str], rows: list[tuple[Any, ...]], schema: Any, fir
     """One chunk as a ``pyarrow.Table``, cast to the first chunk's schema."""
     import pyarrow as pa
 
-    columns = list(zip(*rows))
+    columns = list(zip(*rows, strict=False))
     try:
-        table = pa.table({n: pa.array(list(c)) for n, c in zip(names, columns)})
+        table = pa.table({n: pa.array(list(c)) for n, c in zip(names, columns, strict=False)})
         if schema is not None and not table.schema.equals(schema):
             table = table.cast(schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -39,7 +39,6 @@ def materialize_sql(conn_id: str, sql: str, target: Stage, chunk_rows: int, log:
     returns the number of rows. Fails the task (no retry) for a non-SQL connection, a statement
     without a result set, an empty result, or rows whose types do not fit the first chunk's."""
     import pyarrow.parquet as pq
-
     from airflow.sdk import BaseHook
 
     db_hook = BaseHook.get_connection(conn_id).get_hook()

@@ -3,9 +3,10 @@ it through the storage layer (``rundir.commit``: fence, check, then ``_SUCCESS``
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import (
@@ -43,8 +44,9 @@ class Written:
         return sum(p.rows for p in self.error_parts)
 
 
-def check_reconciled(input_rows: int, output_rows: int, error_rows: int, kept_rows: int, attempt: str,
-                     run_dir: Stage) -> None:
+def check_reconciled(
+    input_rows: int, output_rows: int, error_rows: int, kept_rows: int, attempt: str, run_dir: Stage
+) -> None:
     """Every input row is either written or dead-lettered, exactly once; else nothing is committed."""
     if output_rows + error_rows != input_rows:
         raise JobError(
@@ -54,8 +56,9 @@ def check_reconciled(input_rows: int, output_rows: int, error_rows: int, kept_ro
         )
 
 
-def check_error_fraction(error_rows: int, input_rows: int, job: JobSpec, run_dir: Stage,
-                         error_names: Sequence[str]) -> None:
+def check_error_fraction(
+    error_rows: int, input_rows: int, job: JobSpec, run_dir: Stage, error_names: Sequence[str]
+) -> None:
     """Fail (nothing committed) when more rows were dead-lettered than ``max_error_fraction`` allows,
     quoting the first messages (from the first of ``error_names``) so the log says what went wrong."""
     if not error_rows or error_rows <= job.error_fraction_limit * input_rows:
@@ -76,9 +79,20 @@ def check_error_fraction(error_rows: int, input_rows: int, job: JobSpec, run_dir
     )
 
 
-def build_manifest(job: JobFile, *, run_dir: Stage, input_rows: int, input_files: Sequence[str], plan: ColumnPlan,
-                   pool: ActorPool, kept: KeptParts, written: Written, started_at: datetime, finished_at: datetime,
-                   timings: Mapping[str, float | None]) -> Manifest:
+def build_manifest(
+    job: JobFile,
+    *,
+    run_dir: Stage,
+    input_rows: int,
+    input_files: Sequence[str],
+    plan: ColumnPlan,
+    pool: ActorPool,
+    kept: KeptParts,
+    written: Written,
+    started_at: datetime,
+    finished_at: datetime,
+    timings: Mapping[str, float | None],
+) -> Manifest:
     """Reconcile the counts, apply the error policy, and describe the run directory as committed."""
     parts = tuple(sorted([*kept["files"], *written.parts], key=lambda p: p.name))
     error_parts = tuple(sorted([*kept["error_files"], *written.error_parts], key=lambda p: p.name))
@@ -94,16 +108,21 @@ def build_manifest(job: JobFile, *, run_dir: Stage, input_rows: int, input_files
         counts=Counts(input_rows=input_rows, output_rows=output_rows, error_rows=error_rows),
         on_error=job.job_spec.on_error,
         max_error_fraction=job.job_spec.error_fraction_limit,
-        resume=ResumeInfo(resumed=job.resume, kept_files=len(kept["files"]) + len(kept["error_files"]),
-                          kept_rows=kept_rows, processed_rows=written.rows + written.error_rows,
-                          removed_files=tuple(kept["removed"])),
+        resume=ResumeInfo(
+            resumed=job.resume,
+            kept_files=len(kept["files"]) + len(kept["error_files"]),
+            kept_rows=kept_rows,
+            processed_rows=written.rows + written.error_rows,
+            removed_files=tuple(kept["removed"]),
+        ),
         passthrough_columns=tuple(plan["passthrough"]),
         output_columns=tuple(job.model.outputs),
         model=job.model.without_signature(),
         input_locations=job.input_locations,
         input_files=tuple(input_files),
-        job=JobRecord(id=job.job_id, attempt=job.attempt, launcher=job.launcher, replicas=pool["replicas"],
-                      device=pool["device"]),
+        job=JobRecord(
+            id=job.job_id, attempt=job.attempt, launcher=job.launcher, replicas=pool["replicas"], device=pool["device"]
+        ),
         airflow=job.airflow,
         started_at=started_at.isoformat(),
         finished_at=finished_at.isoformat(),
@@ -116,8 +135,14 @@ def commit(run_dir: Stage, manifest: Manifest) -> None:
     rundir.commit(run_dir, manifest)
     counts = manifest.counts
     if counts.error_rows:
-        print(f"[batchinfer] dead-lettered {counts.error_rows:,} row(s) into {len(manifest.error_files)} file(s) "
-              f"under {run_dir.location}/{ERRORS_DIR}/", flush=True)
-    print(f"[batchinfer] committed {counts.output_rows:,} rows in {len(manifest.files)} part(s) to "
-          f"{run_dir.location} ({manifest.timings.get('rows_per_s')} rows/s over the pipeline, "
-          f"{manifest.timings.get('total_s')}s total)", flush=True)
+        print(
+            f"[batchinfer] dead-lettered {counts.error_rows:,} row(s) into {len(manifest.error_files)} file(s) "
+            f"under {run_dir.location}/{ERRORS_DIR}/",
+            flush=True,
+        )
+    print(
+        f"[batchinfer] committed {counts.output_rows:,} rows in {len(manifest.files)} part(s) to "
+        f"{run_dir.location} ({manifest.timings.get('rows_per_s')} rows/s over the pipeline, "
+        f"{manifest.timings.get('total_s')}s total)",
+        flush=True,
+    )

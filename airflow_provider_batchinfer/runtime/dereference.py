@@ -27,8 +27,15 @@ from airflow_provider_batchinfer.stage import Stage
 
 MESSAGES_DTYPE = "messages"  # signature dtype of a chat-messages model input
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"),
-          (b"RIFF", "audio/wav"), (b"fLaC", "audio/flac"), (b"ID3", "audio/mpeg"), (b"OggS", "audio/ogg"))
+_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF8", "image/gif"),
+    (b"RIFF", "audio/wav"),
+    (b"fLaC", "audio/flac"),
+    (b"ID3", "audio/mpeg"),
+    (b"OggS", "audio/ogg"),
+)
 
 
 class FileReferenceError(ValueError):
@@ -47,7 +54,7 @@ def _split(location: str) -> tuple[str, str]:
     if not match:
         return "file", location
     scheme = match.group(1).lower()
-    rest = location[match.end():]
+    rest = location[match.end() :]
     if scheme == "file":
         return "file", rest
     if scheme in ("s3", "s3a"):
@@ -115,8 +122,9 @@ def _read(location: str, storage_options: dict[str, Any] | None) -> bytes:
         return f.read()
 
 
-def read_location(location: Any, roots: list[tuple[str, str]], storage_options: dict[str, Any] | None,
-                  column: str = "") -> bytes:
+def read_location(
+    location: Any, roots: list[tuple[str, str]], storage_options: dict[str, Any] | None, column: str = ""
+) -> bytes:
     """Check, then read one location; a missing or unreadable file fails with its location."""
     checked = check_location(location, roots, column)
     where = f"column {column!r}: " if column else ""
@@ -152,8 +160,13 @@ def encode(data: bytes, encoding: str, location: str = "", mime_type: str | None
     raise ValueError(f"unknown file encoding {encoding!r}; use bytes, base64 or data_url")
 
 
-def dereference_values(values: list[Any], rule: dict[str, Any], roots: list[tuple[str, str]],
-                       storage_options: dict[str, Any] | None, column: str) -> list[Any]:
+def dereference_values(
+    values: list[Any],
+    rule: dict[str, Any],
+    roots: list[tuple[str, str]],
+    storage_options: dict[str, Any] | None,
+    column: str,
+) -> list[Any]:
     return [
         encode(read_location(v, roots, storage_options, column), rule["encoding"], v, rule.get("mime_type"))
         for v in values
@@ -190,7 +203,9 @@ def parse_messages(value: Any, column: str = "messages") -> list[dict[str, Any]]
         except json.JSONDecodeError as exc:
             raise ValueError(f"column {column!r}: not valid JSON chat messages ({exc})") from None
     if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
-        raise ValueError(f"column {column!r}: chat messages must be a list of {{'role': ..., 'content': ...}}, got {value!r:.200}")
+        raise ValueError(
+            f"column {column!r}: chat messages must be a list of {{'role': ..., 'content': ...}}, got {value!r:.200}"
+        )
     messages = drop_nulls(value)
     for m in messages:
         if "role" not in m or "content" not in m:
@@ -198,8 +213,12 @@ def parse_messages(value: Any, column: str = "messages") -> list[dict[str, Any]]
     return messages
 
 
-def dereference_messages(messages: list[dict[str, Any]], roots: list[tuple[str, str]],
-                         storage_options: dict[str, Any] | None, column: str = "messages") -> list[dict[str, Any]]:
+def dereference_messages(
+    messages: list[dict[str, Any]],
+    roots: list[tuple[str, str]],
+    storage_options: dict[str, Any] | None,
+    column: str = "messages",
+) -> list[dict[str, Any]]:
     """Replace ``image_url`` parts that point at stage files with data URLs and ``input_audio`` parts
     with base64 data (and their format); text, http(s) and data: parts are left as they are."""
     out = []
@@ -216,7 +235,10 @@ def dereference_messages(messages: list[dict[str, Any]], roots: list[tuple[str, 
                 url = image.get("url") if isinstance(image, dict) else image
                 if _is_location(url):
                     data = read_location(url, roots, storage_options, column)
-                    part["image_url"] = {**(image if isinstance(image, dict) else {}), "url": encode(data, "data_url", url)}
+                    part["image_url"] = {
+                        **(image if isinstance(image, dict) else {}),
+                        "url": encode(data, "data_url", url),
+                    }
             elif part.get("type") == "input_audio":
                 audio = dict(part.get("input_audio") or {})
                 if _is_location(audio.get("data")):
@@ -232,12 +254,17 @@ def dereference_messages(messages: list[dict[str, Any]], roots: list[tuple[str, 
 # --- one batch ----------------------------------------------------------------------------------------
 
 
-def dereference_plan(input_spec_handling: dict[str, dict[str, Any]], sources: list[str], model_inputs: list[str],
-                     signature_inputs: dict[str, str], roots: list[str],
-                     storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
+def dereference_plan(
+    input_spec_handling: dict[str, dict[str, Any]],
+    sources: list[str],
+    model_inputs: list[str],
+    signature_inputs: dict[str, str],
+    roots: list[str],
+    storage_options: dict[str, Any] | None,
+) -> dict[str, Any] | None:
     """What :func:`dereference_inputs` does to each batch, keyed by model input name (the batch's
     column names at that point); ``None`` when no column needs it."""
-    names = dict(zip(sources, model_inputs or sources))
+    names = dict(zip(sources, model_inputs or sources, strict=False))
     unread = sorted(set(input_spec_handling) - set(names))
     if unread:
         from airflow_provider_batchinfer.inputs import InputError
@@ -247,7 +274,9 @@ def dereference_plan(input_spec_handling: dict[str, dict[str, Any]], sources: li
             f"{list(names)}); map the column to a model input with InputSpec.column_mapping"
         )
     handling = {names[src]: rule for src, rule in input_spec_handling.items()}
-    messages = [m for m, dtype in signature_inputs.items() if str(dtype).lower() == MESSAGES_DTYPE and m in names.values()]
+    messages = [
+        m for m, dtype in signature_inputs.items() if str(dtype).lower() == MESSAGES_DTYPE and m in names.values()
+    ]
     if not handling and not messages:
         return None
     return {"handling": handling, "messages": messages, "roots": list(roots), "storage_options": storage_options}
@@ -267,7 +296,9 @@ def dereference_inputs(table: Any, plan: dict[str, Any] | None) -> Any:
         arr = pa.array(values, pa.binary() if rule["encoding"] == "bytes" else pa.string())
         table = table.set_column(table.column_names.index(name), name, arr)
     for name in plan["messages"]:
-        rows = [json.dumps(dereference_messages(parse_messages(v, name), roots, storage, name))
-                for v in table.column(name).to_pylist()]
+        rows = [
+            json.dumps(dereference_messages(parse_messages(v, name), roots, storage, name))
+            for v in table.column(name).to_pylist()
+        ]
         table = table.set_column(table.column_names.index(name), name, pa.array(rows, pa.string()))
     return table

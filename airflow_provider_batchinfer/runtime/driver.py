@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import JobFile, Manifest
 from airflow_provider_batchinfer.inputs import inspect_input, list_input_files
@@ -28,7 +29,13 @@ from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
 from airflow_provider_batchinfer.runtime.flavors import transfer_rows
 from airflow_provider_batchinfer.runtime.io import ProgressCounter, make_datasink, row_bytes
-from airflow_provider_batchinfer.runtime.plan import ActorPool, ColumnPlan, plan_columns, size_actor_pool, with_id_column
+from airflow_provider_batchinfer.runtime.plan import (
+    ActorPool,
+    ColumnPlan,
+    plan_columns,
+    size_actor_pool,
+    with_id_column,
+)
 from airflow_provider_batchinfer.runtime.progress import ProgressLog
 from airflow_provider_batchinfer.runtime.resume import KeptParts, resume_state
 from airflow_provider_batchinfer.s3 import worker_env
@@ -94,8 +101,11 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     storage = dict(job.storage_options) or None
     run_dir = Stage.open(job.run_dir, storage)
     model, input_spec = job.model, job.input_spec
-    print(f"[batchinfer] job {job.job_id} attempt {job.attempt}: model {model.name}/{model.version} "
-          f"({model.flavor}, sha256 {model.sha256[:12]}…) -> {run_dir.location}", flush=True)
+    print(
+        f"[batchinfer] job {job.job_id} attempt {job.attempt}: model {model.name}/{model.version} "
+        f"({model.flavor}, sha256 {model.sha256[:12]}…) -> {run_dir.location}",
+        flush=True,
+    )
     registry = ModelRegistry(job.registry_root, storage)
     _check_model(job, registry)
     files = list_input_files(list(job.input_locations), storage)
@@ -106,15 +116,29 @@ def check_before_ray(job: JobFile) -> CheckedJob:
         check_unique_ids(files, input_spec.id_column, storage)
     kept = resume_state(job, run_dir)
     batch_rows = transfer_rows(model.flavor, job.job_spec.max_batch_rows, row_bytes(files[0], plan["read"], storage))
-    plan["dereference"] = dereference_plan(input_spec.column_handling, plan["sources"], plan["model_inputs"],
-                                           model.inputs, list(job.file_roots), storage)
+    plan["dereference"] = dereference_plan(
+        input_spec.column_handling, plan["sources"], plan["model_inputs"], model.inputs, list(job.file_roots), storage
+    )
     engine = llm.resolve_engine(model.flavor, job.job_spec, job.llm_engine)
     if engine == "vllm":
         llm.check_vllm_job(job.job_spec)  # no vllm or no GPUs asked for: fail before Ray starts
-    print(f"[batchinfer] input: {input_rows:,} rows in {len(files)} file(s); model reads {plan['sources']}, "
-          f"passes through {plan['passthrough']}", flush=True)
-    return CheckedJob(job=job, run_dir=run_dir, storage=storage, registry=registry, files=files,
-                      input_rows=input_rows, plan=plan, kept=kept, batch_rows=batch_rows, engine=engine)
+    print(
+        f"[batchinfer] input: {input_rows:,} rows in {len(files)} file(s); model reads {plan['sources']}, "
+        f"passes through {plan['passthrough']}",
+        flush=True,
+    )
+    return CheckedJob(
+        job=job,
+        run_dir=run_dir,
+        storage=storage,
+        registry=registry,
+        files=files,
+        input_rows=input_rows,
+        plan=plan,
+        kept=kept,
+        batch_rows=batch_rows,
+        engine=engine,
+    )
 
 
 def ray_init_kwargs(address: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
@@ -158,9 +182,12 @@ def plan_pool(checked: CheckedJob) -> ActorPool:
     pool = size_actor_pool(job, ray.cluster_resources())
     for note in pool["notes"]:
         print(f"[batchinfer] resources: {note}", flush=True)
-    print(f"[batchinfer] actor pool: {pool['replicas']} replica(s) x {pool['num_cpus']:g} CPU / "
-          f"{pool['num_gpus']:g} GPU on {pool['device']}, {pool['threads']} thread(s) each, "
-          f"batches of {checked.batch_rows:,} rows, model calls of at most {job.max_batch_rows:,} rows", flush=True)
+    print(
+        f"[batchinfer] actor pool: {pool['replicas']} replica(s) x {pool['num_cpus']:g} CPU / "
+        f"{pool['num_gpus']:g} GPU on {pool['device']}, {pool['threads']} thread(s) each, "
+        f"batches of {checked.batch_rows:,} rows, model calls of at most {job.max_batch_rows:,} rows",
+        flush=True,
+    )
     return pool
 
 
@@ -177,16 +204,30 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
     if len(checked.kept["ids"]):
         from airflow_provider_batchinfer.runtime.resume import drop_done
 
-        ds = ds.map_batches(drop_done, fn_kwargs={"id_column": input_spec.id_column, "done": checked.kept["ids"]},
-                            batch_size=None, batch_format="pyarrow")
+        ds = ds.map_batches(
+            drop_done,
+            fn_kwargs={"id_column": input_spec.id_column, "done": checked.kept["ids"]},
+            batch_size=None,
+            batch_format="pyarrow",
+        )
     if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
         ds = ds.repartition(target_num_rows_per_block=spec.rows_per_part)
     map_kwargs: dict[str, Any] = {"memory": spec.memory} if spec.memory else {}
     if checked.engine == "vllm":  # ray.data.llm runs its own stages and engine actors
-        print(f"[batchinfer] engine: vLLM via ray.data.llm, {spec.replicas} engine replica(s) x "
-              f"{llm.gpus_per_replica(spec)} GPU(s)", flush=True)
-        return llm.build_pipeline(ds, checked.registry.local_copy(model.name, model.version), dict(model.signature or {}),
-                                  dict(plan), dict(input_spec.params), spec, counter)
+        print(
+            f"[batchinfer] engine: vLLM via ray.data.llm, {spec.replicas} engine replica(s) x "
+            f"{llm.gpus_per_replica(spec)} GPU(s)",
+            flush=True,
+        )
+        return llm.build_pipeline(
+            ds,
+            checked.registry.local_copy(model.name, model.version),
+            dict(model.signature or {}),
+            dict(plan),
+            dict(input_spec.params),
+            spec,
+            counter,
+        )
     return ds.map_batches(
         ModelReplica,
         fn_constructor_kwargs={
@@ -198,8 +239,12 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
             "threads": pool["threads"],
             "counter": counter,
             "max_rows": spec.max_batch_rows,
-            "policy": {"on_error": spec.on_error, "keep_columns": plan["passthrough"],
-                       "id_column": input_spec.id_column, "max_value_bytes": spec.max_value_bytes},
+            "policy": {
+                "on_error": spec.on_error,
+                "keep_columns": plan["passthrough"],
+                "id_column": input_spec.id_column,
+                "max_value_bytes": spec.max_value_bytes,
+            },
             "storage_options": storage,  # no credentials: the workers get those from worker_env()
         },
         batch_size=checked.batch_rows,
@@ -222,8 +267,9 @@ def run_pipeline(checked: CheckedJob) -> PipelineRun:
         counter = ray.remote(num_cpus=0)(ProgressCounter).remote()
         progress = ProgressLog(counter, checked.todo_rows, checked.job.job_spec.progress_interval_s)
         ds = build_dataset(checked, pool, counter)
-        sink = make_datasink(checked.run_dir.location, checked.job.attempt, checked.storage,
-                             error_columns=checked.plan["passthrough"])
+        sink = make_datasink(
+            checked.run_dir.location, checked.job.attempt, checked.storage, error_columns=checked.plan["passthrough"]
+        )
         progress.start()
         t_map = time.monotonic()
         try:
@@ -234,8 +280,13 @@ def run_pipeline(checked: CheckedJob) -> PipelineRun:
     finally:
         ray.shutdown()
     written = commit.Written(parts=sink.parts, error_parts=sink.error_parts)
-    return PipelineRun(written=written, pool=pool, ray_ready_at=ray_ready_at, pipeline_s=t_done - t_map,
-                       steady_rows_per_s=progress.steady_rate(t_done, written.rows + written.error_rows))
+    return PipelineRun(
+        written=written,
+        pool=pool,
+        ray_ready_at=ray_ready_at,
+        pipeline_s=t_done - t_map,
+        steady_rows_per_s=progress.steady_rate(t_done, written.rows + written.error_rows),
+    )
 
 
 def run(spec_location: str) -> Manifest:
@@ -246,8 +297,15 @@ def run(spec_location: str) -> Manifest:
     pipeline = run_pipeline(checked)
     processed = pipeline.written.rows + pipeline.written.error_rows
     manifest = commit.build_manifest(
-        checked.job, run_dir=checked.run_dir, input_rows=checked.input_rows, input_files=checked.files,
-        plan=checked.plan, pool=pipeline.pool, kept=checked.kept, written=pipeline.written, started_at=started_at,
+        checked.job,
+        run_dir=checked.run_dir,
+        input_rows=checked.input_rows,
+        input_files=checked.files,
+        plan=checked.plan,
+        pool=pipeline.pool,
+        kept=checked.kept,
+        written=pipeline.written,
+        started_at=started_at,
         finished_at=datetime.now(timezone.utc),
         timings={
             "total_s": round(time.monotonic() - t0, 3),

@@ -11,7 +11,8 @@ datasink writes them to ``_errors/`` instead of the predictions.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 ERROR_COLUMN = "__batchinfer_error"
 MAX_MESSAGE_CHARS = 2000
@@ -40,8 +41,10 @@ def batch_range(batch: Any, id_column: str | None) -> str:
         bounds = pc.min_max(batch.column(id_column))
         low, high = bounds["min"].as_py(), bounds["max"].as_py()
         return f"the batch of {rows:,} row(s) with {id_column} {low!r}..{high!r}"
-    return (f"a batch of {rows:,} row(s) (rows 0..{max(rows - 1, 0)} of the batch; set InputSpec(id_column=...) "
-            "to have errors name the rows' ids)")
+    return (
+        f"a batch of {rows:,} row(s) (rows 0..{max(rows - 1, 0)} of the batch; set InputSpec(id_column=...) "
+        "to have errors name the rows' ids)"
+    )
 
 
 def model_batch_error(model: str, exc: BaseException, batch: Any, id_column: str | None) -> ModelBatchError:
@@ -74,33 +77,45 @@ def check_batch(inputs: Any, sources: list[str], ids: tuple[str, Any] | None, ma
     import pyarrow.compute as pc
 
     rows = inputs.num_rows
-    for name, src in zip(inputs.column_names, sources):
+    for name, src in zip(inputs.column_names, sources, strict=False):
         col = inputs.column(name)
         if col.null_count:
-            raise BadRowError(f"column {src!r} has {col.null_count} null value(s) in a batch of {rows} rows"
-                              f"{_first(col.is_null(), ids)}; fill or filter them in data_prep")
+            raise BadRowError(
+                f"column {src!r} has {col.null_count} null value(s) in a batch of {rows} rows"
+                f"{_first(col.is_null(), ids)}; fill or filter them in data_prep"
+            )
         kind = col.type
         if pa.types.is_floating(kind):
             nan = pc.is_nan(col)
             if pc.any(nan).as_py():
-                raise BadRowError(f"column {src!r} has {pc.sum(nan).as_py()} NaN value(s) in a batch of {rows} rows"
-                                  f"{_first(nan, ids)}; fill or filter them in data_prep")
+                raise BadRowError(
+                    f"column {src!r} has {pc.sum(nan).as_py()} NaN value(s) in a batch of {rows} rows"
+                    f"{_first(nan, ids)}; fill or filter them in data_prep"
+                )
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
             try:
                 col.validate(full=True)
             except pa.ArrowInvalid:
                 raw = col.cast(pa.large_binary() if pa.types.is_large_string(kind) else pa.binary())
                 bad = [_not_utf8(v) for v in raw.to_pylist()]
-                raise BadRowError(f"column {src!r} holds text that is not valid UTF-8 in {sum(bad)} row(s)"
-                                  f"{_first(pa.array(bad), ids)}; decode it in data_prep (e.g. errors='replace')") from None
-        if max_value_bytes and (pa.types.is_string(kind) or pa.types.is_large_string(kind)
-                                or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+                raise BadRowError(
+                    f"column {src!r} holds text that is not valid UTF-8 in {sum(bad)} row(s)"
+                    f"{_first(pa.array(bad), ids)}; decode it in data_prep (e.g. errors='replace')"
+                ) from None
+        if max_value_bytes and (
+            pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind)
+        ):
             sizes = pc.binary_length(col)
             too_big = pc.greater(sizes, max_value_bytes)
             if pc.any(too_big).as_py():
-                raise BadRowError(f"column {src!r} has a value of {pc.max(sizes).as_py():,} bytes, above "
-                                  f"JobSpec.max_value_bytes={max_value_bytes:,}{_first(too_big, ids)}; split or "
-                                  "truncate it in data_prep, or raise max_value_bytes")
+                raise BadRowError(
+                    f"column {src!r} has a value of {pc.max(sizes).as_py():,} bytes, above "
+                    f"JobSpec.max_value_bytes={max_value_bytes:,}{_first(too_big, ids)}; split or "
+                    "truncate it in data_prep, or raise max_value_bytes"
+                )
 
 
 def _not_utf8(value: bytes | None) -> bool:
@@ -136,8 +151,10 @@ def score_isolating(score: Callable[[Any], Any], batch: Any, keep_columns: list[
             keep[ERROR_COLUMN] = pa.array([error_message(exc)] * batch.num_rows, pa.string())
             return pa.table(keep)
         mid = batch.num_rows // 2
-        halves = [score_isolating(score, batch.slice(0, mid), keep_columns),
-                  score_isolating(score, batch.slice(mid), keep_columns)]
+        halves = [
+            score_isolating(score, batch.slice(0, mid), keep_columns),
+            score_isolating(score, batch.slice(mid), keep_columns),
+        ]
         return pa.concat_tables(halves, promote_options="default")
 
 
@@ -171,8 +188,10 @@ def check_unique_ids(files: list[str], id_column: str, storage_options: dict[str
         with stage.fs.open_input_file(stage.path) as f:
             pf = pq.ParquetFile(f)
             if id_column not in pf.schema_arrow.names:
-                raise InputError(f"InputSpec.id_column {id_column!r} is not a column of {location} "
-                                 f"(columns: {pf.schema_arrow.names})")
+                raise InputError(
+                    f"InputSpec.id_column {id_column!r} is not a column of {location} "
+                    f"(columns: {pf.schema_arrow.names})"
+                )
             chunks.append(pf.read(columns=[id_column]).column(id_column))
     ids = pa.chunked_array([c for chunk in chunks for c in chunk.chunks], type=chunks[0].type)
     if ids.null_count:

@@ -12,14 +12,14 @@ durable; see ``driver.py`` and ``commit.py``.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import ERRORS_DIR, FileEntry, part_name
 from airflow_provider_batchinfer.stage import Stage
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from ray.data import Datasink
 
 
 def row_bytes(location: str, columns: list[str], storage_options: Mapping[str, Any] | None) -> float:
@@ -134,8 +134,14 @@ class PartsDatasink:
     Rows the model could not score (dead-lettered, see ``runtime/errors.py``) go to
     ``_errors/part-<task>-<attempt>.parquet`` with their ``error_columns`` and message."""
 
-    def __init__(self, run_dir: str, attempt: str, storage_options: Mapping[str, Any] | None, counter: Any = None,
-                 error_columns: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str,
+        attempt: str,
+        storage_options: Mapping[str, Any] | None,
+        counter: Any = None,
+        error_columns: list[str] | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.attempt = attempt
         self.storage_options = dict(storage_options) if storage_options else None
@@ -182,8 +188,13 @@ class PartsDatasink:
         self.error_parts = sorted((e for e in entries if e.name.startswith(ERRORS_DIR + "/")), key=lambda e: e.name)
 
 
-def make_datasink(run_dir: str, attempt: str, storage_options: Mapping[str, Any] | None, counter: Any = None,
-                  error_columns: list[str] | None = None) -> PartsDatasink:
+def make_datasink(
+    run_dir: str,
+    attempt: str,
+    storage_options: Mapping[str, Any] | None,
+    counter: Any = None,
+    error_columns: list[str] | None = None,
+) -> PartsDatasink:
     """A ``ray.data.Datasink`` subclass instance; built lazily so importing this module needs no Ray."""
     from ray.data import Datasink
 

@@ -38,7 +38,9 @@ def resolve_engine(flavor: str, job: Any, default_engine: str | None = None) -> 
     ``JobSpec.engine``, else the connection's ``llm_engine``, else vLLM exactly when the job has GPUs."""
     if flavor != LLM_FLAVOR:
         if job.engine is not None:
-            raise LLMEngineError(f"JobSpec.engine={job.engine!r} applies to text_generation models, not {flavor}; drop it")
+            raise LLMEngineError(
+                f"JobSpec.engine={job.engine!r} applies to text_generation models, not {flavor}; drop it"
+            )
         return None
     engine = job.engine or default_engine or ("vllm" if job.num_gpus > 0 else "transformers")
     if engine not in ("vllm", "transformers"):
@@ -62,8 +64,10 @@ def check_vllm_job(job: Any, find_spec: Any = importlib.util.find_spec) -> None:
         )
     missing = [name for name in ("vllm",) if find_spec(name) is None]
     if missing:
-        raise LLMEngineError(f"the vLLM engine needs the vllm package, which is not installed here: {INSTALL_HINT}; "
-                             "or run on CPU with JobSpec(engine='transformers')")
+        raise LLMEngineError(
+            f"the vLLM engine needs the vllm package, which is not installed here: {INSTALL_HINT}; "
+            "or run on CPU with JobSpec(engine='transformers')"
+        )
 
 
 def check_cluster(job: Any, cluster: dict[str, float]) -> None:
@@ -105,8 +109,12 @@ def vllm_sampling_params(params: dict[str, Any]) -> dict[str, Any]:
     """Our checked sampling parameters as vLLM's ``SamplingParams`` fields."""
     # the processor's detokenize stage turns tokens into text; vLLM itself detokenizes only when it
     # must match stop strings (it refuses stop strings with detokenize=False)
-    out = {"temperature": float(params["temperature"]), "top_p": float(params["top_p"]),
-           "max_tokens": int(params["max_tokens"]), "detokenize": bool(params["stop"])}
+    out = {
+        "temperature": float(params["temperature"]),
+        "top_p": float(params["top_p"]),
+        "max_tokens": int(params["max_tokens"]),
+        "detokenize": bool(params["stop"]),
+    }
     if params["stop"]:
         out["stop"] = list(params["stop"])
     if params["seed"] is not None:
@@ -119,8 +127,9 @@ class Preprocess:
     the passthrough columns; stage files in ``image_url`` / ``input_audio`` parts are inlined under
     the allowed roots, exactly as on the CPU path."""
 
-    def __init__(self, message_col: str, passthrough: list[str], params: dict[str, Any],
-                 dereference: dict[str, Any] | None) -> None:
+    def __init__(
+        self, message_col: str, passthrough: list[str], params: dict[str, Any], dereference: dict[str, Any] | None
+    ) -> None:
         self.message_col = message_col
         self.passthrough = passthrough
         self.params = params
@@ -129,11 +138,18 @@ class Preprocess:
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         messages = parse_messages(row[self.message_col], self.message_col)
         if self.dereference and self.message_col in self.dereference.get("messages", []):
-            messages = dereference_messages(messages, normalize_roots(self.dereference["roots"]),
-                                            self.dereference.get("storage_options"), self.message_col)
+            messages = dereference_messages(
+                messages,
+                normalize_roots(self.dereference["roots"]),
+                self.dereference.get("storage_options"),
+                self.message_col,
+            )
         sp = sampling_params(self.params, row.get("sampling_params"))
-        return {**{c: row[c] for c in self.passthrough}, "messages": messages,
-                "sampling_params": vllm_sampling_params(sp)}
+        return {
+            **{c: row[c] for c in self.passthrough},
+            "messages": messages,
+            "sampling_params": vllm_sampling_params(sp),
+        }
 
 
 class Postprocess:
@@ -146,10 +162,17 @@ class Postprocess:
         max_tokens = int(row["sampling_params"]["max_tokens"])
         generated = int(row["num_generated_tokens"])
         # vLLM stops early only at EOS or a stop string: fewer tokens than max_tokens means it stopped
-        out = response(str(row["generated_text"]).strip(), finish_reason(generated, max_tokens, False),
-                       int(row["num_input_tokens"]), generated)
-        return {**{c: row[c] for c in self.passthrough}, "choices": json.dumps(out["choices"]),
-                "usage": json.dumps(out["usage"])}
+        out = response(
+            str(row["generated_text"]).strip(),
+            finish_reason(generated, max_tokens, False),
+            int(row["num_input_tokens"]),
+            generated,
+        )
+        return {
+            **{c: row[c] for c in self.passthrough},
+            "choices": json.dumps(out["choices"]),
+            "usage": json.dumps(out["usage"]),
+        }
 
 
 def to_response_table(batch: Any, passthrough: list[str], counter: Any = None) -> Any:
@@ -166,14 +189,21 @@ def to_response_table(batch: Any, passthrough: list[str], counter: Any = None) -
     return pa.table(columns)
 
 
-def build_pipeline(ds: Any, model_dir: Path, manifest_signature: dict[str, Any], plan: dict[str, Any],
-                   params: dict[str, Any], job: Any, counter: Any = None) -> Any:
+def build_pipeline(
+    ds: Any,
+    model_dir: Path,
+    manifest_signature: dict[str, Any],
+    plan: dict[str, Any],
+    params: dict[str, Any],
+    job: Any,
+    counter: Any = None,
+) -> Any:
     """``ds`` through the vLLM engine processor, ending in passthrough + ``choices`` + ``usage``."""
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     inputs = manifest_signature.get("inputs", {})
     message_col = next((m for m, t in inputs.items() if t == "messages"), "messages")
-    names = dict(zip(plan["model_inputs"], plan["sources"]))
+    names = dict(zip(plan["model_inputs"], plan["sources"], strict=False))
     source = names.get(message_col, message_col)
     passthrough = list(plan["passthrough"])
     if source != message_col or names.get("sampling_params", "sampling_params") != "sampling_params":
@@ -183,5 +213,6 @@ def build_pipeline(ds: Any, model_dir: Path, manifest_signature: dict[str, Any],
         preprocess=Preprocess(message_col, passthrough, params, plan.get("dereference")),
         postprocess=Postprocess(passthrough),
     )
-    return processor(ds).map_batches(to_response_table, batch_format="pyarrow",
-                                     fn_kwargs={"passthrough": passthrough, "counter": counter})
+    return processor(ds).map_batches(
+        to_response_table, batch_format="pyarrow", fn_kwargs={"passthrough": passthrough, "counter": counter}
+    )

@@ -3,7 +3,8 @@ and how large an actor pool the cluster can give. Pure functions, tested without
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, TypedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from airflow_provider_batchinfer.inputs import InputError
 from airflow_provider_batchinfer.runtime.errors import JobError
@@ -76,8 +77,11 @@ def _model_sources(available: list[str], signature: Mapping[str, Any], input_spe
     """``{model input: input column}``; an "optional" input (a text model's per-row sampling_params)
     is read only when the input has it."""
     mapped = input_spec.column_mapping.values()
-    model_inputs = [m for m, dtype in signature.get("inputs", {}).items()
-                    if str(dtype).lower() != "optional" or m in available or m in mapped]
+    model_inputs = [
+        m
+        for m, dtype in signature.get("inputs", {}).items()
+        if str(dtype).lower() != "optional" or m in available or m in mapped
+    ]
     source_of = {model: model for model in model_inputs}
     for src, model in input_spec.column_mapping.items():
         if model not in source_of:
@@ -92,7 +96,11 @@ def _check_sources(schema: pa.Schema, signature: Mapping[str, Any], source_of: d
     available = list(schema.names)
     for model, src in source_of.items():
         if src not in available:
-            hint = f"; map another column to it with InputSpec.column_mapping={{'<column>': {model!r}}}" if src == model else ""
+            hint = (
+                f"; map another column to it with InputSpec.column_mapping={{'<column>': {model!r}}}"
+                if src == model
+                else ""
+            )
             raise InputError(
                 f"model input {model!r} needs column {src!r}, which the input {first_file} does not have "
                 f"(columns: {available}){hint}"
@@ -142,8 +150,11 @@ def with_id_column(plan: ColumnPlan, id_column: str | None) -> ColumnPlan:
     always carry the row's id, and RESUME finds finished rows by it."""
     if not id_column or id_column in plan["passthrough"]:
         return plan
-    out: ColumnPlan = {**plan, "passthrough": [*plan["passthrough"], id_column],
-                       "read": list(dict.fromkeys([*plan["read"], id_column]))}
+    out: ColumnPlan = {
+        **plan,
+        "passthrough": [*plan["passthrough"], id_column],
+        "read": list(dict.fromkeys([*plan["read"], id_column])),
+    }
     return out
 
 
@@ -162,13 +173,17 @@ def size_actor_pool(job: JobSpec, cluster: Mapping[str, float]) -> ActorPool:
     num_cpus = float(job.num_cpus)
     spare = max(cpus - 1, 0)
     if num_cpus > spare and cpus > 0:
-        notes.append(f"num_cpus={num_cpus:g} per replica leaves no CPU for reading and writing on a {cpus:g}-CPU "
-                     f"cluster; using {max(spare, 0.5):g}")
+        notes.append(
+            f"num_cpus={num_cpus:g} per replica leaves no CPU for reading and writing on a {cpus:g}-CPU "
+            f"cluster; using {max(spare, 0.5):g}"
+        )
         num_cpus = max(spare, 0.5)
     if num_cpus > 0 and replicas * num_cpus > max(spare, num_cpus):
         fit = max(1, int(max(spare, num_cpus) // num_cpus))
-        notes.append(f"replicas={replicas} x {num_cpus:g} CPU would hold every CPU of the cluster ({cpus:g}); "
-                     f"using {fit} replica(s)")
+        notes.append(
+            f"replicas={replicas} x {num_cpus:g} CPU would hold every CPU of the cluster ({cpus:g}); "
+            f"using {fit} replica(s)"
+        )
         replicas = fit
     if job.num_gpus > 0:
         replicas = min(replicas, max(1, int(gpus // job.num_gpus)))
@@ -177,5 +192,11 @@ def size_actor_pool(job: JobSpec, cluster: Mapping[str, float]) -> ActorPool:
     else:
         device = "cpu"
         threads = max(1, int(cpus // replicas)) if cpus else 1
-    return {"replicas": replicas, "num_cpus": num_cpus, "num_gpus": job.num_gpus, "device": device,
-            "threads": threads, "notes": notes}
+    return {
+        "replicas": replicas,
+        "num_cpus": num_cpus,
+        "num_gpus": job.num_gpus,
+        "device": device,
+        "threads": threads,
+        "notes": notes,
+    }

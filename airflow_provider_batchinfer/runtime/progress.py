@@ -38,8 +38,12 @@ class ProgressLog:
             now = time.monotonic()
             if done and self.first_rows_at is None:
                 self.first_rows_at, self.first_rows = now, done
-            print(progress_line(done, self.total, (done - last_rows) / max(now - last_t, 1e-9),
-                                done / max(now - self.started, 1e-9)), flush=True)
+            print(
+                progress_line(
+                    done, self.total, (done - last_rows) / max(now - last_t, 1e-9), done / max(now - self.started, 1e-9)
+                ),
+                flush=True,
+            )
             last_rows, last_t = done, now
 
     def steady_rate(self, t_done: float, rows: int) -> float | None:
@@ -55,5 +59,7 @@ def progress_line(done: int, total: int, current: float, overall: float) -> str:
     rate = current or overall
     eta = f"{(total - done) / rate:,.0f}s" if rate > 0 else "unknown (model replicas starting)"
     pct = 100.0 * done / total if total else 100.0
-    return (f"[batchinfer] progress: {done:,}/{total:,} rows ({pct:.1f}%), {current:,.1f} rows/s now, "
-            f"{overall:,.1f} rows/s overall, ETA {eta}")
+    return (
+        f"[batchinfer] progress: {done:,}/{total:,} rows ({pct:.1f}%), {current:,.1f} rows/s now, "
+        f"{overall:,.1f} rows/s overall, ETA {eta}"
+    )

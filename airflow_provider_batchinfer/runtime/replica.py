@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Mapping, TypedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from airflow_provider_batchinfer.registry import fetch_version
 from airflow_provider_batchinfer.runtime.dereference import dereference_inputs
@@ -66,9 +67,12 @@ class ModelReplica:
         self.model = f"{manifest['name']}/{manifest['version']}"
         self.counter = counter
         self.policy: RowPolicy = policy or {}
-        print(f"[batchinfer] replica ready: {self.model} fetched and verified in {verified - started:.2f}s, "
-              f"torch imported in {imported - verified:.2f}s, loaded in {time.monotonic() - imported:.2f}s "
-              f"on {device}, {self.threads or '-'} torch thread(s)", flush=True)
+        print(
+            f"[batchinfer] replica ready: {self.model} fetched and verified in {verified - started:.2f}s, "
+            f"torch imported in {imported - verified:.2f}s, loaded in {time.monotonic() - imported:.2f}s "
+            f"on {device}, {self.threads or '-'} torch thread(s)",
+            flush=True,
+        )
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Score a batch; with ``on_error="dead_letter"`` rows that raise come back marked instead
@@ -95,8 +99,12 @@ class ModelReplica:
         if plan["model_inputs"]:
             inputs = inputs.rename_columns(plan["model_inputs"])
         id_column = self.policy.get("id_column")
-        check_batch(inputs, plan["sources"], (id_column, batch.column(id_column)) if id_column else None,
-                    self.policy.get("max_value_bytes"))
+        check_batch(
+            inputs,
+            plan["sources"],
+            (id_column, batch.column(id_column)) if id_column else None,
+            self.policy.get("max_value_bytes"),
+        )
         return dereference_inputs(inputs, plan.get("dereference"))  # file locations -> contents (column_handling)
 
     def _assemble(self, batch: pa.Table, outputs: Mapping[str, Any]) -> pa.Table:

@@ -59,8 +59,7 @@ def is_permanent(exc: BaseException) -> bool:
     access denied): the operator then fails the task without Airflow retries. A store that stopped
     answering mid-job is not permanent here: the operator reached it just before the launch, so it
     is an outage (a crashed or restarting server), and the task's retries are what recovers it."""
-    return any(getattr(e, "permanent", False) and not getattr(e, "unreachable", False)
-               for e in _exception_chain(exc))
+    return any(getattr(e, "permanent", False) and not getattr(e, "unreachable", False) for e in _exception_chain(exc))
 
 
 def _root_message(exc: BaseException) -> str:
@@ -80,9 +79,12 @@ def _root_message(exc: BaseException) -> str:
         return last if last.startswith(name) else f"{name}: {last}" if last else name
     # Ray only carries the user's exception as text inside the wrapper's traceback: the first error
     # line is the innermost cause, unless one of ours (raised "from" it) follows
-    found = [(match.group("name").rsplit(".", 1)[-1], match.group("msg").strip())
-             for wrapper in chain for match in _ERROR_LINE.finditer(str(wrapper))
-             if not match.group("name").startswith("ray.") and not any(w in match.group("name") for w in _RAY_WRAPPERS)]
+    found = [
+        (match.group("name").rsplit(".", 1)[-1], match.group("msg").strip())
+        for wrapper in chain
+        for match in _ERROR_LINE.finditer(str(wrapper))
+        if not match.group("name").startswith("ray.") and not any(w in match.group("name") for w in _RAY_WRAPPERS)
+    ]
     if found:
         name, msg = next((f for f in found if f[0] in _OURS_BY_NAME), found[0])
         return f"{name}: {msg}"

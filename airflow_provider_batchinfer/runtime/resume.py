@@ -97,8 +97,11 @@ def collect_committed(run_dir: Stage, id_column: str) -> KeptParts:
         except Exception as exc:  # no footer / truncated: the write task died mid-file
             part.delete()
             removed.append(rel)
-            print(f"[batchinfer] resume: removed {rel} ({size:,} bytes): cut off mid-write ({type(exc).__name__}); "
-                  "its rows are scored again", flush=True)
+            print(
+                f"[batchinfer] resume: removed {rel} ({size:,} bytes): cut off mid-write ({type(exc).__name__}); "
+                "its rows are scored again",
+                flush=True,
+            )
             continue
         if chunks and len(ids):
             seen = pa.chunked_array([c for chunk in chunks for c in chunk.chunks], type=ids.type)
@@ -157,7 +160,9 @@ def resume_state(job: JobFile, run_dir: Stage) -> KeptParts:
     except FencedError as exc:
         raise FencedError(f"attempt {job.attempt} does not own {run_dir.location}; not resuming ({exc})") from exc
     kept = collect_committed(run_dir, id_column)
-    print(f"[batchinfer] resume: keeping {len(kept['files'])} part(s) with {kept['rows']:,} row(s) and "
-          f"{len(kept['error_files'])} dead-letter file(s) with {kept['error_rows']:,} row(s) from earlier attempts",
-          flush=True)
+    print(
+        f"[batchinfer] resume: keeping {len(kept['files'])} part(s) with {kept['rows']:,} row(s) and "
+        f"{len(kept['error_files'])} dead-letter file(s) with {kept['error_rows']:,} row(s) from earlier attempts",
+        flush=True,
+    )
     return kept

@@ -43,10 +43,15 @@ class SuccessMarkerSensor(BaseSensorOperator):
     template_fields: Sequence[str] = ("location", "model_service_conn_id")
     ui_color = "#d9f2e6"
 
-    def __init__(self, *, location: str,
-                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-                 model_service_conn_id: str = "batchinfer_default", verify_checksums: bool = False,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        location: str,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        model_service_conn_id: str = "batchinfer_default",
+        verify_checksums: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.location = location
         self.deferrable = deferrable
@@ -61,8 +66,11 @@ class SuccessMarkerSensor(BaseSensorOperator):
             return result.xcom_value
         self.defer(
             trigger=SuccessMarkerTrigger(
-                location=self.location, poll_interval=self.poke_interval, deadline=time.time() + self.timeout,
-                model_service_conn_id=self.model_service_conn_id, verify_checksums=self.verify_checksums,
+                location=self.location,
+                poll_interval=self.poke_interval,
+                deadline=time.time() + self.timeout,
+                model_service_conn_id=self.model_service_conn_id,
+                verify_checksums=self.verify_checksums,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),
@@ -70,8 +78,11 @@ class SuccessMarkerSensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> PokeReturnValue:
         try:
-            manifest = read_valid_manifest(self.location, storage_options_for(self.location, self.model_service_conn_id),
-                                           verify_checksums=self.verify_checksums)
+            manifest = read_valid_manifest(
+                self.location,
+                storage_options_for(self.location, self.model_service_conn_id),
+                verify_checksums=self.verify_checksums,
+            )
         except (ManifestError, StageError) as exc:
             raise AirflowFailException(self._does_not_hold(str(exc))) from exc
         if manifest is None:
@@ -88,8 +99,10 @@ class SuccessMarkerSensor(BaseSensorOperator):
         if status is WatchStatus.FAILED:
             raise AirflowFailException(self._does_not_hold(str(event.get("message"))))
         if status is WatchStatus.ERROR:
-            raise AirflowException(f"could not check {self.location}/{SUCCESS_MARKER}: {event.get('message')}; "
-                                   "a retry of the task looks again")
+            raise AirflowException(
+                f"could not check {self.location}/{SUCCESS_MARKER}: {event.get('message')}; "
+                "a retry of the task looks again"
+            )
         event = validate_event(event, "manifest")
         try:
             manifest = Manifest.from_dict(event["manifest"], f"{self.location}/{SUCCESS_MARKER}")
@@ -99,10 +112,18 @@ class SuccessMarkerSensor(BaseSensorOperator):
         return manifest.to_dict()
 
     def _does_not_hold(self, message: str) -> str:
-        return (f"{self.location} has a {SUCCESS_MARKER} marker that does not hold: {message}. Waiting will not fix "
-                "it: re-run the task that writes this run directory")
+        return (
+            f"{self.location} has a {SUCCESS_MARKER} marker that does not hold: {message}. Waiting will not fix "
+            "it: re-run the task that writes this run directory"
+        )
 
     def _log_committed(self, manifest: Manifest) -> None:
-        self.log.info("%s is committed: %s rows in %d file(s), model %s/%s%s", self.location,
-                      manifest.counts.output_rows, len(manifest.files), manifest.model.name, manifest.model.version,
-                      " (checksums verified)" if self.verify_checksums else "")
+        self.log.info(
+            "%s is committed: %s rows in %d file(s), model %s/%s%s",
+            self.location,
+            manifest.counts.output_rows,
+            len(manifest.files),
+            manifest.model.name,
+            manifest.model.version,
+            " (checksums verified)" if self.verify_checksums else "",
+        )

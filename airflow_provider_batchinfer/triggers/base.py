@@ -73,8 +73,12 @@ class WatchTrigger(BaseTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
-            {**self.serialized_arguments(), "poll_interval": self.poll_interval, "deadline": self.deadline,
-             "model_service_conn_id": self.model_service_conn_id},
+            {
+                **self.serialized_arguments(),
+                "poll_interval": self.poll_interval,
+                "deadline": self.deadline,
+                "model_service_conn_id": self.model_service_conn_id,
+            },
         )
 
     def past_deadline(self) -> bool:

@@ -28,8 +28,9 @@ class RayJobTrigger(WatchTrigger):
     """Every event carries ``submission_id`` (also as ``job_id``, the launcher-neutral key) and
     ``job_status``: the Jobs API status, or ``TIMEOUT`` / ``UNKNOWN``."""
 
-    def __init__(self, submission_id: str, model_service_conn_id: str, poll_interval: float = 10.0,
-                 deadline: float | None = None) -> None:
+    def __init__(
+        self, submission_id: str, model_service_conn_id: str, poll_interval: float = 10.0, deadline: float | None = None
+    ) -> None:
         super().__init__(poll_interval=poll_interval, deadline=deadline, model_service_conn_id=model_service_conn_id)
         if not submission_id or not isinstance(submission_id, str):
             raise ValueError(f"RayJobTrigger needs a submission_id, got {submission_id!r}")
@@ -44,8 +45,9 @@ class RayJobTrigger(WatchTrigger):
         return ModelServiceHook(model_service_conn_id=self.model_service_conn_id).get_ray_jobs_launcher()
 
     def _event(self, status: WatchStatus, job_status: str, message: str) -> TriggerEvent:
-        return make_event(status, submission_id=self.submission_id, job_id=self.submission_id,
-                          job_status=job_status, message=message)
+        return make_event(
+            status, submission_id=self.submission_id, job_id=self.submission_id, job_status=job_status, message=message
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
@@ -55,8 +57,9 @@ class RayJobTrigger(WatchTrigger):
                 if status in TERMINAL:
                     info = await asyncio.to_thread(launcher.find, self.submission_id)
                     message = str((info or {}).get("message") or "")
-                    yield self._event(WatchStatus.SUCCESS if status == SUCCEEDED else WatchStatus.FAILED, status,
-                                      message)
+                    yield self._event(
+                        WatchStatus.SUCCESS if status == SUCCEEDED else WatchStatus.FAILED, status, message
+                    )
                     return
                 if self.past_deadline():
                     await asyncio.to_thread(launcher.stop_job, self.submission_id)

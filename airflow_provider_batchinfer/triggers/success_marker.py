@@ -38,17 +38,26 @@ class SuccessMarkerTrigger(WatchTrigger):
     ``poke_interval`` is the former name of ``poll_interval``, still accepted so that a trigger
     serialized by an earlier version resumes after an upgrade."""
 
-    def __init__(self, location: str, poll_interval: float | None = None, deadline: float | None = None,
-                 model_service_conn_id: str = "batchinfer_default", verify_checksums: bool = False,
-                 poke_interval: float | None = None) -> None:
+    def __init__(
+        self,
+        location: str,
+        poll_interval: float | None = None,
+        deadline: float | None = None,
+        model_service_conn_id: str = "batchinfer_default",
+        verify_checksums: bool = False,
+        poke_interval: float | None = None,
+    ) -> None:
         if poke_interval is not None:
             if poll_interval is not None:
                 raise ValueError("give poll_interval (poke_interval is its former name), not both")
             if isinstance(poke_interval, bool) or not isinstance(poke_interval, (int, float)) or poke_interval <= 0:
                 raise ValueError(f"poke_interval must be > 0 seconds, got {poke_interval!r}")
             poll_interval = poke_interval
-        super().__init__(poll_interval=30.0 if poll_interval is None else poll_interval, deadline=deadline,
-                         model_service_conn_id=model_service_conn_id)
+        super().__init__(
+            poll_interval=30.0 if poll_interval is None else poll_interval,
+            deadline=deadline,
+            model_service_conn_id=model_service_conn_id,
+        )
         if not isinstance(location, str) or not location:
             raise ValueError(f"SuccessMarkerTrigger needs a location string, got {location!r}")
         if not isinstance(verify_checksums, bool):
@@ -67,8 +76,9 @@ class SuccessMarkerTrigger(WatchTrigger):
             try:
                 if options is None:
                     options = await sync_to_async(storage_options_for)(self.location, self.model_service_conn_id)
-                manifest = await asyncio.to_thread(read_valid_manifest, self.location, options,
-                                                   verify_checksums=self.verify_checksums)
+                manifest = await asyncio.to_thread(
+                    read_valid_manifest, self.location, options, verify_checksums=self.verify_checksums
+                )
             except (ManifestError, StageError) as exc:
                 yield make_event(WatchStatus.FAILED, location=self.location, message=str(exc))
                 return

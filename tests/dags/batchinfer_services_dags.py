@@ -5,15 +5,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-
 from airflow.sdk import DAG
+
 from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec, SaveMode, SuccessMarkerSensor
 
 START = pendulum.datetime(2026, 11, 1, tz="UTC")
 
 # a scheduled DAG in ERROR mode: a backfill re-run over committed dates must be refused
-with DAG("bi_svc_error_daily", schedule="@daily", start_date=START, catchup=False,
-         default_args={"retries": 0}) as bi_svc_error_daily:
+with DAG(
+    "bi_svc_error_daily", schedule="@daily", start_date=START, catchup=False, default_args={"retries": 0}
+) as bi_svc_error_daily:
     BatchInferenceOperator(
         task_id="infer",
         model="text_length",
@@ -24,8 +25,14 @@ with DAG("bi_svc_error_daily", schedule="@daily", start_date=START, catchup=Fals
 
 # the cluster path: inference submitted to the Ray Jobs API and awaited in the triggerer, then a
 # deferrable sensor
-with DAG("bi_svc_ray_jobs", schedule=None, start_date=START, catchup=False, params={"input": "", "out": ""},
-         default_args={"retries": 0, "retry_delay": timedelta(seconds=1)}) as bi_svc_ray_jobs:
+with DAG(
+    "bi_svc_ray_jobs",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params={"input": "", "out": ""},
+    default_args={"retries": 0, "retry_delay": timedelta(seconds=1)},
+) as bi_svc_ray_jobs:
     infer = BatchInferenceOperator(
         task_id="infer",
         model="slow_length",
@@ -37,8 +44,11 @@ with DAG("bi_svc_ray_jobs", schedule=None, start_date=START, catchup=False, para
         deferrable=True,
         poll_interval=2,
     )
-    infer >> SuccessMarkerSensor(task_id="gate", location=infer.output["output_location"], deferrable=True,
-                                 poke_interval=2, timeout=300)
+    infer >> SuccessMarkerSensor(
+        task_id="gate", location=infer.output["output_location"], deferrable=True, poke_interval=2, timeout=300
+    )
 
-with DAG("bi_svc_sensor_wait", schedule=None, start_date=START, catchup=False, params={"location": ""}) as bi_svc_sensor_wait:
+with DAG(
+    "bi_svc_sensor_wait", schedule=None, start_date=START, catchup=False, params={"location": ""}
+) as bi_svc_sensor_wait:
     SuccessMarkerSensor(task_id="gate", location="{{ params.location }}", deferrable=True, poke_interval=1, timeout=180)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-
 from airflow.sdk import DAG
+
 from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec, SaveMode, SuccessMarkerSensor
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -14,8 +14,14 @@ PARAMS = {"input": "", "out": "", "model": "text_length", "version": "v1"}
 
 
 def _inference_dag(dag_id: str, mode: SaveMode, retries: int = 0, **operator_kwargs) -> DAG:
-    with DAG(dag_id, schedule=None, start_date=START, params=dict(PARAMS), catchup=False,
-             default_args={"retries": retries, "retry_delay": timedelta(seconds=0)}) as dag:
+    with DAG(
+        dag_id,
+        schedule=None,
+        start_date=START,
+        params=dict(PARAMS),
+        catchup=False,
+        default_args={"retries": retries, "retry_delay": timedelta(seconds=0)},
+    ) as dag:
         BatchInferenceOperator(
             task_id="infer",
             model="{{ params.model }}",
@@ -31,8 +37,9 @@ def _inference_dag(dag_id: str, mode: SaveMode, retries: int = 0, **operator_kwa
 bi_test_error_mode = _inference_dag("bi_test_error_mode", SaveMode.ERROR)
 bi_test_overwrite_retry = _inference_dag("bi_test_overwrite_retry", SaveMode.OVERWRITE, retries=1)
 bi_test_error_mode_retry = _inference_dag("bi_test_error_mode_retry", SaveMode.ERROR, retries=1)
-bi_test_ray_jobs_timeout = _inference_dag("bi_test_ray_jobs_timeout", SaveMode.ERROR, deferrable=True,
-                                          poll_interval=1, job_timeout=4)
+bi_test_ray_jobs_timeout = _inference_dag(
+    "bi_test_ray_jobs_timeout", SaveMode.ERROR, deferrable=True, poll_interval=1, job_timeout=4
+)
 
 with DAG("bi_test_sql_input", schedule=None, start_date=START, params={"out": ""}, catchup=False) as bi_test_sql_input:
     BatchInferenceOperator(
@@ -45,14 +52,19 @@ with DAG("bi_test_sql_input", schedule=None, start_date=START, params={"out": ""
         output_spec=OutputSpec(stage_location="{{ params.out }}"),
     )
 
-with DAG("bi_test_sensor_poke", schedule=None, start_date=START, params={"location": ""}, catchup=False) as bi_test_sensor_poke:
+with DAG(
+    "bi_test_sensor_poke", schedule=None, start_date=START, params={"location": ""}, catchup=False
+) as bi_test_sensor_poke:
     SuccessMarkerSensor(task_id="gate", location="{{ params.location }}", poke_interval=1, timeout=3)
 
-with DAG("bi_test_sensor_deferrable", schedule=None, start_date=START, params={"location": ""},
-         catchup=False) as bi_test_sensor_deferrable:
+with DAG(
+    "bi_test_sensor_deferrable", schedule=None, start_date=START, params={"location": ""}, catchup=False
+) as bi_test_sensor_deferrable:
     SuccessMarkerSensor(task_id="gate", location="{{ params.location }}", poke_interval=1, timeout=4, deferrable=True)
 
-with DAG("bi_test_base_location", schedule=None, start_date=START, params=dict(PARAMS), catchup=False) as bi_test_base_location:
+with DAG(
+    "bi_test_base_location", schedule=None, start_date=START, params=dict(PARAMS), catchup=False
+) as bi_test_base_location:
     BatchInferenceOperator(
         task_id="infer",
         model="{{ params.model }}",

@@ -15,8 +15,9 @@ model calls, so it pads less. A flavor whose ``TRANSFER_ROWS`` is 0 gets batches
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 Predictor = Callable[[Any, dict[str, Any]], dict[str, Any]]
 
@@ -35,8 +36,9 @@ def _module(flavor: str):
     return importlib.import_module(_MODULES[flavor])
 
 
-def load_predictor(model_dir: Path, manifest: dict[str, Any], device: str, threads: int,
-                   max_rows: int | None = None) -> Predictor:
+def load_predictor(
+    model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None
+) -> Predictor:
     return _module(manifest["flavor"]).load(model_dir, manifest, device=device, threads=threads, max_rows=max_rows)
 
 

@@ -61,17 +61,22 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         probs = []
         with torch.inference_mode():
             for i in range(0, len(images), step):
-                pixel = processor(images=images[i:i + step], return_tensors="pt")["pixel_values"].to(device)
+                pixel = processor(images=images[i : i + step], return_tensors="pt")["pixel_values"].to(device)
                 probs.append(model(pixel_values=pixel).logits.softmax(-1).float().cpu())
         p = torch.cat(probs) if probs else torch.zeros((0, len(labels)))
         score, best = p.max(-1)
-        out: dict[str, Any] = {"label": pa.array([labels[int(b)] for b in best], pa.string()),
-                               "score": pa.array(score.numpy(), pa.float32())}
+        out: dict[str, Any] = {
+            "label": pa.array([labels[int(b)] for b in best], pa.string()),
+            "score": pa.array(score.numpy(), pa.float32()),
+        }
         if "top_k" in outputs:
             k = max(1, min(top_k, p.shape[1]))
             vals, idx = p.topk(k, dim=-1)
             out["top_k"] = pa.array(
-                [[{"label": labels[int(j)], "score": float(v)} for v, j in zip(vr, ir)] for vr, ir in zip(vals, idx)],
+                [
+                    [{"label": labels[int(j)], "score": float(v)} for v, j in zip(vr, ir, strict=False)]
+                    for vr, ir in zip(vals, idx, strict=False)
+                ],
                 pa.list_(pa.struct([("label", pa.string()), ("score", pa.float32())])),
             )
         return {name: out[name] for name in outputs}

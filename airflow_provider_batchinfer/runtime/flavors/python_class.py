@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 TRANSFER_ROWS = 0  # predict() gets at most JobSpec.max_batch_rows rows, as the user sized it
 
 
@@ -38,7 +37,9 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         if hasattr(out, "to_dict") and hasattr(out, "columns"):
             return {str(c): out[c].to_numpy() for c in out.columns}
         if not isinstance(out, dict):
-            raise TypeError(f"{options['class']}.predict must return a DataFrame or a dict of columns, got {type(out).__name__}")
+            raise TypeError(
+                f"{options['class']}.predict must return a DataFrame or a dict of columns, got {type(out).__name__}"
+            )
         return out
 
     return predict

@@ -51,8 +51,10 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
             self.tok, self.prompt_len, self.stops = tok, prompt_len, stops
 
         def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            done = [any(s in self.tok.decode(row[self.prompt_len:], skip_special_tokens=True) for s in self.stops)
-                    for row in input_ids]
+            done = [
+                any(s in self.tok.decode(row[self.prompt_len :], skip_special_tokens=True) for s in self.stops)
+                for row in input_ids
+            ]
             return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
     path = str(model_dir / manifest["options"]["dir"])
@@ -70,8 +72,11 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
     def generate_one(messages: list[dict[str, Any]], sp: dict[str, Any]) -> dict[str, Any]:
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         ids = torch.tensor([list(prompt)], device=device)
-        kwargs: dict[str, Any] = {"max_new_tokens": sp["max_tokens"], "pad_token_id": pad,
-                                  "attention_mask": torch.ones_like(ids)}
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": sp["max_tokens"],
+            "pad_token_id": pad,
+            "attention_mask": torch.ones_like(ids),
+        }
         if float(sp["temperature"]) > 0:
             kwargs.update(do_sample=True, temperature=float(sp["temperature"]), top_p=float(sp["top_p"]))
         else:
@@ -82,7 +87,7 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
             torch.manual_seed(int(sp["seed"]))
         with torch.inference_mode():
             out = model.generate(ids, **kwargs)
-        generated = out[0, ids.shape[1]:].tolist()
+        generated = out[0, ids.shape[1] :].tolist()
         text = tokenizer.decode(generated, skip_special_tokens=True)
         stopped = bool(generated) and generated[-1] in eos_ids
         for stop in sp["stop"] or ():
@@ -94,10 +99,13 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
 
     def predict(inputs, params: dict[str, Any]) -> dict[str, Any]:
         rows = inputs.column(message_col).to_pylist()
-        overrides = (inputs.column("sampling_params").to_pylist() if "sampling_params" in inputs.column_names
-                     else [None] * len(rows))
+        overrides = (
+            inputs.column("sampling_params").to_pylist()
+            if "sampling_params" in inputs.column_names
+            else [None] * len(rows)
+        )
         results = []
-        for value, override in zip(rows, overrides):
+        for value, override in zip(rows, overrides, strict=False):
             messages = text_only(parse_messages(value, message_col), message_col, name)
             results.append(generate_one(messages, sampling_params(params, override)))
         return response_columns(results)

@@ -16,7 +16,9 @@ def _features(inputs) -> np.ndarray:
     import pyarrow as pa
 
     first = inputs.schema.field(0).type
-    if inputs.num_columns == 1 and (pa.types.is_list(first) or pa.types.is_large_list(first) or pa.types.is_fixed_size_list(first)):
+    if inputs.num_columns == 1 and (
+        pa.types.is_list(first) or pa.types.is_large_list(first) or pa.types.is_fixed_size_list(first)
+    ):
         col = inputs.column(0).combine_chunks()
         width = col.type.list_size if pa.types.is_fixed_size_list(col.type) else None
         flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
@@ -45,13 +47,13 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
             if len(x) <= step:
                 y = model(x)
             else:  # model calls of at most max_rows rows (JobSpec.max_batch_rows)
-                y = _concat([model(x[i:i + step]) for i in range(0, len(x), step)])
+                y = _concat([model(x[i : i + step]) for i in range(0, len(x), step)])
         if isinstance(y, dict):
             return {name: _to_numpy(y[name]) for name in outputs}
         if isinstance(y, (tuple, list)):
             if len(y) != len(outputs):
                 raise ValueError(f"model returned {len(y)} outputs but its signature names {outputs}")
-            return {name: _to_numpy(t) for name, t in zip(outputs, y)}
+            return {name: _to_numpy(t) for name, t in zip(outputs, y, strict=False)}
         if len(outputs) == 1:
             return {outputs[0]: _to_numpy(y)}
         arr = _to_numpy(y)
