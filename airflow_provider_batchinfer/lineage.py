@@ -101,8 +101,11 @@ def _sql_lineage(operator: BatchInferenceOperator) -> OperatorLineage:
     from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.sdk import BaseHook
 
-    job_facets = {"sql": SQLJobFacet(query=operator.sql)}
-    connection = BaseHook.get_connection(operator.conn_id)
+    sql, conn_id = operator.sql, operator.conn_id
+    if sql is None or conn_id is None:  # the operator refuses this combination at parse time
+        raise ValueError("an sql= input needs conn_id=")
+    job_facets = {"sql": SQLJobFacet(query=sql)}
+    connection = BaseHook.get_connection(conn_id)
     hook = connection.get_hook()
     get_info = getattr(hook, "get_openlineage_database_info", None)
     database_info = get_info(connection) if callable(get_info) else None
@@ -114,7 +117,7 @@ def _sql_lineage(operator: BatchInferenceOperator) -> OperatorLineage:
         dialect=hook.get_openlineage_database_dialect(connection), default_schema=hook.get_openlineage_default_schema()
     )
     parsed = parser.generate_openlineage_metadata_from_sql(
-        sql=operator.sql, hook=hook, database_info=database_info, sqlalchemy_engine=None, use_connection=False
+        sql=sql, hook=hook, database_info=database_info, sqlalchemy_engine=None, use_connection=False
     )
     return OperatorLineage(
         inputs=parsed.inputs, job_facets={**parsed.job_facets, **job_facets}, run_facets=parsed.run_facets

@@ -110,7 +110,7 @@ def hash_tree(root: Path) -> dict[str, dict[str, Any]]:
 def normalize_signature(signature: dict[str, Any] | None, flavor: str) -> dict[str, Any]:
     """``{"inputs": {col: dtype}, "outputs": {col: dtype}}``, ordered: the order of inputs is the
     order a tabular model stacks its features in."""
-    defaults = {
+    defaults: dict[str, dict[str, Any]] = {
         "sentence_transformers": {"inputs": {"text": "string"}, "outputs": {"embedding": "list<float32>"}},
         "python": {"inputs": {}, "outputs": {}},
         # messages: OpenAI chat messages (list of structs or JSON); sampling_params: optional per-row overrides

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -93,11 +93,11 @@ def credential_env(options: dict[str, Any] | None) -> dict[str, str]:
     return env
 
 
-def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def worker_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ``AWS_*`` variables of this process that Ray workers need to reach the same store: built
     from the runtime's own environment at ``ray.init`` time, never written to disk."""
-    environ = os.environ if environ is None else environ
-    return {k: environ[k] for k in WORKER_ENV if environ.get(k)}
+    source: Mapping[str, str] = os.environ if environ is None else environ
+    return {k: source[k] for k in WORKER_ENV if source.get(k)}
 
 
 def filesystem(options: dict[str, Any] | None = None) -> pafs.S3FileSystem:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from airflow_provider_batchinfer.contract import JobFailure
 
@@ -47,11 +47,11 @@ RUNTIME_MODULE = "airflow_provider_batchinfer.runtime"
 class TaskLog(Protocol):
     """What a launcher writes to: the task's logger (``logging.Logger`` or Airflow's)."""
 
-    def info(self, msg: str, *args: object) -> None: ...
+    def info(self, msg: str, /, *args: Any) -> object: ...
 
-    def warning(self, msg: str, *args: object) -> None: ...
+    def warning(self, msg: str, /, *args: Any) -> object: ...
 
-    def error(self, msg: str, *args: object) -> None: ...
+    def error(self, msg: str, /, *args: Any) -> object: ...
 
 
 class LaunchError(RuntimeError):

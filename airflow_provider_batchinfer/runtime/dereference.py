@@ -237,7 +237,7 @@ def dereference_messages(
                     data = read_location(url, roots, storage_options, column)
                     part["image_url"] = {
                         **(image if isinstance(image, dict) else {}),
-                        "url": encode(data, "data_url", url),
+                        "url": encode(data, "data_url", str(url)),
                     }
             elif part.get("type") == "input_audio":
                 audio = dict(part.get("input_audio") or {})

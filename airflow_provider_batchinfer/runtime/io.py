@@ -198,7 +198,7 @@ def make_datasink(
     """A ``ray.data.Datasink`` subclass instance; built lazily so importing this module needs no Ray."""
     from ray.data import Datasink
 
-    class _Sink(PartsDatasink, Datasink):  # type: ignore[misc]
+    class _Sink(PartsDatasink, Datasink):
         def on_write_complete(self, write_result: Any) -> None:
             self.record(e for returned in write_result.write_returns if returned for e in returned)
 

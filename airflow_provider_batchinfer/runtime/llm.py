@@ -109,7 +109,7 @@ def vllm_sampling_params(params: dict[str, Any]) -> dict[str, Any]:
     """Our checked sampling parameters as vLLM's ``SamplingParams`` fields."""
     # the processor's detokenize stage turns tokens into text; vLLM itself detokenizes only when it
     # must match stop strings (it refuses stop strings with detokenize=False)
-    out = {
+    out: dict[str, Any] = {
         "temperature": float(params["temperature"]),
         "top_p": float(params["top_p"]),
         "max_tokens": int(params["max_tokens"]),

@@ -54,6 +54,8 @@ class ModelReplica:
         # an object-store model is downloaded here, on the actor's node (once per node: a cache keyed
         # by sha256), not by the driver, whose node may hold no replica at all
         model_dir, manifest = fetch_version(model_uri, sha256, dict(storage_options) if storage_options else None)
+        if manifest is None:  # fetch_version re-hashes and returns it whenever verify=True (the default)
+            raise RuntimeError(f"model {model_uri} came back without its manifest; it cannot be loaded")
         verified = time.monotonic()
         # torch costs seconds to import: only flavors built on it pay for it (a plain Python model
         # that never touches torch starts without it)
