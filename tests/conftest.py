@@ -17,6 +17,17 @@ from pathlib import Path
 
 import pytest
 
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Fast unit tests first, then end-to-end runs (``slow``), then real Airflow services: a broken
+    contract or policy shows up in the first minute, not after the long scenarios."""
+
+    def rank(item: pytest.Item) -> int:
+        return 2 if item.get_closest_marker("services") else 1 if item.get_closest_marker("slow") else 0
+
+    items.sort(key=rank)  # stable: file order within each group
+
+
 REPO = Path(__file__).resolve().parents[1]
 _HOME = Path(tempfile.mkdtemp(prefix="batchinfer-airflow-"))
 _BUNDLES = [

@@ -518,8 +518,8 @@ def test_a_model_that_raises_names_its_error_the_batch_and_the_dead_letter_optio
     replica = _replica(registry, text_length_model, {"on_error": "fail", "id_column": "ticket_id"})
     with pytest.raises(
         ModelBatchError,
-        match=r"^model text_length/v1 raised ValueError: cannot score text 'boom' "
-        r"\(row 1 of the batch\) on the batch of 3 row\(s\) with ticket_id "
+        match=r"^ValueError: cannot score text 'boom' "
+        r"\(row 1 of the batch\), raised by model text_length/v1 on the batch of 3 row\(s\) with ticket_id "
         r"40\.\.42; nothing was committed\..*"
         r'JobSpec\(on_error="dead_letter"\) to isolate the failing rows',
     ):
@@ -527,7 +527,7 @@ def test_a_model_that_raises_names_its_error_the_batch_and_the_dead_letter_optio
     anonymous = _replica(registry, text_length_model, {"on_error": "fail"})
     with pytest.raises(
         ModelBatchError,
-        match=r"raised ValueError: cannot score text 'boom' .* on a batch of 3 row\(s\) "
+        match=r"^ValueError: cannot score text 'boom' .* on a batch of 3 row\(s\) "
         r"\(rows 0\.\.2 of the batch; set InputSpec\(id_column=\.\.\.\)",
     ):
         anonymous(batch)
@@ -577,7 +577,7 @@ def test_a_model_that_raises_fails_the_runtime_naming_the_batch_ids_and_commits_
     assert proc.returncode != 0 and isinstance(failure, JobFailure), proc.stdout[-3000:] + proc.stderr[-3000:]
     assert failure.type != "JobFailure" and not failure.permanent
     assert re.search(
-        r"model text_length/v1 raised ValueError: cannot score text 'boom' .* with ticket_id "
+        r"^ValueError: cannot score text 'boom' .*, raised by model text_length/v1 on .* with ticket_id "
         r"(\d+)\.\.(\d+); .*JobSpec\(on_error=\"dead_letter\"\)",
         failure.error,
     ), proc.stdout[-6000:]

@@ -86,12 +86,13 @@ def test_root_message_prefers_our_model_batch_error_in_a_ray_traceback():
     wrapped = UserCodeException(
         "ray::MapWorker(MapBatches(ModelReplica)).submit()\n"
         "ValueError: cannot score text 'boom' (row 3)\n\nThe above exception was the direct cause of the following "
-        "exception:\n\nairflow_provider_batchinfer.runtime.errors.ModelBatchError: model m/v1 raised ValueError: "
-        "cannot score text 'boom' (row 3) on the batch of 8 row(s) with id 0..7; nothing was committed\n"
+        "exception:\n\nairflow_provider_batchinfer.runtime.errors.ModelBatchError: ValueError: "
+        "cannot score text 'boom' (row 3), raised by model m/v1 on the batch of 8 row(s) with id 0..7; nothing "
+        "was committed\n"
         "ray.exceptions.UserCodeException: UDF failed to process a data block."
     )
     assert _root_message(wrapped) == (
-        "ModelBatchError: model m/v1 raised ValueError: cannot score text 'boom' (row 3) "
+        "ValueError: cannot score text 'boom' (row 3), raised by model m/v1 "
         "on the batch of 8 row(s) with id 0..7; nothing was committed"
     )
 

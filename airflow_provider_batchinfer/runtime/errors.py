@@ -28,7 +28,10 @@ class BadRowError(ValueError):
 
 class ModelBatchError(RuntimeError):
     """The model raised on a batch under ``on_error="fail"``: names the model's error, the batch's id
-    or row range, and how to isolate the failing rows instead (``on_error="dead_letter"``)."""
+    or row range, and how to isolate the failing rows instead (``on_error="dead_letter"``).
+
+    Its message starts with the model's own error (``ValueError: ...``), which is what a user greps
+    the log for; the reporting shows it without this class's name."""
 
 
 def batch_range(batch: Any, id_column: str | None) -> str:
@@ -50,7 +53,7 @@ def batch_range(batch: Any, id_column: str | None) -> str:
 def model_batch_error(model: str, exc: BaseException, batch: Any, id_column: str | None) -> ModelBatchError:
     """The error for a model that raised on ``batch``: one line, what the model said first."""
     return ModelBatchError(
-        f"model {model} raised {error_message(exc)} on {batch_range(batch, id_column)}; nothing was committed. "
+        f"{error_message(exc)}, raised by model {model} on {batch_range(batch, id_column)}; nothing was committed. "
         'Fix the rows or the model, or set JobSpec(on_error="dead_letter") to isolate the failing rows into '
         "_errors/ and commit the rest"
     )

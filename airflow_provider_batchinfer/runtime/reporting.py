@@ -76,6 +76,8 @@ def _root_message(exc: BaseException) -> str:
         lines = [line for line in _RAY_RETRY_NOTE.split(str(root))[0].strip().splitlines() if line.strip()]
         last = lines[-1].strip() if lines else ""
         name = type(root).__name__
+        if isinstance(root, ModelBatchError):  # its message starts with the model's own error
+            return last
         return last if last.startswith(name) else f"{name}: {last}" if last else name
     # Ray only carries the user's exception as text inside the wrapper's traceback: the first error
     # line is the innermost cause, unless one of ours (raised "from" it) follows
@@ -87,7 +89,7 @@ def _root_message(exc: BaseException) -> str:
     ]
     if found:
         name, msg = next((f for f in found if f[0] in _OURS_BY_NAME), found[0])
-        return f"{name}: {msg}"
+        return msg if name == ModelBatchError.__name__ else f"{name}: {msg}"
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[-1].strip() if lines else ''}"
 
