@@ -24,9 +24,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.s3 import is_s3, split_uri
-from airflow_provider_batchinfer.stage import Stage, join, read_valid_manifest
+from airflow_provider_batchinfer.stage import Stage, join
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage

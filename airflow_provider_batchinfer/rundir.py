@@ -32,8 +32,9 @@ from airflow_provider_batchinfer.contract import (
     ManifestError,
     RunOwner,
 )
+from airflow_provider_batchinfer.markers import validate_manifest
 from airflow_provider_batchinfer.specs import SaveMode
-from airflow_provider_batchinfer.stage import Stage, StageError, validate_manifest
+from airflow_provider_batchinfer.stage import Stage, StageError
 
 __all__ = [
     "FencedError",

@@ -20,7 +20,6 @@ import json
 import posixpath
 import re
 import uuid
-from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,8 +31,6 @@ from airflow_provider_batchinfer.contract import (
     JOB_SPEC_FILE,
     MANIFEST_FORMAT,
     SUCCESS_MARKER,
-    FileEntry,
-    Manifest,
     ManifestError,
     attempt_of,
     is_part_name,
@@ -42,7 +39,6 @@ from airflow_provider_batchinfer.contract import (
 )
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     import pyarrow.fs as pafs
 
 __all__ = [
@@ -56,19 +52,13 @@ __all__ = [
     "StageError",
     "attempt_of",
     "check_relative_path",
-    "committed_files",
-    "dead_letter_files",
-    "file_sha256",
     "is_part_name",
     "is_uri",
     "join",
     "new_attempt_id",
     "part_name",
-    "read_committed",
-    "read_valid_manifest",
     "resolve_location",
     "sanitize_run_key",
-    "validate_manifest",
 ]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -258,159 +248,23 @@ class Stage:
         return removed
 
 
-# --- the manifest against the files --------------------------------------------------------------------
-ManifestLike = Manifest | Mapping[str, Any]
-_CHUNK = 8 * 1024 * 1024
-_FORMAT_1 = "batchinfer.manifest/1"
+# reading and checking committed markers lives in markers.py; these names stay importable from here
+_MARKER_NAMES = frozenset(
+    {
+        "as_manifest",
+        "committed_files",
+        "dead_letter_files",
+        "file_sha256",
+        "read_committed",
+        "read_valid_manifest",
+        "validate_manifest",
+    }
+)
 
 
-def as_manifest(manifest: ManifestLike, where: str = "manifest") -> Manifest:
-    """A typed manifest from a :class:`Manifest` or its dict (an XCom value), validated on read."""
-    return manifest if isinstance(manifest, Manifest) else Manifest.from_dict(manifest, where)
+def __getattr__(name: str) -> Any:
+    if name in _MARKER_NAMES:
+        from airflow_provider_batchinfer import markers
 
-
-def file_sha256(stage: Stage) -> str:
-    """The sha256 of one file's bytes, read in chunks."""
-    digest = hashlib.sha256()
-    with stage._io("read"), stage.fs.open_input_stream(stage.path) as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _footer_rows(stage: Stage, size: int) -> int:
-    """Rows in a Parquet file's footer, read from its last bytes only (a ranged read on S3). A file
-    overwritten with anything but Parquet has no footer and raises ManifestError."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    tail = b""
-    if size >= 12:
-        with stage._io("read the Parquet footer of"), stage.fs.open_input_file(stage.path) as f:
-            end = f.read_at(8, size - 8)
-            length = int.from_bytes(end[:4], "little")
-            if end[4:] == b"PAR1" and 0 < length <= size - 12:
-                tail = f.read_at(length + 8, size - length - 8)
-    try:
-        if not tail:
-            raise ValueError("Parquet magic bytes or footer length not found at the end of the file")
-        return int(pq.read_metadata(pa.BufferReader(b"PAR1" + tail)).num_rows)
-    except (ValueError, OSError) as exc:
-        raise ManifestError(
-            f"{stage.location} is not a readable Parquet file ({exc}); it was overwritten or truncated after the "
-            f"commit. Do not use this output: re-run the task that wrote it"
-        ) from exc
-
-
-def _no_checksums(where: str, manifest: Manifest) -> ManifestError:
-    return ManifestError(
-        f"{where} is a {manifest.format} marker and records no checksums, so its files cannot be verified; read it "
-        "with verify_checksums=False, or re-run the task to write a marker with checksums"
-    )
-
-
-def _check_entry(run_dir: Stage, entry: FileEntry, present: dict[str, int], verify_checksums: bool) -> None:
-    check_relative_path(entry.name, "manifest file name")
-    location = f"{run_dir.location}/{entry.name}"
-    if entry.name not in present:
-        raise ManifestError(f"{location} is listed in {SUCCESS_MARKER} but missing")
-    if present[entry.name] != entry.size:
-        raise ManifestError(f"{location} is {present[entry.name]} bytes but {SUCCESS_MARKER} says {entry.size}")
-    part = run_dir.child(*entry.name.split("/"))
-    rows = _footer_rows(part, entry.size)
-    if rows != entry.rows:
-        raise ManifestError(f"{location} holds {rows} rows but {SUCCESS_MARKER} says {entry.rows}")
-    if verify_checksums:
-        if entry.sha256 is None:
-            raise ManifestError(f"{location} has no sha256 in {SUCCESS_MARKER}; it cannot be verified")
-        _compare_sha256(location, file_sha256(part), entry.sha256)
-
-
-def _compare_sha256(location: str, actual: str, expected: str) -> None:
-    if actual != expected:
-        raise ManifestError(
-            f"{location} does not match its sha256 in {SUCCESS_MARKER} (file {actual[:16]}…, manifest "
-            f"{expected[:16]}…): it changed after the commit. Do not use this output: re-run the task that wrote it"
-        )
-
-
-def validate_manifest(run_dir: Stage, manifest: ManifestLike, *, verify_checksums: bool = False) -> None:
-    """Check that a manifest describes the files beside it: its schema (``Manifest.from_dict``), its
-    counts, and for every listed file (outputs and dead letters) its name, size and Parquet footer
-    (row count); with ``verify_checksums`` also each file's sha256. Raises ManifestError naming the
-    first problem (a StageError for a name that climbs out of the run directory)."""
-    where = f"{run_dir.location}/{SUCCESS_MARKER}"
-    manifest = as_manifest(manifest, where)
-    manifest.check_counts(where)
-    if verify_checksums and manifest.format == _FORMAT_1:
-        raise _no_checksums(where, manifest)
-    present = dict(run_dir.list_files())
-    for entry in manifest.files + manifest.error_files:
-        _check_entry(run_dir, entry, present, verify_checksums)
-
-
-def read_valid_manifest(
-    location: str, storage_options: dict[str, Any] | None = None, *, verify_checksums: bool = False
-) -> Manifest | None:
-    """The validated manifest of a run directory, or None while it has no marker."""
-    run_dir = Stage.open(location, storage_options)
-    marker = run_dir.child(SUCCESS_MARKER)
-    if not marker.exists():
-        return None
-    manifest = Manifest.from_json(marker.read_bytes(), marker.location)
-    validate_manifest(run_dir, manifest, verify_checksums=verify_checksums)
-    return manifest
-
-
-def committed_files(manifest: ManifestLike) -> list[str]:
-    """Full locations of the files a manifest commits: what ``publish`` should read, and nothing else."""
-    m = as_manifest(manifest)
-    return [join(m.run_dir, *entry.name.split("/")) for entry in m.files]
-
-
-def dead_letter_files(manifest: ManifestLike) -> list[str]:
-    """Full locations of the dead-lettered rows a manifest lists (``_errors/``): ids + error message."""
-    m = as_manifest(manifest)
-    return [join(m.run_dir, *entry.name.split("/")) for entry in m.error_files]
-
-
-def read_committed(
-    manifest: ManifestLike,
-    storage_options: dict[str, Any] | None = None,
-    columns: list[str] | None = None,
-    verify_checksums: bool = True,
-) -> pa.Table:
-    """The committed predictions as one ``pyarrow.Table``: exactly the files the manifest lists, read
-    through the stage's own filesystem, so an ``s3://`` run directory on a custom endpoint (MinIO,
-    R2) reads with the connection's settings (``ModelServiceHook.read_committed`` passes them).
-
-    With ``verify_checksums`` (the default) each file is read once, hashed and parsed from the same
-    bytes, so what is returned is exactly what was committed; a file that changed raises
-    ManifestError. A format-1 manifest has no checksums: read it with ``verify_checksums=False``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    m = as_manifest(manifest)
-    run_dir = Stage.open(m.run_dir, storage_options)
-    if not m.files:
-        raise ManifestError(f"{run_dir.location}/{SUCCESS_MARKER} commits no files; there is nothing to read")
-    if verify_checksums and m.format == _FORMAT_1:
-        raise _no_checksums(f"{run_dir.location}/{SUCCESS_MARKER}", m)
-    tables = []
-    for entry in m.files:
-        check_relative_path(entry.name, "manifest file name")
-        data = run_dir.child(*entry.name.split("/")).read_bytes()
-        location = f"{run_dir.location}/{entry.name}"
-        if len(data) != entry.size:
-            raise ManifestError(f"{location} is {len(data)} bytes but {SUCCESS_MARKER} says {entry.size}")
-        if verify_checksums:
-            if entry.sha256 is None:
-                raise ManifestError(f"{location} has no sha256 in {SUCCESS_MARKER}; it cannot be verified")
-            _compare_sha256(location, hashlib.sha256(data).hexdigest(), entry.sha256)
-        try:
-            tables.append(pq.read_table(pa.BufferReader(data), columns=columns))
-        except (ValueError, OSError) as exc:
-            raise ManifestError(
-                f"{location} is not a readable Parquet file ({exc}); re-run the task that wrote it"
-            ) from exc
-    return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+        return getattr(markers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

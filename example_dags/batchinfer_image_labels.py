@@ -135,7 +135,8 @@ def batchinfer_image_labels():
 
         from airflow_provider_batchinfer import ModelServiceHook
         from airflow_provider_batchinfer.contract import Manifest
-        from airflow_provider_batchinfer.stage import Stage, committed_files, sanitize_run_key
+        from airflow_provider_batchinfer.markers import committed_files
+        from airflow_provider_batchinfer.stage import Stage, sanitize_run_key
 
         committed = Manifest.from_dict(manifest)  # the sensor's XCom: the manifest's dict
         table = pq.read_table(committed_files(committed))

@@ -54,7 +54,8 @@ def main() -> int:
         return code
     base = REPO / ".batchinfer" / "stage" / "embeddings" / "tickets"
     run_dir = max(base.iterdir(), key=lambda p: p.stat().st_mtime)
-    from airflow_provider_batchinfer.stage import SUCCESS_MARKER, read_valid_manifest
+    from airflow_provider_batchinfer.markers import read_valid_manifest
+    from airflow_provider_batchinfer.stage import SUCCESS_MARKER
 
     manifest = read_valid_manifest(str(run_dir))
     if manifest is None:

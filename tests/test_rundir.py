@@ -17,6 +17,7 @@ from airflow_provider_batchinfer.contract import (
     RunOwner,
     part_name,
 )
+from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.rundir import (
     FencedError,
     ForeignRunDirectoryError,
@@ -31,7 +32,7 @@ from airflow_provider_batchinfer.rundir import (
     read_claim,
 )
 from airflow_provider_batchinfer.specs import SaveMode
-from airflow_provider_batchinfer.stage import Stage, StageError, read_valid_manifest
+from airflow_provider_batchinfer.stage import Stage, StageError
 from tests.runs import MODEL, OWNER, committed_run, job_file, manifest_for, write_part
 
 SHA = MODEL.sha256

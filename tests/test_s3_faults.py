@@ -24,8 +24,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.s3 import S3StageError
-from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, Stage, read_valid_manifest
+from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, Stage
 from tests.conftest import BackgroundServer, _free_port
 from tests.s3_proxy import read_log
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_batchinfer.stage import SUCCESS_MARKER, ManifestError, read_committed
+from airflow_provider_batchinfer.markers import read_committed
+from airflow_provider_batchinfer.stage import SUCCESS_MARKER, ManifestError
 from tests.conftest import run_dag, xcom_value
 from tests.runs import committed_run, parquet_bytes
 

@@ -22,9 +22,10 @@ from airflow_provider_batchinfer.hooks.service_config import (
     embedded_home,
 )
 from airflow_provider_batchinfer.launchers import LAUNCHER_NAMES, launcher_class
+from airflow_provider_batchinfer.markers import read_committed
 from airflow_provider_batchinfer.registry import ModelRegistry, ModelVersion, verify_local_copy
 from airflow_provider_batchinfer.s3 import DEFAULT_MAX_ATTEMPTS, credential_env, public_options
-from airflow_provider_batchinfer.stage import Stage, read_committed, resolve_location
+from airflow_provider_batchinfer.stage import Stage, resolve_location
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection

@@ -39,12 +39,13 @@ from airflow_provider_batchinfer.inputs import InputError, list_input_files
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
 from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
+from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.operators.errors import airflow_error, check_arguments, fail_on_s3_errors
 from airflow_provider_batchinfer.operators.materialize import materialize_sql
 from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.s3 import check_bucket, is_s3
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec
-from airflow_provider_batchinfer.stage import Stage, StageError, join, read_valid_manifest, sanitize_run_key
+from airflow_provider_batchinfer.stage import Stage, StageError, join, sanitize_run_key
 from airflow_provider_batchinfer.triggers.base import WatchStatus, validate_event
 
 if TYPE_CHECKING:

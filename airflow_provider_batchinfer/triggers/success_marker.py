@@ -14,8 +14,9 @@ from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
+from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.s3 import is_s3
-from airflow_provider_batchinfer.stage import ManifestError, StageError, read_valid_manifest
+from airflow_provider_batchinfer.stage import ManifestError, StageError
 from airflow_provider_batchinfer.triggers.base import WatchStatus, WatchTrigger, make_event
 
 

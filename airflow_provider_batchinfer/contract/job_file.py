@@ -1,0 +1,109 @@
+"""The job file (``_job.json``): what the operator resolved for one attempt, the runtime's only input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_batchinfer.contract._fields import _get, _opt, _strings
+from airflow_provider_batchinfer.contract.layout import JOB_FORMAT, JOB_SPEC_FILE, ContractError
+from airflow_provider_batchinfer.contract.records import ModelRef, RunOwner
+from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """Everything one attempt of a job needs, resolved by the operator (``_job.json``).
+
+    Writing it claims the run directory for this attempt: a zombie attempt whose ``attempt`` no
+    longer matches the file must not commit (the fence). It holds no credentials: those reach the
+    runtime through its environment."""
+
+    job_id: str
+    attempt: str
+    launcher: str
+    run_dir: str
+    input_locations: tuple[str, ...]
+    input_spec: InputSpec
+    job_spec: JobSpec
+    model: ModelRef
+    registry_root: str
+    airflow: RunOwner
+    file_roots: tuple[str, ...] = ()
+    llm_engine: str | None = None
+    ray_address: str | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    resume: bool = False
+    submission_id: str | None = None
+    format: str = JOB_FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "launcher": self.launcher,
+            "run_dir": self.run_dir,
+            "input": {"locations": list(self.input_locations)},
+            "input_spec": self.input_spec.to_dict(),
+            "job_spec": self.job_spec.to_dict(),
+            "model": self.model.to_dict(),
+            "registry_root": self.registry_root,
+            "file_roots": list(self.file_roots),
+            "llm_engine": self.llm_engine,
+            "airflow": self.airflow.to_dict(),
+            "ray": {"address": self.ray_address},
+            "storage_options": dict(self.storage_options),
+            "resume": self.resume,
+            "submission_id": self.submission_id,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = JOB_SPEC_FILE) -> JobFile:
+        err = ContractError
+        fmt = _get(data, "format", str, where, err)
+        if fmt != JOB_FORMAT:
+            raise err(f"{where} is a {fmt!r} job file; this version of the provider reads {JOB_FORMAT!r}")
+        from airflow_provider_batchinfer.specs import SpecError
+
+        try:
+            input_spec = InputSpec.from_dict(_get(data, "input_spec", dict, where, err))
+            job_spec = JobSpec.from_dict(_get(data, "job_spec", dict, where, err))
+        except SpecError as exc:
+            raise err(f"{where}: {exc}") from exc
+        ray = _opt(data, "ray", dict, where, err, {})
+        return cls(
+            job_id=_get(data, "job_id", str, where, err),
+            attempt=_get(data, "attempt", str, where, err),
+            launcher=_get(data, "launcher", str, where, err),
+            run_dir=_get(data, "run_dir", str, where, err),
+            input_locations=_strings(
+                _get(_get(data, "input", dict, where, err), "locations", list, f"{where}.input", err),
+                f"{where}.input.locations",
+                err,
+            ),
+            input_spec=input_spec,
+            job_spec=job_spec,
+            model=ModelRef.from_dict(_get(data, "model", dict, where, err), f"{where}.model"),
+            registry_root=_get(data, "registry_root", str, where, err),
+            airflow=RunOwner.from_dict(_get(data, "airflow", dict, where, err), f"{where}.airflow"),
+            file_roots=_strings(_opt(data, "file_roots", list, where, err, []), f"{where}.file_roots", err),
+            llm_engine=_opt(data, "llm_engine", str, where, err),
+            ray_address=_opt(ray, "address", str, f"{where}.ray", err),
+            storage_options=_opt(data, "storage_options", dict, where, err, {}),
+            resume=bool(_opt(data, "resume", bool, where, err, False)),
+            submission_id=_opt(data, "submission_id", str, where, err),
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str = JOB_SPEC_FILE) -> JobFile:
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ContractError(f"{where} is not valid JSON: {exc}") from exc
+        return cls.from_dict(data, where)

@@ -1,0 +1,243 @@
+"""The ``_SUCCESS`` manifest: what a run committed, the one schema every reader validates with."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_batchinfer.contract._fields import _get, _opt, _strings
+from airflow_provider_batchinfer.contract.layout import (
+    MANIFEST_FORMAT,
+    READABLE_MANIFEST_FORMATS,
+    SUCCESS_MARKER,
+    ManifestError,
+)
+from airflow_provider_batchinfer.contract.records import ModelRef, RunOwner
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One committed file: name relative to the run directory, bytes, rows, and the sha256 of its
+    bytes computed while it was written (``None`` only in format-1 markers)."""
+
+    name: str
+    size: int
+    rows: int
+    sha256: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "size": self.size, "rows": self.rows}
+        if self.sha256 is not None:
+            out["sha256"] = self.sha256
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str, need_checksum: bool = True) -> FileEntry:
+        err = ManifestError
+        name = _get(data, "name", str, where, err)
+        if not name or name.startswith("/") or ".." in name.replace("\\", "/").split("/"):
+            raise err(f"{where}.name={name!r} must be a path inside the run directory (no '..', not absolute)")
+        size, rows = _get(data, "size", int, where, err), _get(data, "rows", int, where, err)
+        if size < 0 or rows < 0:
+            raise err(f"{where}: size and rows must be >= 0, got {size} and {rows}")
+        sha = _get(data, "sha256", str, where, err) if need_checksum else _opt(data, "sha256", str, where, err)
+        if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise err(f"{where}.sha256 must be 64 lowercase hex digits, got {sha!r:.80}")
+        return cls(name=name, size=size, rows=rows, sha256=sha)
+
+
+@dataclass(frozen=True)
+class Counts:
+    input_rows: int
+    output_rows: int
+    error_rows: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"input_rows": self.input_rows, "output_rows": self.output_rows, "error_rows": self.error_rows}
+
+
+@dataclass(frozen=True)
+class ResumeInfo:
+    resumed: bool = False
+    kept_files: int = 0
+    kept_rows: int = 0
+    processed_rows: int = 0
+    removed_files: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "resumed": self.resumed,
+            "kept_files": self.kept_files,
+            "kept_rows": self.kept_rows,
+            "processed_rows": self.processed_rows,
+            "removed_files": list(self.removed_files),
+        }
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """Which job and attempt committed the directory, on which launcher, with how many replicas."""
+
+    id: str
+    attempt: str
+    launcher: str = "local"
+    replicas: int = 1
+    device: str = "cpu"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "attempt": self.attempt,
+            "launcher": self.launcher,
+            "replicas": self.replicas,
+            "device": self.device,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The ``_SUCCESS`` marker: written last, lists every committed file with its size, rows and
+    checksum; readers trust only listed files. ``from_dict`` checks the schema and that the counts
+    reconcile; checking the files themselves is the stage's job (``stage.validate_manifest``)."""
+
+    run_dir: str
+    files: tuple[FileEntry, ...]
+    counts: Counts
+    model: ModelRef
+    job: JobRecord
+    input_locations: tuple[str, ...]
+    input_files: tuple[str, ...]
+    error_files: tuple[FileEntry, ...] = ()
+    airflow: RunOwner | None = None
+    passthrough_columns: tuple[str, ...] = ()
+    output_columns: tuple[str, ...] = ()
+    on_error: str = "fail"
+    max_error_fraction: float = 0.0
+    resume: ResumeInfo = field(default_factory=ResumeInfo)
+    started_at: str = ""
+    finished_at: str = ""
+    timings: Mapping[str, float | None] = field(default_factory=dict)
+    format: str = MANIFEST_FORMAT
+
+    @property
+    def file_names(self) -> list[str]:
+        return [f.name for f in self.files]
+
+    @property
+    def error_file_names(self) -> list[str]:
+        return [f.name for f in self.error_files]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "run_dir": self.run_dir,
+            "files": [f.to_dict() for f in self.files],
+            "error_files": [f.to_dict() for f in self.error_files],
+            "counts": self.counts.to_dict(),
+            "error_policy": {"on_error": self.on_error, "max_error_fraction": self.max_error_fraction},
+            "resume": self.resume.to_dict(),
+            "columns": {"passthrough": list(self.passthrough_columns), "outputs": list(self.output_columns)},
+            "model": self.model.without_signature().to_dict(),
+            "input": {"locations": list(self.input_locations), "files": list(self.input_files)},
+            "job": self.job.to_dict(),
+            "airflow": self.airflow.to_dict() if self.airflow else {},
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "timings": dict(self.timings),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = SUCCESS_MARKER) -> Manifest:
+        err = ManifestError
+        fmt = _get(data, "format", str, where, err)
+        if fmt not in READABLE_MANIFEST_FORMATS:
+            raise err(f"{where} is not a batchinfer manifest (format {fmt!r}; readable: {READABLE_MANIFEST_FORMATS})")
+        checksums = fmt != "batchinfer.manifest/1"
+        files = tuple(
+            FileEntry.from_dict(e, f"{where}.files[{i}]", checksums)
+            for i, e in enumerate(_get(data, "files", list, where, err))
+        )
+        errors = tuple(
+            FileEntry.from_dict(e, f"{where}.error_files[{i}]", checksums)
+            for i, e in enumerate(_opt(data, "error_files", list, where, err, []))
+        )
+        c = _get(data, "counts", dict, where, err)
+        counts = Counts(
+            _get(c, "input_rows", int, f"{where}.counts", err),
+            _get(c, "output_rows", int, f"{where}.counts", err),
+            _opt(c, "error_rows", int, f"{where}.counts", err, 0),
+        )
+        job = _get(data, "job", dict, where, err)
+        inputs = _get(data, "input", dict, where, err)
+        columns = _opt(data, "columns", dict, where, err, {})
+        policy = _opt(data, "error_policy", dict, where, err, {})
+        resume = _opt(data, "resume", dict, where, err, {})
+        airflow = _opt(data, "airflow", dict, where, err, {})
+        manifest = cls(
+            format=fmt,
+            run_dir=_get(data, "run_dir", str, where, err),
+            files=files,
+            error_files=errors,
+            counts=counts,
+            model=ModelRef.from_dict(_get(data, "model", dict, where, err), f"{where}.model", err),
+            job=JobRecord(
+                id=_get(job, "id", str, f"{where}.job", err),
+                attempt=_get(job, "attempt", str, f"{where}.job", err),
+                launcher=_opt(job, "launcher", str, f"{where}.job", err, "local"),
+                replicas=_opt(job, "replicas", int, f"{where}.job", err, 1),
+                device=_opt(job, "device", str, f"{where}.job", err, "cpu"),
+            ),
+            input_locations=_strings(
+                _get(inputs, "locations", list, f"{where}.input", err), f"{where}.input.locations", err
+            ),
+            input_files=_strings(_get(inputs, "files", list, f"{where}.input", err), f"{where}.input.files", err),
+            airflow=RunOwner.from_dict(airflow, f"{where}.airflow", err) if airflow else None,
+            passthrough_columns=_strings(columns.get("passthrough", []), f"{where}.columns.passthrough", err),
+            output_columns=_strings(columns.get("outputs", []), f"{where}.columns.outputs", err),
+            on_error=_opt(policy, "on_error", str, f"{where}.error_policy", err, "fail"),
+            max_error_fraction=float(
+                _opt(policy, "max_error_fraction", (int, float), f"{where}.error_policy", err, 0.0)
+            ),
+            resume=ResumeInfo(
+                resumed=bool(resume.get("resumed", False)),
+                kept_files=int(resume.get("kept_files", 0)),
+                kept_rows=int(resume.get("kept_rows", 0)),
+                processed_rows=int(resume.get("processed_rows", 0)),
+                removed_files=tuple(resume.get("removed_files", [])),
+            ),
+            started_at=_opt(data, "started_at", str, where, err, ""),
+            finished_at=_opt(data, "finished_at", str, where, err, ""),
+            timings=_opt(data, "timings", dict, where, err, {}),
+        )
+        manifest.check_counts(where)
+        return manifest
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str = SUCCESS_MARKER) -> Manifest:
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"{where} is not valid JSON: {exc}") from exc
+        return cls.from_dict(data, where)
+
+    def check_counts(self, where: str = SUCCESS_MARKER) -> None:
+        """The counts reconcile: listed rows match the counts, and input = output + dead-lettered."""
+        for key, entries, count in (
+            ("files", self.files, self.counts.output_rows),
+            ("error_files", self.error_files, self.counts.error_rows),
+        ):
+            listed = sum(e.rows for e in entries)
+            if listed != count:
+                which = "output_rows" if key == "files" else "error_rows"
+                raise ManifestError(f"{where}: {key} hold {listed} rows but {which} is {count}")
+        c = self.counts
+        if c.input_rows != c.output_rows + c.error_rows:
+            raise ManifestError(
+                f"{where}: input_rows {c.input_rows} != output_rows {c.output_rows} + error_rows {c.error_rows}"
+            )

@@ -1,0 +1,266 @@
+"""ModelRegistry: log, list, resolve and check versions under one registry root."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_batchinfer.registry.artifacts import _python_class_source, _stage_pretrained, normalize_signature
+from airflow_provider_batchinfer.registry.fetch import (
+    fetch_version,
+)
+from airflow_provider_batchinfer.registry.versions import (
+    FLAVORS,
+    MODEL_MANIFEST,
+    PRETRAINED_FLAVORS,
+    REGISTRY_FORMAT,
+    ModelNotFoundError,
+    ModelVersion,
+    ModelVersionExistsError,
+    RegistryError,
+    TamperedModelError,
+    check_name,
+    hash_tree,
+    tree_digest,
+)
+from airflow_provider_batchinfer.stage import Stage, join
+
+
+class ModelRegistry:
+    """Log, list, resolve and verify model versions under one root location."""
+
+    def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.root = root.rstrip("/")
+        self.storage_options = storage_options
+
+    def _stage(self, *parts: str) -> Stage:
+        return Stage.open(join(self.root, *parts), self.storage_options)
+
+    # --- reading -----------------------------------------------------------------------------------
+    def list_versions(self, name: str) -> list[str]:
+        check_name(name, "name")
+        files = self._stage(name).list_files(recursive=True)
+        return sorted({rel.split("/")[0] for rel, _ in files if rel.endswith("/" + MODEL_MANIFEST)})
+
+    def list_models(self) -> list[str]:
+        files = Stage.open(self.root, self.storage_options).list_files(recursive=True)
+        return sorted({rel.split("/")[0] for rel, _ in files if rel.count("/") == 2 and rel.endswith(MODEL_MANIFEST)})
+
+    def read_manifest(self, name: str, version: str) -> dict[str, Any]:
+        check_name(name, "name")
+        check_name(version, "version")
+        marker = self._stage(name, version, MODEL_MANIFEST)
+        if not marker.exists():
+            known = self.list_versions(name)
+            if known:
+                hint = f"known versions of {name!r}: {', '.join(known)}"
+            else:
+                models = self.list_models()
+                hint = (
+                    f"known models: {', '.join(models) if models else 'none'}; log it with ModelServiceHook.log_model"
+                )
+            raise ModelNotFoundError(
+                f"model {name!r} version {version!r} is not in the registry at {self.root} ({hint})"
+            )
+        manifest = marker.read_json()
+        if manifest.get("format") != REGISTRY_FORMAT:
+            raise RegistryError(f"{marker.location} is not a {REGISTRY_FORMAT} manifest")
+        return manifest
+
+    def get(self, name: str, version: str) -> ModelVersion:
+        m = self.read_manifest(name, version)
+        return ModelVersion(
+            name=name,
+            version=version,
+            flavor=m["flavor"],
+            uri=join(self.root, name, version),
+            sha256=m["sha256"],
+            signature=m["signature"],
+        )
+
+    # --- writing -----------------------------------------------------------------------------------
+    def log_model(
+        self,
+        name: str,
+        version: str | None,
+        flavor: str,
+        artifact: Any = None,
+        *,
+        signature: dict[str, Any] | None = None,
+        python_class: Any = None,
+        code_paths: list[str] | None = None,
+        description: str = "",
+        if_exists: str = "error",
+    ) -> ModelVersion:
+        """Write a new immutable version and return it.
+
+        ``artifact``: a TorchScript module or ``.pt`` file (``torchscript``), a SentenceTransformer or
+        its saved directory (``sentence_transformers``), or any file/directory handed to
+        ``python_class.load(path)`` (``python``). ``version=None`` names the version after its content
+        (``sha-<12 hex>``), so logging the same bytes twice yields the same version.
+        ``if_exists="reuse"`` returns an existing version when its content is identical; a
+        different content under an existing version is always refused.
+        """
+        check_name(name, "name")
+        if flavor not in FLAVORS:
+            raise RegistryError(f"unknown flavor {flavor!r}; supported flavors: {', '.join(FLAVORS)}")
+        if if_exists not in ("error", "reuse"):
+            raise RegistryError(f"if_exists must be 'error' or 'reuse', got {if_exists!r}")
+        sig = normalize_signature(signature, flavor)
+        with tempfile.TemporaryDirectory(prefix="batchinfer-log-") as tmp:
+            staging = Path(tmp)
+            options = self._stage_artifact(staging, flavor, artifact, python_class, code_paths)
+            files = hash_tree(staging)
+            if not files:
+                raise RegistryError(f"model {name!r}: the artifact holds no files")
+            digest = tree_digest(files)
+            version = version if version is not None else f"sha-{digest[:12]}"
+            check_name(version, "version")
+            manifest = {
+                "format": REGISTRY_FORMAT,
+                "name": name,
+                "version": version,
+                "flavor": flavor,
+                "signature": sig,
+                "options": options,
+                "files": files,
+                "sha256": digest,
+                "description": description,
+                "created_at": datetime.now(timezone.utc).isoformat(),
+            }
+            target = self._stage(name, version)
+            marker = target.child(MODEL_MANIFEST)
+            if marker.exists():
+                existing = marker.read_json()
+                if if_exists == "reuse" and existing.get("sha256") == digest:
+                    return self.get(name, version)
+                same = " (same content; pass if_exists='reuse' to use it)" if existing.get("sha256") == digest else ""
+                raise ModelVersionExistsError(
+                    f"model {name!r} version {version!r} already exists at {target.location}{same}; versions are "
+                    "immutable: log the new model under a new version"
+                )
+            if target.exists():
+                target.clear_run_directory()  # leftovers of a log that died before its manifest
+            for rel in files:
+                src = staging / rel
+                target.child(*rel.split("/")).write_bytes(src.read_bytes())
+            marker.write_json(manifest)
+        return self.get(name, version)
+
+    @staticmethod
+    def _stage_artifact(
+        staging: Path, flavor: str, artifact: Any, python_class: Any, code_paths: list[str] | None
+    ) -> dict[str, Any]:
+        art = staging / "artifact"
+        options: dict[str, Any] = {}
+        if flavor == "torchscript":
+            if artifact is None:
+                raise RegistryError("a torchscript model needs artifact=<ScriptModule or path to a .pt file>")
+            art.mkdir()
+            if isinstance(artifact, (str, os.PathLike)):
+                shutil.copyfile(artifact, art / "model.pt")
+            else:
+                import torch
+
+                if not isinstance(artifact, torch.jit.ScriptModule):
+                    raise RegistryError(
+                        f"a torchscript artifact must be a torch.jit.ScriptModule (torch.jit.script(model)) or a "
+                        f"path, got {type(artifact).__name__}"
+                    )
+                torch.jit.save(artifact, str(art / "model.pt"))
+            options["file"] = "artifact/model.pt"
+        elif flavor == "sentence_transformers":
+            if artifact is None:
+                raise RegistryError(
+                    "a sentence_transformers model needs artifact=<SentenceTransformer or its directory>"
+                )
+            if isinstance(artifact, (str, os.PathLike)):
+                if not Path(artifact).is_dir():
+                    raise RegistryError(f"sentence_transformers artifact {artifact!s} is not a directory")
+                shutil.copytree(artifact, art, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                artifact.save(str(art))
+            options["dir"] = "artifact"
+        elif flavor in PRETRAINED_FLAVORS:
+            _stage_pretrained(art, flavor, artifact)
+            options["dir"] = "artifact"
+        elif flavor == "python":
+            if python_class is None:
+                raise RegistryError("a python model needs python_class=<class with load(path) and predict(batch)>")
+            module, qualname, paths = _python_class_source(python_class, code_paths)
+            code = staging / "code"
+            code.mkdir()
+            for p in paths:
+                src = Path(p)
+                if src.is_dir():
+                    shutil.copytree(src, code / src.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                elif src.is_file():
+                    shutil.copyfile(src, code / src.name)
+                else:
+                    raise RegistryError(f"code path {p} does not exist")
+            options.update({"module": module, "class": qualname, "code_dir": "code"})
+            if artifact is not None:
+                src = Path(artifact)
+                if src.is_dir():
+                    shutil.copytree(src, art)
+                elif src.is_file():
+                    art.mkdir()
+                    shutil.copyfile(src, art / src.name)
+                    options["artifact_file"] = src.name
+                else:
+                    raise RegistryError(f"python model artifact {artifact} does not exist")
+                options["artifact"] = "artifact"
+        return options
+
+    # --- verification --------------------------------------------------------------------------------
+    @property
+    def is_local(self) -> bool:
+        import pyarrow.fs as pafs
+
+        return isinstance(Stage.open(self.root, self.storage_options).fs, pafs.LocalFileSystem)
+
+    def local_copy(self, name: str, version: str, cache_dir: str | None = None) -> Path:
+        """A local directory holding the version's files: the registry itself when it is local, else
+        a node-local cache keyed by content hash (see :func:`fetch_version`). Not verified."""
+        check_name(name, "name")
+        check_name(version, "version")
+        sha256 = self.read_manifest(name, version)["sha256"]
+        return fetch_version(join(self.root, name, version), sha256, self.storage_options, cache_dir, verify=False)[0]
+
+    def check_listing(self, name: str, version: str, expected_sha256: str | None = None) -> dict[str, Any]:
+        """Check a remote version without downloading it: every file its manifest records is there
+        with its recorded size, nothing was added, and the manifest's digest matches its per-file
+        hashes and the pinned one. What no listing can see (same-size content changes) is caught
+        where the files are read: every Ray actor re-hashes its copy before loading it.
+
+        This is how the Airflow side vets an object-store model: a multi-GB model is never pulled
+        onto an Airflow worker just to be hashed."""
+        manifest = self.read_manifest(name, version)
+        where = self._stage(name, version)
+        present = {rel: size for rel, size in where.list_files() if rel != MODEL_MANIFEST}
+        recorded = manifest["files"]
+        for rel in sorted(set(recorded) | set(present)):
+            if rel not in present:
+                raise TamperedModelError(
+                    f"model file {where.location}/{rel} was removed after the model was logged; re-log the model"
+                )
+            if rel not in recorded:
+                raise TamperedModelError(
+                    f"model file {where.location}/{rel} was added after the model was logged; re-log the model"
+                )
+            if present[rel] != recorded[rel]["size"]:
+                raise TamperedModelError(
+                    f"model file {where.location}/{rel} is {present[rel]} bytes but was {recorded[rel]['size']} when "
+                    "logged: it changed after the model was logged; refusing to use it"
+                )
+        digest = tree_digest(recorded)
+        if digest != manifest["sha256"] or (expected_sha256 and digest != expected_sha256):
+            raise TamperedModelError(
+                f"model at {where.location}: its {MODEL_MANIFEST} was edited (digest {digest[:12]}… "
+                f"but {expected_sha256 or manifest['sha256']} was pinned); refusing to use it"
+            )
+        return manifest

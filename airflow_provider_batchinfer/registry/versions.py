@@ -1,0 +1,94 @@
+"""What a model version is: its names, its errors, and the hashes that pin it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_batchinfer.stage import StageError
+
+MODEL_MANIFEST = "MODEL.json"
+REGISTRY_FORMAT = "batchinfer.model/1"
+FLAVORS = ("torchscript", "sentence_transformers", "python", "text_generation", "image_classification")
+# flavors whose artifact is a transformers save_pretrained directory (model + tokenizer/processor)
+PRETRAINED_FLAVORS = ("text_generation", "image_classification")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class RegistryError(StageError):
+    """A model or version that cannot be logged or used; the message says what to do."""
+
+
+class ModelNotFoundError(RegistryError):
+    pass
+
+
+class ModelVersionExistsError(RegistryError):
+    pass
+
+
+class TamperedModelError(RegistryError):
+    """The files of a logged version no longer match the hashes recorded when it was logged."""
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """A resolved, pinned model version: what the job spec carries to the Ray side."""
+
+    name: str
+    version: str
+    flavor: str
+    uri: str
+    sha256: str
+    signature: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "flavor": self.flavor,
+            "uri": self.uri,
+            "sha256": self.sha256,
+            "signature": self.signature,
+        }
+
+
+def check_name(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise RegistryError(
+            f"model {what} {value!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit"
+        )
+    return value
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tree_digest(files: dict[str, dict[str, Any]]) -> str:
+    """One sha256 for a version: over the sorted (path, file sha256) pairs, so renaming, adding or
+    changing any file changes it."""
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(f"{rel}\t{files[rel]['sha256']}\n".encode())
+    return h.hexdigest()
+
+
+def hash_tree(root: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            rel = path.relative_to(root).as_posix()
+            if rel == MODEL_MANIFEST:
+                continue
+            out[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    return out
