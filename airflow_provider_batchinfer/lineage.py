@@ -32,6 +32,7 @@ from airflow_provider_batchinfer.stage import Stage, join
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
 
+    from airflow_provider_batchinfer.contract import Manifest
     from airflow_provider_batchinfer.operators.batch_inference import BatchInferenceOperator
 
 RUN_FACET = "batchinference"
@@ -125,6 +126,76 @@ def _sql_lineage(operator: BatchInferenceOperator) -> OperatorLineage:
     )
 
 
+def _model_record(operator: BatchInferenceOperator, manifest: Manifest | None) -> dict[str, Any]:
+    """The model: from the manifest when committed, else from the registry (no re-hash: lineage
+    only; a version the registry does not know still leaves the task's other datasets to report)."""
+    if manifest is not None:
+        return manifest.model.without_signature().to_dict()
+    try:
+        mv = operator.hook.get_model(operator.model, operator.version, verify=False)
+    except RegistryError:
+        return {"name": operator.model, "version": operator.version}
+    return {
+        "name": mv.name,
+        "version": mv.version,
+        "flavor": mv.flavor,
+        "sha256": mv.sha256,
+        "uri": mv.uri,
+        "signature": mv.signature,
+    }
+
+
+def _input_datasets(operator: BatchInferenceOperator, manifest: Manifest | None) -> list[Any]:
+    """One dataset per input location, with its schema and statistics once a manifest lists its files."""
+    from airflow.providers.common.compat.openlineage.facet import InputDataset
+    from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
+
+    if operator.input is None:
+        return []
+    hook = operator.hook
+    raw = [operator.input] if isinstance(operator.input, str) else list(operator.input)
+    locations = [hook.resolve_location(loc) for loc in raw]
+    input_files = list(manifest.input_files) if manifest else []
+    datasets = []
+    for loc in locations:
+        namespace, name = dataset_name(loc)
+        facets: dict[str, Any] = {}
+        input_facets: dict[str, Any] = {}
+        if manifest is not None and input_files:
+            mine = [f for f in input_files if f == loc or f.startswith(loc.rstrip("/") + "/")]
+            if mine:
+                facets["schema"] = _schema_facet(_parquet_fields(mine[0], hook.storage_options))
+                input_facets["inputStatistics"] = InputStatisticsInputDatasetFacet(fileCount=len(mine))
+        if manifest is not None and len(locations) == 1:
+            input_facets.setdefault("inputStatistics", InputStatisticsInputDatasetFacet())
+            input_facets["inputStatistics"].rowCount = manifest.counts.input_rows
+        datasets.append(InputDataset(namespace=namespace, name=name, facets=facets, inputFacets=input_facets))
+    return datasets
+
+
+def _output_dataset(location: str, manifest: Manifest | None, signature: dict[str, Any], storage: Any) -> Any:
+    """The run directory, with statistics and the written schema once committed; before the job,
+    the model's outputs (the passthrough columns are known once it ran)."""
+    from airflow.providers.common.compat.openlineage.facet import OutputDataset
+    from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
+
+    namespace, name = dataset_name(location)
+    facets: dict[str, Any] = {}
+    output_facets: dict[str, Any] = {}
+    if manifest is not None:
+        files = manifest.files
+        if files:
+            facets = {"schema": _schema_facet(_parquet_fields(join(location, files[0].name), storage))}
+        output_facets = {
+            "outputStatistics": OutputStatisticsOutputDatasetFacet(
+                rowCount=manifest.counts.output_rows, size=sum(f.size for f in files), fileCount=len(files)
+            )
+        }
+    elif signature.get("outputs"):
+        facets = {"schema": _schema_facet(list(signature["outputs"].items()))}
+    return OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=output_facets)
+
+
 def operator_lineage(
     operator: BatchInferenceOperator, task_instance: Any = None, committed: bool = True
 ) -> OperatorLineage:
@@ -136,10 +207,8 @@ def operator_lineage(
     statistics and exact schemas. A failed task never reads the manifest: one still there belongs to
     an earlier run (``SaveMode.ERROR`` refused to touch it).
     """
-    from airflow.providers.common.compat.openlineage.facet import InputDataset, OutputDataset
+    from airflow.providers.common.compat.openlineage.facet import InputDataset
     from airflow.providers.openlineage.extractors import OperatorLineage
-    from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
-    from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
 
     hook = operator.hook
     storage = hook.storage_options
@@ -149,70 +218,15 @@ def operator_lineage(
     elif operator.stage_location:
         location = hook.resolve_location(operator.stage_location)
     manifest = read_valid_manifest(location, storage) if location and committed and task_instance is not None else None
-
-    # the model: from the manifest when committed, else from the registry (no re-hash: lineage only;
-    # a version the registry does not know still leaves the task's other datasets to report)
-    if manifest is not None:
-        model: dict[str, Any] = manifest.model.without_signature().to_dict()
-    else:
-        try:
-            mv = hook.get_model(operator.model, operator.version, verify=False)
-            model = {
-                "name": mv.name,
-                "version": mv.version,
-                "flavor": mv.flavor,
-                "sha256": mv.sha256,
-                "uri": mv.uri,
-                "signature": mv.signature,
-            }
-        except RegistryError:
-            model = {"name": operator.model, "version": operator.version}
+    model = _model_record(operator, manifest)
     signature = model.pop("signature", None) or {}
 
     lineage = _sql_lineage(operator) if operator.sql is not None else OperatorLineage()
-    inputs = list(lineage.inputs)
-    if operator.input is not None:
-        raw = [operator.input] if isinstance(operator.input, str) else list(operator.input)
-        locations = [hook.resolve_location(loc) for loc in raw]
-        input_files = list(manifest.input_files) if manifest else []
-        for loc in locations:
-            namespace, name = dataset_name(loc)
-            facets: dict[str, Any] = {}
-            input_facets: dict[str, Any] = {}
-            if manifest is not None and input_files:
-                mine = [f for f in input_files if f == loc or f.startswith(loc.rstrip("/") + "/")]
-                if mine:
-                    facets["schema"] = _schema_facet(_parquet_fields(mine[0], storage))
-                    input_facets["inputStatistics"] = InputStatisticsInputDatasetFacet(fileCount=len(mine))
-            if manifest is not None and len(locations) == 1:
-                input_facets.setdefault("inputStatistics", InputStatisticsInputDatasetFacet())
-                input_facets["inputStatistics"].rowCount = manifest.counts.input_rows
-            inputs.append(InputDataset(namespace=namespace, name=name, facets=facets, inputFacets=input_facets))
+    inputs = [*lineage.inputs, *_input_datasets(operator, manifest)]
     if "uri" in model:
         namespace, name = dataset_name(model["uri"])
         inputs.append(InputDataset(namespace=namespace, name=name))
-
-    outputs = []
-    if location is not None:
-        namespace, name = dataset_name(location)
-        if manifest is not None:
-            files = manifest.files
-            facets = {"schema": _schema_facet(_parquet_fields(join(location, files[0].name), storage))} if files else {}
-            output_facets = {
-                "outputStatistics": OutputStatisticsOutputDatasetFacet(
-                    rowCount=manifest.counts.output_rows, size=sum(f.size for f in files), fileCount=len(files)
-                )
-            }
-        else:
-            # before the job: the model's outputs (the passthrough columns are known once it ran)
-            facets = (
-                {"schema": _schema_facet(list(signature.get("outputs", {}).items()))}
-                if signature.get("outputs")
-                else {}
-            )
-            output_facets = {}
-        outputs.append(OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=output_facets))
-
+    outputs = [] if location is None else [_output_dataset(location, manifest, signature, storage)]
     run_facet = _run_facet_class()(
         model={k: model[k] for k in ("name", "version", "flavor", "sha256") if k in model},
         job=manifest.job.to_dict() if manifest else {},

@@ -86,3 +86,33 @@ def test_the_airflow_side_never_imports_the_runtime():
     assert not offenders, "the Airflow side must start the runtime as `python -m`, not import it:\n" + "\n".join(
         offenders
     )
+
+
+def test_the_contract_and_the_storage_layer_import_neither_side():
+    """The contract, the specs and the storage layer are read by both sides: importing them in a
+    fresh interpreter loads neither Airflow nor Ray (nor pyarrow, for the contract alone)."""
+    shared = [
+        "airflow_provider_batchinfer.contract",
+        "airflow_provider_batchinfer.specs",
+        "airflow_provider_batchinfer.stage",
+        "airflow_provider_batchinfer.markers",
+        "airflow_provider_batchinfer.rundir",
+        "airflow_provider_batchinfer.inputs",
+        "airflow_provider_batchinfer.registry",
+        "airflow_provider_batchinfer.s3",
+    ]
+    code = (
+        "import importlib, json, sys\n"
+        "importlib.import_module('airflow_provider_batchinfer.contract')\n"
+        "after_contract = sorted(m for m in sys.modules if m.split('.')[0] in ('airflow', 'ray', 'pyarrow'))\n"
+        f"for name in {shared!r}:\n"
+        "    importlib.import_module(name)\n"
+        "after_all = sorted(m for m in sys.modules if m.split('.')[0] in ('airflow', 'ray'))\n"
+        "print(json.dumps([after_contract, after_all]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after_contract, after_all = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert after_contract == [], f"importing the contract loaded {after_contract}"
+    assert after_all == [], f"importing the shared modules loaded {after_all}"

@@ -26,10 +26,8 @@ from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import (
     INPUT_DIR,
     JOB_SPEC_FILE,
-    SUCCESS_MARKER,
     ContractError,
     JobFile,
-    Manifest,
     ModelRef,
     RunOwner,
     new_attempt_id,
@@ -39,13 +37,13 @@ from airflow_provider_batchinfer.inputs import InputError, list_input_files
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
 from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
-from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.operators.errors import airflow_error, check_arguments, fail_on_s3_errors
+from airflow_provider_batchinfer.operators.finalize import committed_result
 from airflow_provider_batchinfer.operators.materialize import materialize_sql
 from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.s3 import check_bucket, is_s3
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec
-from airflow_provider_batchinfer.stage import Stage, StageError, join, sanitize_run_key
+from airflow_provider_batchinfer.stage import Stage, join, sanitize_run_key
 from airflow_provider_batchinfer.triggers.base import WatchStatus, validate_event
 
 if TYPE_CHECKING:
@@ -352,48 +350,8 @@ class BatchInferenceOperator(BaseOperator):
             raise (AirflowFailException if outcome.permanent else AirflowException)(outcome.message)
         return self._finalize(location, attempt)
 
-    def _read_manifest(self, location: str) -> Manifest:
-        try:
-            found: Manifest | dict[str, Any] | None = read_valid_manifest(location, self.hook.storage_options)
-            manifest = found if found is None or isinstance(found, Manifest) else Manifest.from_dict(found)
-        except (ContractError, StageError) as exc:
-            raise AirflowException(f"the job ended but its output is not valid: {exc}") from exc
-        if manifest is None:
-            raise AirflowException(
-                f"the job ended but {location}/{SUCCESS_MARKER} was not written; nothing is committed"
-            )
-        return manifest
-
     def _finalize(self, location: str, attempt: str) -> dict[str, Any]:
-        manifest = self._read_manifest(location)
-        if manifest.job.attempt != attempt:
-            raise AirflowException(
-                f"{location}/{SUCCESS_MARKER} was written by attempt {manifest.job.attempt}, not this attempt "
-                f"({attempt}); another attempt owns the directory"
-            )
-        counts = manifest.counts
-        self.log.info(
-            "Committed %s rows (%s input, %s dead-lettered) in %d file(s) at %s",
-            counts.output_rows,
-            counts.input_rows,
-            counts.error_rows,
-            len(manifest.files),
-            location,
-        )
-        return {
-            "output_location": location,
-            "manifest_location": join(location, SUCCESS_MARKER),
-            "rows": counts.output_rows,
-            "input_rows": counts.input_rows,
-            "error_rows": counts.error_rows,
-            "files": manifest.file_names,
-            "error_files": manifest.error_file_names,
-            "model": manifest.model.name,
-            "model_version": manifest.model.version,
-            "sha256": manifest.model.sha256,
-            "job_id": manifest.job.id,
-            "attempt": attempt,
-        }
+        return committed_result(location, attempt, self.hook.storage_options, self.log)
 
     def on_kill(self) -> None:
         launcher, handle = self._launcher, self._handle
