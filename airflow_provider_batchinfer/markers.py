@@ -10,6 +10,7 @@ neither Airflow nor Ray.
 from __future__ import annotations
 
 import hashlib
+import posixpath
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,17 @@ def _compare_sha256(location: str, actual: str, expected: str) -> None:
         )
 
 
+def _normalized(location: str) -> str:
+    """One spelling per location: no ``file://``, no trailing or doubled slashes, ``s3a`` as ``s3``."""
+    if location.startswith("file://"):
+        location = location[len("file://") :]
+    if "://" in location:
+        scheme, rest = location.split("://", 1)
+        scheme = "s3" if scheme.lower() == "s3a" else scheme.lower()
+        return f"{scheme}://{posixpath.normpath('/' + rest).lstrip('/')}"
+    return posixpath.normpath(location)
+
+
 def validate_manifest(run_dir: Stage, manifest: ManifestLike, *, verify_checksums: bool = False) -> None:
     """Check that a manifest describes the files beside it: its schema (``Manifest.from_dict``), its
     counts, and for every listed file (outputs and dead letters) its name, size and Parquet footer
@@ -103,6 +115,13 @@ def validate_manifest(run_dir: Stage, manifest: ManifestLike, *, verify_checksum
     first problem (a StageError for a name that climbs out of the run directory)."""
     where = f"{run_dir.location}/{SUCCESS_MARKER}"
     manifest = as_manifest(manifest, where)
+    if _normalized(manifest.run_dir) != _normalized(run_dir.location):
+        # readers (committed_files, read_committed, publish) open manifest.run_dir: a marker naming
+        # another directory would send them to files nobody checked here
+        raise ManifestError(
+            f"{where} was written for the run directory {manifest.run_dir}, not {run_dir.location}; a marker only "
+            "vouches for the directory it was committed in. Read the output where it was written, or re-run the task"
+        )
     manifest.check_counts(where)
     if verify_checksums and manifest.format == _FORMAT_1:
         raise _no_checksums(where, manifest)

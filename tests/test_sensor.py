@@ -97,6 +97,25 @@ def test_a_forged_part_with_a_valid_footer_fails_only_when_checksums_are_verifie
         read_committed(manifest)
 
 
+def test_a_marker_naming_another_run_directory_fails_the_sensor(tmp_path):
+    """Readers open the files under the manifest's ``run_dir``: a marker copied (or forged) into a
+    directory it was not committed in must not send ``publish`` to files the sensor never checked."""
+    import shutil
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    commit(tmp_path / "elsewhere")
+    shutil.copytree(tmp_path / "elsewhere", tmp_path / "run")
+    with pytest.raises(
+        AirflowFailException,
+        match=rf"was written for the run directory {tmp_path / 'elsewhere'}, not {tmp_path / 'run'}; a marker only",
+    ):
+        _sensor(tmp_path / "run").poke({})
+    # the same directory spelled with a trailing slash or file:// is the same directory
+    assert _sensor(f"{tmp_path / 'elsewhere'}/").poke({}).is_done
+    assert _sensor(f"file://{tmp_path / 'elsewhere'}").poke({}).is_done
+
+
 def test_deferrable_defaults_to_the_airflow_setting():
     import inspect
 
