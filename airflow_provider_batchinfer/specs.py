@@ -208,9 +208,15 @@ LLM_ENGINES = ("vllm", "transformers")
 class JobSpec:
     """Compute for one job, in Ray's terms.
 
-    ``replicas``: model copies (actors), each loading the model once. ``num_workers``: Ray nodes
-    the job may spread over (informational for the local launcher). ``num_cpus`` / ``num_gpus`` /
-    ``memory`` (bytes): what each replica reserves. ``max_batch_rows``: rows per model call.
+    ``replicas``: the most model copies (actors) the job runs, each loading the model once; the job
+    starts with what the cluster can give (at least ``num_workers``, one per node) and the pool
+    grows up to ``replicas`` (see ``runtime/resources.py``). ``num_workers``: the Ray nodes the
+    replicas are spread over, evenly (``replicas=4, num_workers=2``: two on each of two nodes; 1:
+    all on one node, which fetches the model once). ``num_cpus`` / ``num_gpus`` / ``memory``
+    (bytes): what each replica reserves. ``resource_wait_s``: how long a job waits for its minimum
+    (``num_workers`` replicas and a little CPU for reading and writing) on a busy cluster before it
+    fails with what it waited for (an Airflow retry may then find the cluster free).
+    ``max_batch_rows``: rows per model call.
     ``progress_interval_s``: how often the job logs rows done, rows/s and ETA.
     ``engine``: for ``text_generation`` models, ``"vllm"`` (GPU, through ``ray.data.llm``) or
     ``"transformers"`` (CPU or GPU, a transformers model per replica); ``None`` lets the connection
@@ -238,6 +244,7 @@ class JobSpec:
     memory: int | None = None
     max_batch_rows: int = 256
     progress_interval_s: float = 10.0
+    resource_wait_s: float = 600.0
     engine: str | None = None
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     on_error: str = "fail"
@@ -289,6 +296,12 @@ class JobSpec:
         if not isinstance(self.progress_interval_s, (int, float)) or not 0 < self.progress_interval_s <= 30:
             raise SpecError(
                 f"JobSpec.progress_interval_s must be in (0, 30] seconds, got {self.progress_interval_s!r}."
+            )
+        value = self.resource_wait_s
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 7 * 86400:
+            raise SpecError(
+                f"JobSpec.resource_wait_s is the seconds a job waits for its minimum resources on a busy cluster, "
+                f"from 0 to 604800 (a week); got {value!r}. Write e.g. JobSpec(resource_wait_s=600)."
             )
         if self.on_error not in ("fail", "dead_letter"):
             raise SpecError(f"JobSpec.on_error must be 'fail' or 'dead_letter', got {self.on_error!r}.")

@@ -270,3 +270,94 @@ def s3_bucket(s3_server, monkeypatch):
         aws_secret_access_key="unused",
     ).create_bucket(Bucket=name)
     return name
+
+
+# --- pool (issue 14): a real 2-node Ray cluster on this machine ---------------------------------------
+# A head and a worker node joined with ``ray start --address``, each with its own temp dir and its own
+# node-local model cache (``BATCHINFER_MODEL_CACHE`` in that node's environment); the worker declares
+# one GPU that this CPU-only machine does not have (for the "GPU without CUDA" test). Module-scoped:
+# only tests/test_multinode.py pays for it.
+
+_NODE_READY = """
+import sys, time, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    if len(nodes) == int(sys.argv[2]):
+        for n in nodes:
+            print(n["NodeID"], n["NodeManagerPort"], n["Resources"].get("GPU", 0), flush=True)
+        break
+    time.sleep(0.5)
+else:
+    sys.exit(f"only {len(nodes)} node(s) joined")
+"""
+
+
+def _ray_node(name: str, args: list[str], temp_dir: str, cache: Path, manager_port: int, ports: list[int]):
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    env = dict(os.environ, RAY_AUTH_MODE="token", BATCHINFER_MODEL_CACHE=str(cache))
+    env.pop("RAY_ADDRESS", None)
+    cmd = [
+        ray_bin,
+        "start",
+        "--block",
+        *args,
+        "--num-cpus=2",
+        "--disable-usage-stats",
+        "--node-ip-address=127.0.0.1",
+        f"--node-manager-port={manager_port}",
+        f"--object-manager-port={_free_port()}",
+        f"--dashboard-agent-listen-port={_free_port()}",
+        f"--dashboard-agent-grpc-port={_free_port()}",
+        f"--metrics-export-port={_free_port()}",
+        f"--runtime-env-agent-port={_free_port()}",
+        f"--temp-dir={temp_dir}",
+    ]
+    return BackgroundServer(name, cmd, ports=ports, env=env)
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster(tmp_path_factory):
+    """``{"address", "nodes": {node_id: {"cache": Path, "gpus": float}}}``; the caches start empty."""
+    root = tmp_path_factory.mktemp("two-node")
+    port, head_manager, worker_manager = _free_port(), _free_port(), _free_port()
+    temps = [tempfile.mkdtemp(prefix="rayh-", dir="/tmp"), tempfile.mkdtemp(prefix="rayw-", dir="/tmp")]
+    caches = {head_manager: root / "cache-head", worker_manager: root / "cache-worker"}
+    head = _ray_node(
+        "ray-2node-head",
+        ["--head", f"--port={port}", "--include-dashboard=false", f"--ray-client-server-port={_free_port()}"],
+        temps[0],
+        caches[head_manager],
+        head_manager,
+        [port, head_manager],
+    )
+    address = f"127.0.0.1:{port}"
+    servers = [head]
+    try:
+        servers.append(
+            _ray_node(
+                "ray-2node-worker",
+                [f"--address={address}", "--num-gpus=1"],
+                temps[1],
+                caches[worker_manager],
+                worker_manager,
+                [worker_manager],
+            )
+        )
+        env = dict(os.environ, RAY_AUTH_MODE="token")
+        out = subprocess.run(
+            [sys.executable, "-c", _NODE_READY, address, "2"], capture_output=True, text=True, env=env, timeout=180
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        nodes = {}
+        for line in out.stdout.split("\n"):
+            if line.strip():
+                node_id, manager, gpus = line.split()
+                nodes[node_id] = {"cache": caches[int(manager)], "gpus": float(gpus)}
+        yield {"address": address, "nodes": nodes}
+    finally:
+        for server in reversed(servers):
+            server.stop()
+        for temp in temps:
+            shutil.rmtree(temp, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The Ray side's planning logic, without starting Ray: column checks, actor-pool sizing, error messages."""
+"""The Ray side's planning logic, without starting Ray: column checks, error messages."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_batchinfer.inputs import InputError
-from airflow_provider_batchinfer.runtime.errors import JobError
-from airflow_provider_batchinfer.runtime.plan import plan_columns, size_actor_pool
+from airflow_provider_batchinfer.runtime.plan import plan_columns
 from airflow_provider_batchinfer.runtime.reporting import _root_message
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+from airflow_provider_batchinfer.specs import InputSpec
 
 SCHEMA = pa.schema([("ticket_id", pa.int64()), ("body", pa.string()), ("score", pa.float64())])
 SIG = {"inputs": {"text": "string"}, "outputs": {"embedding": "list<float32>"}}
@@ -40,21 +39,7 @@ def test_plan_names_the_missing_or_mistyped_column_before_any_compute():
         plan_columns(SCHEMA, SIG, InputSpec(columns=["nope"]), "in.parquet")
 
 
-def test_actor_pool_never_holds_every_cpu():
-    pool = size_actor_pool(JobSpec(replicas=2), {"CPU": 2.0})
-    assert pool["replicas"] == 1 and pool["num_cpus"] == 1 and pool["notes"]
-    assert pool["threads"] == 2 and pool["device"] == "cpu"
-    pool = size_actor_pool(JobSpec(num_cpus=2), {"CPU": 2.0})
-    assert pool["num_cpus"] == 1
-    pool = size_actor_pool(JobSpec(replicas=3), {"CPU": 16.0})
-    assert pool["replicas"] == 3 and pool["threads"] == 5 and not pool["notes"]
-
-
-def test_gpu_request_on_a_cluster_without_gpus_fails_early():
-    with pytest.raises(JobError, match="num_gpus=1 per replica, but the Ray cluster has 0 GPU"):
-        size_actor_pool(JobSpec(num_gpus=1), {"CPU": 2.0})
-    pool = size_actor_pool(JobSpec(replicas=4, num_gpus=1), {"CPU": 16.0, "GPU": 2.0})
-    assert pool["replicas"] == 2 and pool["device"] == "cuda"
+# the actor pool's sizing and the cluster's resources: tests/test_resources.py
 
 
 def test_root_message_unwraps_chained_errors():

@@ -30,6 +30,12 @@ def test_output_spec_defaults_to_error_and_parses_mode_strings():
         ({"memory": -5}, "JobSpec.memory is bytes per replica"),
         ({"replicas": 1, "num_workers": 2}, "fewer than num_workers=2"),
         ({"progress_interval_s": 60}, "progress_interval_s must be in \\(0, 30\\]"),
+        (
+            {"resource_wait_s": -1},
+            r"resource_wait_s is the seconds .* got -1\. Write e\.g\. JobSpec\(resource_wait_s=600\)",
+        ),
+        ({"resource_wait_s": "10m"}, r"resource_wait_s .* got '10m'"),
+        ({"resource_wait_s": True}, r"resource_wait_s .* got True"),
     ],
 )
 def test_job_spec_rejects_bad_values_with_what_to_change(kwargs, message):

@@ -78,23 +78,87 @@ class ResumeInfo:
 
 
 @dataclass(frozen=True)
+class NodeReplicas:
+    """How many of the job's replicas ran on one Ray node."""
+
+    node_id: str
+    node_ip: str
+    replicas: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "node_ip": self.node_ip, "replicas": self.replicas}
+
+
+@dataclass(frozen=True)
+class PoolRecord:
+    """The actor pool a job ran: between ``min_replicas`` and ``max_replicas`` (what it reserved) over
+    ``num_workers`` nodes, the CPUs/GPUs it reserved, how long it waited for them, and where the
+    replicas ran (``nodes``)."""
+
+    min_replicas: int
+    max_replicas: int
+    num_workers: int = 1
+    reserved_cpus: float = 0.0
+    reserved_gpus: float = 0.0
+    waited_s: float = 0.0
+    nodes: tuple[NodeReplicas, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "num_workers": self.num_workers,
+            "reserved": {"cpus": self.reserved_cpus, "gpus": self.reserved_gpus},
+            "waited_s": self.waited_s,
+            "nodes": [n.to_dict() for n in self.nodes],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str) -> PoolRecord:
+        err = ManifestError
+        reserved = _opt(data, "reserved", dict, where, err, {})
+        nodes = _opt(data, "nodes", list, where, err, [])
+        return cls(
+            min_replicas=_get(data, "min_replicas", int, where, err),
+            max_replicas=_get(data, "max_replicas", int, where, err),
+            num_workers=_opt(data, "num_workers", int, where, err, 1),
+            reserved_cpus=float(_opt(reserved, "cpus", (int, float), f"{where}.reserved", err, 0.0)),
+            reserved_gpus=float(_opt(reserved, "gpus", (int, float), f"{where}.reserved", err, 0.0)),
+            waited_s=float(_opt(data, "waited_s", (int, float), where, err, 0.0)),
+            nodes=tuple(
+                NodeReplicas(
+                    node_id=_get(n, "node_id", str, f"{where}.nodes[{i}]", err),
+                    node_ip=_opt(n, "node_ip", str, f"{where}.nodes[{i}]", err, ""),
+                    replicas=_get(n, "replicas", int, f"{where}.nodes[{i}]", err),
+                )
+                for i, n in enumerate(nodes)
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class JobRecord:
-    """Which job and attempt committed the directory, on which launcher, with how many replicas."""
+    """Which job and attempt committed the directory, on which launcher, with how many replicas
+    (and, from runtimes that record it, the pool and where its replicas ran: ``pool``)."""
 
     id: str
     attempt: str
     launcher: str = "local"
     replicas: int = 1
     device: str = "cpu"
+    pool: PoolRecord | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "id": self.id,
             "attempt": self.attempt,
             "launcher": self.launcher,
             "replicas": self.replicas,
             "device": self.device,
         }
+        if self.pool is not None:
+            out["pool"] = self.pool.to_dict()
+        return out
 
 
 @dataclass(frozen=True)
@@ -192,6 +256,7 @@ class Manifest:
                 launcher=_opt(job, "launcher", str, f"{where}.job", err, "local"),
                 replicas=_opt(job, "replicas", int, f"{where}.job", err, 1),
                 device=_opt(job, "device", str, f"{where}.job", err, "cpu"),
+                pool=PoolRecord.from_dict(job["pool"], f"{where}.job.pool") if job.get("pool") else None,
             ),
             input_locations=_strings(
                 _get(inputs, "locations", list, f"{where}.input", err), f"{where}.input.locations", err

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import (
@@ -19,6 +19,7 @@ from airflow_provider_batchinfer.contract import (
     Manifest,
     ResumeInfo,
 )
+from airflow_provider_batchinfer.contract.manifest import NodeReplicas, PoolRecord
 from airflow_provider_batchinfer.runtime.errors import JobError
 
 if TYPE_CHECKING:
@@ -92,8 +93,11 @@ def build_manifest(
     started_at: datetime,
     finished_at: datetime,
     timings: Mapping[str, float | None],
+    placements: Sequence[Mapping[str, Any]] = (),
+    waited_s: float = 0.0,
 ) -> Manifest:
-    """Reconcile the counts, apply the error policy, and describe the run directory as committed."""
+    """Reconcile the counts, apply the error policy, and describe the run directory as committed
+    (with the pool the job ran and ``placements``: replicas per node, ``io.replicas_per_node``)."""
     parts = tuple(sorted([*kept["files"], *written.parts], key=lambda p: p.name))
     error_parts = tuple(sorted([*kept["error_files"], *written.error_parts], key=lambda p: p.name))
     output_rows = kept["rows"] + written.rows
@@ -121,12 +125,30 @@ def build_manifest(
         input_locations=job.input_locations,
         input_files=tuple(input_files),
         job=JobRecord(
-            id=job.job_id, attempt=job.attempt, launcher=job.launcher, replicas=pool["replicas"], device=pool["device"]
+            id=job.job_id,
+            attempt=job.attempt,
+            launcher=job.launcher,
+            replicas=pool["replicas"],
+            device=pool["device"],
+            pool=pool_record(pool, placements, waited_s),
         ),
         airflow=job.airflow,
         started_at=started_at.isoformat(),
         finished_at=finished_at.isoformat(),
         timings=dict(timings),
+    )
+
+
+def pool_record(pool: ActorPool, placements: Sequence[Mapping[str, Any]], waited_s: float) -> PoolRecord:
+    """The manifest's ``job.pool``: the pool's bounds, what it reserved and where its replicas ran."""
+    return PoolRecord(
+        min_replicas=pool["min_replicas"],
+        max_replicas=pool["replicas"],
+        num_workers=pool["num_workers"],
+        reserved_cpus=pool["reserved_cpus"],
+        reserved_gpus=pool["reserved_gpus"],
+        waited_s=round(waited_s, 3),
+        nodes=tuple(NodeReplicas(str(p["node_id"]), str(p["node_ip"]), int(p["replicas"])) for p in placements),
     )
 
 

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract import JobFile, Manifest
 from airflow_provider_batchinfer.inputs import inspect_input, list_input_files
 from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV, ModelRegistry, verify_local_copy
-from airflow_provider_batchinfer.runtime import commit, llm
+from airflow_provider_batchinfer.runtime import commit, llm, resources
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
 from airflow_provider_batchinfer.runtime.flavors import transfer_rows
-from airflow_provider_batchinfer.runtime.io import ProgressCounter, make_datasink, row_bytes
+from airflow_provider_batchinfer.runtime.io import ProgressCounter, make_datasink, replicas_per_node, row_bytes
 from airflow_provider_batchinfer.runtime.plan import (
     ActorPool,
     ColumnPlan,
@@ -37,6 +37,7 @@ from airflow_provider_batchinfer.runtime.plan import (
     with_id_column,
 )
 from airflow_provider_batchinfer.runtime.progress import ProgressLog
+from airflow_provider_batchinfer.runtime.replica import DRIVER_CACHE_ENV
 from airflow_provider_batchinfer.runtime.resume import KeptParts, resume_state
 from airflow_provider_batchinfer.s3 import worker_env
 from airflow_provider_batchinfer.stage import Stage
@@ -76,6 +77,8 @@ class PipelineRun:
     ray_ready_at: float  # time.monotonic() when Ray was up
     pipeline_s: float
     steady_rows_per_s: float | None
+    placements: list[dict[str, Any]]  # replicas per node (io.replicas_per_node)
+    waited_s: float  # for the reservation
 
 
 def read_job_file(location: str) -> JobFile:
@@ -157,13 +160,17 @@ def ray_init_kwargs(address: str | None, environ: Mapping[str, str]) -> dict[str
 
 
 def init_ray(job: JobFile) -> None:
-    """Start (or attach to) Ray; S3 credentials and the node-local model cache directory reach the
-    workers from this process's environment, never a file."""
+    """Start (or attach to) Ray; S3 credentials reach the workers from this process's environment,
+    never a file. The driver's model cache directory goes as a fallback only
+    (``BATCHINFER_DRIVER_MODEL_CACHE``): a node started with its own ``BATCHINFER_MODEL_CACHE`` keeps
+    it (a runtime_env variable would override the node's value on every worker)."""
     import ray
     import ray.data
 
     init_kwargs = ray_init_kwargs(job.ray_address, os.environ)
-    env_vars = {**worker_env(), **{k: os.environ[k] for k in (MODEL_CACHE_ENV,) if os.environ.get(k)}}
+    env_vars = dict(worker_env())
+    if os.environ.get(MODEL_CACHE_ENV):
+        env_vars[DRIVER_CACHE_ENV] = os.environ[MODEL_CACHE_ENV]
     if env_vars:
         init_kwargs["runtime_env"] = {"env_vars": env_vars}
     ray.init(**init_kwargs)
@@ -172,35 +179,41 @@ def init_ray(job: JobFile) -> None:
     ctx.print_on_execution_start = False
 
 
-def plan_pool(checked: CheckedJob) -> ActorPool:
-    """The actor pool this cluster can give the job, logged with why it differs from the ask."""
-    import ray
-
+def log_pool(pool: ActorPool, checked: CheckedJob) -> None:
+    """The pool in the job log, with why it differs from the ask."""
     job = checked.job.job_spec
-    if checked.engine == "vllm":
-        llm.check_cluster(job, ray.cluster_resources())
-    pool = size_actor_pool(job, ray.cluster_resources())
     for note in pool["notes"]:
         print(f"[batchinfer] resources: {note}", flush=True)
+    nodes = f" over {pool['num_workers']} nodes" if pool["num_workers"] > 1 else ""
     print(
-        f"[batchinfer] actor pool: {pool['replicas']} replica(s) x {pool['num_cpus']:g} CPU / "
-        f"{pool['num_gpus']:g} GPU on {pool['device']}, {pool['threads']} thread(s) each, "
-        f"batches of {checked.batch_rows:,} rows, model calls of at most {job.max_batch_rows:,} rows",
+        f"[batchinfer] actor pool: {pool['min_replicas']}..{pool['replicas']} replica(s){nodes} x "
+        f"{pool['num_cpus']:g} CPU / {pool['num_gpus']:g} GPU on {pool['device']}, {pool['threads']} thread(s) each, "
+        f"reads and writes at {pool['io_cpus']:g} CPU; reserved {pool['reserved_cpus']:g} CPU / "
+        f"{pool['reserved_gpus']:g} GPU; batches of {checked.batch_rows:,} rows, model calls of at most "
+        f"{job.max_batch_rows:,} rows",
         flush=True,
     )
-    return pool
+
+
+def log_placements(placements: list[dict[str, Any]]) -> None:
+    if placements:
+        where = ", ".join(f"{p['replicas']} on node {p['node_ip']} ({p['node_id'][:12]})" for p in placements)
+        print(f"[batchinfer] replicas ran: {where}", flush=True)
 
 
 def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset:
-    """``read_parquet`` -> (RESUME: drop finished rows) -> (``rows_per_part``) -> the model."""
+    """``read_parquet`` -> (RESUME: drop finished rows) -> (``rows_per_part``) -> the model. Reads,
+    filters and writes ask for ``pool["io_cpus"]`` each: they run beside the replicas in the job's
+    reservation (``resources.py``)."""
     import ray.data
 
     from airflow_provider_batchinfer.runtime.replica import ModelReplica
 
     job, spec, plan, storage = checked.job, checked.job.job_spec, checked.plan, checked.storage
     input_spec, model = job.input_spec, job.model
+    io = {"num_cpus": pool["io_cpus"]}
     filesystem = Stage.open(checked.files[0], storage).fs if storage else None
-    ds = ray.data.read_parquet(checked.files, columns=plan["read"], filesystem=filesystem)
+    ds = ray.data.read_parquet(checked.files, columns=plan["read"], filesystem=filesystem, ray_remote_args=io)
     if len(checked.kept["ids"]):
         from airflow_provider_batchinfer.runtime.resume import drop_done
 
@@ -209,10 +222,10 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
             fn_kwargs={"id_column": input_spec.id_column, "done": checked.kept["ids"]},
             batch_size=None,
             batch_format="pyarrow",
+            **io,
         )
     if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
         ds = ds.repartition(target_num_rows_per_block=spec.rows_per_part)
-    map_kwargs: dict[str, Any] = {"memory": spec.memory} if spec.memory else {}
     if checked.engine == "vllm":  # ray.data.llm runs its own stages and engine actors
         print(
             f"[batchinfer] engine: vLLM via ray.data.llm, {spec.replicas} engine replica(s) x "
@@ -221,7 +234,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
         )
         return llm.build_pipeline(
             ds,
-            checked.registry.local_copy(model.name, model.version),
+            llm.model_source(checked.registry, model),
             dict(model.signature or {}),
             dict(plan),
             dict(input_spec.params),
@@ -246,46 +259,80 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
                 "max_value_bytes": spec.max_value_bytes,
             },
             "storage_options": storage,  # no credentials: the workers get those from worker_env()
+            "num_gpus": pool["num_gpus"],
         },
         batch_size=checked.batch_rows,
         batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=pool["replicas"]),
+        compute=ray.data.ActorPoolStrategy(min_size=pool["min_replicas"], max_size=pool["replicas"]),
         num_cpus=pool["num_cpus"],
         num_gpus=pool["num_gpus"] or None,
-        **map_kwargs,
+        memory=pool["memory"],  # JobSpec.memory, or the token that keeps each node to its share
     )
 
 
+@dataclass(frozen=True)
+class _Streamed:
+    sink: Any
+    pipeline_s: float
+    steady_rows_per_s: float | None
+    placements: list[dict[str, Any]]
+
+
+def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
+    """Stream the input through the model into parts, logging progress; where the replicas ran."""
+    import ray
+
+    counter = ray.remote(num_cpus=0)(ProgressCounter).remote()
+    progress = ProgressLog(counter, checked.todo_rows, checked.job.job_spec.progress_interval_s)
+    ds = build_dataset(checked, pool, counter)
+    sink = make_datasink(
+        checked.run_dir.location, checked.job.attempt, checked.storage, error_columns=checked.plan["passthrough"]
+    )
+    progress.start()
+    t_map = time.monotonic()
+    try:
+        ds.write_datasink(sink, ray_remote_args={"num_cpus": pool["io_cpus"]})
+    finally:
+        progress.stop()
+    t_done = time.monotonic()
+    placements = replicas_per_node(ray.get(counter.placements.remote(), timeout=30))
+    log_placements(placements)
+    written = sum(p.rows for p in [*sink.parts, *sink.error_parts])
+    return _Streamed(sink, t_done - t_map, progress.steady_rate(t_done, written), placements)
+
+
 def run_pipeline(checked: CheckedJob) -> PipelineRun:
-    """Start Ray, size the pool, stream the input through the model into parts; Ray shuts down after."""
+    """Start Ray, reserve the job's share of the cluster, stream the input through the model into
+    parts; the reservation is given back and Ray shut down after, whatever happened."""
     import ray
 
     init_ray(checked.job)
     ray_ready_at = time.monotonic()
+    job, spec = checked.job, checked.job.job_spec
     try:
-        pool = plan_pool(checked)
-        counter = ray.remote(num_cpus=0)(ProgressCounter).remote()
-        progress = ProgressLog(counter, checked.todo_rows, checked.job.job_spec.progress_interval_s)
-        ds = build_dataset(checked, pool, counter)
-        sink = make_datasink(
-            checked.run_dir.location, checked.job.attempt, checked.storage, error_columns=checked.plan["passthrough"]
-        )
-        progress.start()
-        t_map = time.monotonic()
-        try:
-            ds.write_datasink(sink)
-        finally:
-            progress.stop()
-        t_done = time.monotonic()
+        if checked.engine == "vllm":  # ray.data.llm reserves its own engines: only wait for the GPUs
+            llm.check_cluster(spec, ray.cluster_resources())
+            need = llm.gpus_per_replica(spec)
+            resources.wait_for_free({"GPU": float(need)}, f"{need} GPU(s) for one vLLM engine replica", spec)
+            pool = size_actor_pool(spec, resources.reservation(spec, spec.replicas))
+            log_pool(pool, checked)
+            streamed, waited_s = stream(checked, pool), 0.0
+        else:
+            with resources.reserved(spec, f"batchinfer-{job.job_id}-{job.attempt}") as held:
+                pool = size_actor_pool(spec, held.plan)
+                log_pool(pool, checked)
+                streamed, waited_s = stream(checked, pool), held.waited_s
     finally:
         ray.shutdown()
-    written = commit.Written(parts=sink.parts, error_parts=sink.error_parts)
+    written = commit.Written(parts=streamed.sink.parts, error_parts=streamed.sink.error_parts)
     return PipelineRun(
         written=written,
         pool=pool,
         ray_ready_at=ray_ready_at,
-        pipeline_s=t_done - t_map,
-        steady_rows_per_s=progress.steady_rate(t_done, written.rows + written.error_rows),
+        pipeline_s=streamed.pipeline_s,
+        steady_rows_per_s=streamed.steady_rows_per_s,
+        placements=streamed.placements,
+        waited_s=waited_s,
     )
 
 
@@ -303,6 +350,8 @@ def run(spec_location: str) -> Manifest:
         input_files=checked.files,
         plan=checked.plan,
         pool=pipeline.pool,
+        placements=pipeline.placements,
+        waited_s=pipeline.waited_s,
         kept=checked.kept,
         written=pipeline.written,
         started_at=started_at,

@@ -41,16 +41,36 @@ def row_bytes(location: str, columns: list[str], storage_options: Mapping[str, A
 
 
 class ProgressCounter:
-    """A tiny Ray actor that write tasks report finished rows to; the driver reads it to log progress."""
+    """A tiny Ray actor that replicas report finished rows to (the driver reads it to log progress),
+    and where they run: each replica reports its Ray node once it has loaded the model, so the log
+    and the manifest say how many replicas ran on which node."""
 
     def __init__(self) -> None:
         self.rows = 0
+        self.replicas: dict[str, tuple[str, str]] = {}  # actor id -> (node id, node IP)
 
     def add(self, rows: int) -> None:
         self.rows += rows
 
     def get(self) -> int:
         return self.rows
+
+    def placed(self, actor_id: str, node_id: str, node_ip: str) -> None:
+        self.replicas[actor_id] = (node_id, node_ip)
+
+    def placements(self) -> list[tuple[str, str, str]]:
+        return [(actor, node, ip) for actor, (node, ip) in sorted(self.replicas.items())]
+
+
+def replicas_per_node(placements: Iterable[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """``[{"node_id", "node_ip", "replicas"}]`` from ``ProgressCounter.placements()``, busiest node first."""
+    nodes: dict[tuple[str, str], int] = {}
+    for _actor, node, ip in placements:
+        nodes[(node, ip)] = nodes.get((node, ip), 0) + 1
+    return [
+        {"node_id": node, "node_ip": ip, "replicas": n}
+        for (node, ip), n in sorted(nodes.items(), key=lambda item: (-item[1], item[0]))
+    ]
 
 
 class HashingSink:

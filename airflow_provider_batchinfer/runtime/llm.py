@@ -82,15 +82,39 @@ def check_cluster(job: Any, cluster: dict[str, float]) -> None:
         )
 
 
-def is_multimodal(model_dir: Path) -> bool:
-    """Vision/audio models need ray.data.llm's multimodal stage to load the images in messages."""
-    config_path = Path(model_dir) / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+def _multimodal(config: dict[str, Any]) -> bool:
     return any(k in config for k in ("vision_config", "audio_config", "image_token_id", "audio_token_id"))
 
 
-def processor_config(model_dir: Path, job: Any) -> dict[str, Any]:
-    """Keyword arguments of ``ray.data.llm.vLLMEngineProcessorConfig`` for this job (pure)."""
+def is_multimodal(model_dir: Path) -> bool:
+    """Vision/audio models need ray.data.llm's multimodal stage to load the images in messages."""
+    config_path = Path(model_dir) / "config.json"
+    return _multimodal(json.loads(config_path.read_text()) if config_path.exists() else {})
+
+
+def model_source(registry: Any, model: Any) -> tuple[str, bool]:
+    """Where every node's vLLM engine reads the model, and whether it is multimodal.
+
+    A local registry is its directory (on a multi-node cluster, a path every node mounts). An
+    object-store registry is the version's own URI (``s3://.../<name>/<version>``): ``ray.data.llm``
+    downloads a remote ``model_source`` on each node that runs an engine, so no node depends on a
+    copy that only the driver has (the driver's node may hold no GPU, and no copy at all). Only the
+    small ``config.json`` is read here."""
+    if registry.is_local:
+        path = registry.local_copy(model.name, model.version)
+        return str(path), is_multimodal(path)
+    from airflow_provider_batchinfer.stage import Stage
+
+    try:
+        config = json.loads(Stage.open(model.uri, registry.storage_options).child("config.json").read_bytes())
+    except FileNotFoundError:
+        config = {}
+    return model.uri, _multimodal(config)
+
+
+def processor_config(model_dir: Path | str, job: Any, multimodal: bool | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``ray.data.llm.vLLMEngineProcessorConfig`` for this job (pure); ``model_dir``
+    is a local directory or a remote URI (see :func:`model_source`)."""
     engine_kwargs = dict(job.engine_kwargs)
     engine_kwargs.setdefault("tensor_parallel_size", max(1, int(job.num_gpus)))
     return {
@@ -101,7 +125,7 @@ def processor_config(model_dir: Path, job: Any) -> dict[str, Any]:
         "chat_template_stage": True,
         "tokenize_stage": True,
         "detokenize_stage": True,
-        "prepare_multimodal_stage": is_multimodal(model_dir),
+        "prepare_multimodal_stage": is_multimodal(Path(model_dir)) if multimodal is None else multimodal,
     }
 
 
@@ -191,14 +215,15 @@ def to_response_table(batch: Any, passthrough: list[str], counter: Any = None) -
 
 def build_pipeline(
     ds: Any,
-    model_dir: Path,
+    source: tuple[str, bool],
     manifest_signature: dict[str, Any],
     plan: dict[str, Any],
     params: dict[str, Any],
     job: Any,
     counter: Any = None,
 ) -> Any:
-    """``ds`` through the vLLM engine processor, ending in passthrough + ``choices`` + ``usage``."""
+    """``ds`` through the vLLM engine processor, ending in passthrough + ``choices`` + ``usage``;
+    ``source`` is :func:`model_source`'s answer."""
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     inputs = manifest_signature.get("inputs", {})
@@ -209,7 +234,7 @@ def build_pipeline(
     if source != message_col or names.get("sampling_params", "sampling_params") != "sampling_params":
         ds = ds.rename_columns({s: m for m, s in names.items() if s != m})
     processor = build_processor(
-        vLLMEngineProcessorConfig(**processor_config(model_dir, job)),
+        vLLMEngineProcessorConfig(**processor_config(source[0], job, multimodal=source[1])),
         preprocess=Preprocess(message_col, passthrough, params, plan.get("dereference")),
         postprocess=Postprocess(passthrough),
     )

@@ -1,5 +1,5 @@
 """Planning, before any compute: which columns to read, what the model gets, what passes through,
-and how large an actor pool the cluster can give. Pure functions, tested without Ray."""
+and the actor pool that runs in what the job reserved. Pure functions, tested without Ray."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from airflow_provider_batchinfer.inputs import InputError
-from airflow_provider_batchinfer.runtime.errors import JobError
+from airflow_provider_batchinfer.runtime.resources import IO_TASK_CPU
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from airflow_provider_batchinfer.runtime.resources import Reservation
     from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 
 
@@ -31,11 +32,20 @@ class ColumnPlan(_ColumnPlanBase, total=False):
 
 
 class ActorPool(TypedDict):
-    """The actor pool a job gets on a cluster, and why it differs from what was asked (``notes``)."""
+    """The actor pool a job gets on a cluster, and why it differs from what was asked (``notes``):
+    at most ``replicas`` (reserved), at least ``min_replicas``, over ``num_workers`` nodes, each
+    replica ``num_cpus`` / ``num_gpus`` / ``memory`` (bytes); read and write tasks take ``io_cpus`` each; the whole
+    reservation is ``reserved_cpus`` / ``reserved_gpus``."""
 
     replicas: int
+    min_replicas: int
+    num_workers: int
     num_cpus: float
     num_gpus: float
+    io_cpus: float
+    memory: int
+    reserved_cpus: float
+    reserved_gpus: float
     device: str
     threads: int
     notes: list[str]
@@ -158,44 +168,31 @@ def with_id_column(plan: ColumnPlan, id_column: str | None) -> ColumnPlan:
     return out
 
 
-def size_actor_pool(job: JobSpec, cluster: Mapping[str, float]) -> ActorPool:
-    """Ray resources for the actor pool, never every CPU of the cluster: a pool that holds them all
-    starves the read and write tasks and the job hangs (checked on Ray 2.60)."""
-    cpus = float(cluster.get("CPU", 0))
-    gpus = float(cluster.get("GPU", 0))
+def size_actor_pool(job: JobSpec, res: Reservation) -> ActorPool:
+    """The actor pool that runs in a reservation (``runtime/resources.py``): it autoscales between
+    ``num_workers`` replicas (one per node) and the replicas reserved, never beyond, and the notes
+    say why it differs from what was asked."""
     notes: list[str] = []
-    if job.num_gpus > 0 and gpus < job.num_gpus:
-        raise JobError(
-            f"JobSpec.num_gpus={job.num_gpus} per replica, but the Ray cluster has {gpus:g} GPU(s); run on a GPU "
-            "cluster (launcher ray_jobs) or set num_gpus=0"
-        )
-    replicas = job.replicas
-    num_cpus = float(job.num_cpus)
-    spare = max(cpus - 1, 0)
-    if num_cpus > spare and cpus > 0:
+    if res.replicas < job.replicas:
         notes.append(
-            f"num_cpus={num_cpus:g} per replica leaves no CPU for reading and writing on a {cpus:g}-CPU "
-            f"cluster; using {max(spare, 0.5):g}"
+            f"replicas={job.replicas} asked for, {res.replicas} reserved: the cluster had room for no more "
+            f"beside its other jobs ({res.describe()})"
         )
-        num_cpus = max(spare, 0.5)
-    if num_cpus > 0 and replicas * num_cpus > max(spare, num_cpus):
-        fit = max(1, int(max(spare, num_cpus) // num_cpus))
-        notes.append(
-            f"replicas={replicas} x {num_cpus:g} CPU would hold every CPU of the cluster ({cpus:g}); "
-            f"using {fit} replica(s)"
-        )
-        replicas = fit
+    busiest = max(res.per_node)
     if job.num_gpus > 0:
-        replicas = min(replicas, max(1, int(gpus // job.num_gpus)))
-        device = "cuda"
-        threads = max(1, int(num_cpus))
-    else:
-        device = "cpu"
-        threads = max(1, int(cpus // replicas)) if cpus else 1
+        device, threads = "cuda", max(1, int(job.num_cpus))
+    else:  # a replica's torch threads: its node's share of the reservation, rounded
+        device, threads = "cpu", max(1, int((busiest * res.num_cpus + res.io_cpus / 2) / busiest + 0.5))
     return {
-        "replicas": replicas,
-        "num_cpus": num_cpus,
-        "num_gpus": job.num_gpus,
+        "replicas": res.replicas,
+        "min_replicas": res.min_replicas,
+        "num_workers": len(res.per_node),
+        "num_cpus": res.num_cpus,
+        "num_gpus": res.num_gpus,
+        "io_cpus": IO_TASK_CPU,
+        "memory": res.replica_memory,
+        "reserved_cpus": res.cpus,
+        "reserved_gpus": res.gpus,
         "device": device,
         "threads": threads,
         "notes": notes,

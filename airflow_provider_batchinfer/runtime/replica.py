@@ -8,14 +8,17 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from airflow_provider_batchinfer.registry import fetch_version
+from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV, fetch_version
 from airflow_provider_batchinfer.runtime.dereference import dereference_inputs
-from airflow_provider_batchinfer.runtime.errors import check_batch, model_batch_error, score_isolating
+from airflow_provider_batchinfer.runtime.errors import JobError, check_batch, model_batch_error, score_isolating
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_provider_batchinfer.runtime.plan import ColumnPlan
+
+# the driver's BATCHINFER_MODEL_CACHE, for nodes that were started without their own
+DRIVER_CACHE_ENV = "BATCHINFER_DRIVER_MODEL_CACHE"
 
 # flavors whose predictor runs on torch: their replicas import it up front and pin its threads
 TORCH_FLAVORS = frozenset({"torchscript", "sentence_transformers", "text_generation", "image_classification"})
@@ -47,13 +50,21 @@ class ModelReplica:
         max_rows: int | None = None,
         policy: RowPolicy | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        num_gpus: float = 0.0,
     ) -> None:
         from airflow_provider_batchinfer.runtime.flavors import load_predictor
 
         started = time.monotonic()
+        node = node_identity()
+        if num_gpus > 0:  # before any download or load: a GPU Ray gave us that CUDA cannot see
+            check_cuda(num_gpus, node)
         # an object-store model is downloaded here, on the actor's node (once per node: a cache keyed
-        # by sha256), not by the driver, whose node may hold no replica at all
-        model_dir, manifest = fetch_version(model_uri, sha256, dict(storage_options) if storage_options else None)
+        # by sha256), not by the driver, whose node may hold no replica at all; the node's own
+        # BATCHINFER_MODEL_CACHE wins over the driver's
+        cache_dir = os.environ.get(MODEL_CACHE_ENV) or os.environ.get(DRIVER_CACHE_ENV) or None
+        model_dir, manifest = fetch_version(
+            model_uri, sha256, dict(storage_options) if storage_options else None, cache_dir=cache_dir
+        )
         if manifest is None:  # fetch_version re-hashes and returns it whenever verify=True (the default)
             raise RuntimeError(f"model {model_uri} came back without its manifest; it cannot be loaded")
         verified = time.monotonic()
@@ -69,8 +80,11 @@ class ModelReplica:
         self.model = f"{manifest['name']}/{manifest['version']}"
         self.counter = counter
         self.policy: RowPolicy = policy or {}
+        if counter is not None:  # where this replica runs, for the job log and the manifest
+            counter.placed.remote(*node)
         print(
-            f"[batchinfer] replica ready: {self.model} fetched and verified in {verified - started:.2f}s, "
+            f"[batchinfer] replica ready on node {node[2]}: {self.model} fetched and verified in "
+            f"{verified - started:.2f}s, "
             f"torch imported in {imported - verified:.2f}s, loaded in {time.monotonic() - imported:.2f}s "
             f"on {device}, {self.threads or '-'} torch thread(s)",
             flush=True,
@@ -151,3 +165,48 @@ def set_torch_threads(device: str, threads: int, load_torch: bool = True) -> int
     if device == "cpu":
         torch.set_num_threads(max(1, threads))
     return int(torch.get_num_threads())
+
+
+class NoCudaError(JobError):
+    """Ray gave a replica GPUs on a node where torch sees no CUDA device: no retry can fix that."""
+
+    permanent = True
+
+
+def node_identity() -> tuple[str, str, str]:
+    """(this actor's id, its Ray node id, the node's IP) in a Ray worker; placeholders elsewhere."""
+    try:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return str(ctx.get_actor_id() or os.getpid()), ctx.get_node_id(), ray.util.get_node_ip_address()
+    except Exception:  # outside Ray (a unit test calling the class directly)
+        return str(os.getpid()), "local", "127.0.0.1"
+
+
+def check_cuda(num_gpus: float, node: tuple[str, str, str], cuda_available: bool | None = None) -> None:
+    """Fail, before the model is fetched or loaded, when Ray gave this replica GPUs that torch
+    cannot use (a node started with ``--num-gpus`` but no CUDA device or driver, or a CPU-only torch)."""
+    if cuda_available is None:
+        try:
+            import torch
+
+            cuda_available = bool(torch.cuda.is_available())
+        except ImportError:
+            cuda_available = False
+    if cuda_available:
+        return
+    try:
+        import ray
+
+        given = [str(g) for g in ray.get_gpu_ids()]
+    except Exception:
+        given = []
+    raise NoCudaError(
+        f"replica on Ray node {node[2]} ({node[1][:12]}) was given {num_gpus:g} GPU(s) by Ray "
+        f"(JobSpec.num_gpus={num_gpus:g}; GPU ids {given or 'none'}, CUDA_VISIBLE_DEVICES="
+        f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}) but torch.cuda.is_available() is False there, so the "
+        "model was not loaded. The node declares a GPU resource (ray start --num-gpus, or a resources setting) "
+        "without a usable CUDA device: install the NVIDIA driver and a CUDA build of torch on that node, stop "
+        "declaring GPUs there, or run on CPU with JobSpec(num_gpus=0)"
+    )
