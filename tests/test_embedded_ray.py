@@ -195,7 +195,7 @@ def test_three_concurrent_runs_on_the_embedded_default_share_one_ray(
         procs.append((subprocess.Popen(cmd, env=run_env, stdout=log, stderr=subprocess.STDOUT, cwd=home), log))
     try:
         for proc, _ in procs:
-            proc.wait(timeout=540)
+            proc.wait(timeout=240)
     finally:
         for proc, log in procs:
             if proc.poll() is None:

@@ -43,7 +43,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from airflow_provider_batchinfer.launchers.base import LaunchError, TaskLog
-from airflow_provider_batchinfer.launchers.procs import free_port, port_open, proc_alive, proc_start_time
+from airflow_provider_batchinfer.launchers.procs import (
+    free_port,
+    group_cmdlines,
+    port_open,
+    proc_alive,
+    proc_start_time,
+)
 
 __all__ = [
     "DEFAULT_IDLE_S",
@@ -65,6 +71,8 @@ IDLE_ENV = "BATCHINFER_RAY_IDLE_S"
 DEFAULT_IDLE_S = 600.0
 START_TIMEOUT_S = 120.0
 _READY_LINE = "Ray runtime started"
+#: never handed to the shared Ray: another cluster's address and token, a job's parent pid
+_NOT_INHERITED = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "BATCHINFER_PARENT_PID")
 
 
 def installed_ray_version() -> str | None:
@@ -202,30 +210,41 @@ def drop_lease(directory: Path, pid: int) -> None:
 
 
 # --- start, check, stop ------------------------------------------------------------------------
-def _healthy(state: EmbeddedRay) -> bool:
+def _healthy(state: EmbeddedRay, probe_port: bool = True) -> bool:
+    """Its head and keeper run and (``probe_port``) its GCS accepts connections: three tries, so a
+    busy machine's slow accept never gets a Ray with running jobs replaced."""
     host, _, port = state.address.rpartition(":")
-    return (
+    alive = (
         state.uid == os.getuid()
         and proc_alive(state.head_pid, state.head_started)
         and state.keeper_pid > 0
         and proc_alive(state.keeper_pid)
-        and port_open(host, int(port))
     )
+    return alive and (not probe_port or any(port_open(host, int(port), timeout=2.0) for _ in range(3)))
 
 
 def _stop(directory: Path, state: EmbeddedRay, why: str, grace_s: float = 15.0) -> None:
-    """Stop the recorded Ray by its process group (SIGTERM, then SIGKILL) and forget it."""
+    """Stop the recorded Ray by its process group (SIGTERM, then SIGKILL) and forget it. The group is
+    signalled only while it is provably ours (the head itself, or a member whose command line names
+    our temp dir), never a later process group that reuses the pid."""
     _note(directory, "stop", state, why)
-    if proc_alive(state.head_pid, state.head_started):
+    if _ours(state):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(state.head_pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while proc_alive(state.head_pid, state.head_started) and time.monotonic() < deadline:
             time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(state.head_pid, signal.SIGKILL)  # whatever of Ray's processes is left in its group
+    if _ours(state):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(state.head_pid, signal.SIGKILL)  # whatever of Ray's processes is left in its group
     shutil.rmtree(state.temp_dir, ignore_errors=True)
     (directory / "state.json").unlink(missing_ok=True)
+
+
+def _ours(state: EmbeddedRay) -> bool:
+    if proc_alive(state.head_pid, state.head_started):
+        return True
+    return any(state.temp_dir in cmdline for cmdline in group_cmdlines(state.head_pid))
 
 
 def _ray_command() -> str:
@@ -253,7 +272,7 @@ def _start(directory: Path, idle_s: float, ray_version: str, environ: Mapping[st
     port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="bir-", dir="/tmp")  # short: Ray's unix sockets live below it
     auth_mode, token_path = _auth(directory, environ)
-    env = {k: v for k, v in environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
+    env = {k: v for k, v in environ.items() if k not in _NOT_INHERITED}
     env.update(RAY_AUTH_MODE=auth_mode, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     if token_path:
         env["RAY_AUTH_TOKEN_PATH"] = token_path
@@ -290,7 +309,7 @@ def _start(directory: Path, idle_s: float, ray_version: str, environ: Mapping[st
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={k: v for k, v in environ.items() if k != "RAY_ADDRESS"},
+            env={k: v for k, v in environ.items() if k not in _NOT_INHERITED},
             start_new_session=True,
         )
     state = EmbeddedRay(**{**asdict(state), "keeper_pid": keeper.pid})
@@ -359,7 +378,7 @@ def keep(directory: Path) -> int:
             if state is None or state.keeper_pid != me:
                 print(f"{time.ctime()} keeper {me}: no longer the keeper of {directory}; exiting", flush=True)
                 return 0
-            if not _healthy(state):
+            if not _healthy(state, probe_port=False):
                 print(f"{time.ctime()} keeper {me}: Ray at {state.address} died; cleaning up", flush=True)
                 _stop(directory, state, "Ray itself died")
                 return 0

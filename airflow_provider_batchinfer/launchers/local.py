@@ -187,7 +187,9 @@ class LocalLauncher(Launcher):
         directory = embedded_ray.state_dir(env)
         idle_s = embedded_ray.idle_seconds(self.idle_s, env)
         with embedded_ray.locked(directory):
-            ray = embedded_ray.acquire(directory, idle_s, embedded_ray.installed_ray_version() or "unknown", env, log)
+            # the shared Ray gets this worker's environment, never one job's connection credentials
+            version = embedded_ray.installed_ray_version() or "unknown"
+            ray = embedded_ray.acquire(directory, idle_s, version, os.environ, log)
             env.pop("RAY_AUTH_TOKEN", None)  # the embedded Ray's own token file, never another one
             env.update(ray.driver_env())
             log.info("Launching batch inference job: %s (embedded Ray at %s)", " ".join(cmd), ray.address)

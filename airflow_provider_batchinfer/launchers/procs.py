@@ -42,3 +42,16 @@ def proc_alive(pid: int, started: int = 0) -> bool:
     if fields is None or fields[0] in ("Z", "X"):
         return False
     return not started or int(fields[19]) == started
+
+
+def group_cmdlines(pgid: int) -> list[str]:
+    """The command lines of the live processes in process group ``pgid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                found.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
