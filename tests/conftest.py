@@ -361,3 +361,23 @@ def two_node_cluster(tmp_path_factory):
             server.stop()
         for temp in temps:
             shutil.rmtree(temp, ignore_errors=True)
+
+
+# --- warmray: the embedded default's warm Ray (launchers/embedded_ray.py) ------------------------------
+# Jobs with no Ray address (tests that remove RAY_ADDRESS) share one embedded Ray; this session gets its
+# own state directory (short: under /tmp), so it never reuses or stops a developer's embedded Ray, and
+# that Ray is stopped (by its process group, never `ray stop`) when the session ends.
+_EMBEDDED_RAY_DIR = Path(tempfile.mkdtemp(prefix="bir-s-", dir="/tmp"))
+os.environ["BATCHINFER_RAY_DIR"] = str(_EMBEDDED_RAY_DIR)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_the_sessions_embedded_ray():
+    yield
+    from airflow_provider_batchinfer.launchers.embedded_ray import shutdown
+
+    shutdown(_EMBEDDED_RAY_DIR)
+    shutil.rmtree(_EMBEDDED_RAY_DIR, ignore_errors=True)
+
+
+# --- end warmray ------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ the runtime's last line, the Ray version check, and what ray_jobs derives from a
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import textwrap
 import threading
@@ -40,6 +41,7 @@ class ScriptLauncher(LocalLauncher):
     """The local launcher with a tiny script in place of the runtime: a real subprocess all the same."""
 
     def __init__(self, script: str, **kwargs: object) -> None:
+        kwargs.setdefault("ray_address", "local")  # these scripts need no Ray: never the embedded one
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.script = textwrap.dedent(script)
 
@@ -101,6 +103,15 @@ def test_local_exit_without_a_result_quotes_the_last_output(tmp_path):
     _, outcome, _ = _run(launcher, tmp_path)
     assert not outcome.succeeded and not outcome.permanent
     assert "exited with code 3 without a result; last output:\nTraceback: something broke" in outcome.message
+
+
+def test_the_runtime_learns_the_task_process_pid_for_its_watchdog(tmp_path):
+    launcher = ScriptLauncher("""
+        import os
+        print(os.environ["BATCHINFER_PARENT_PID"], os.getppid(), os.getpgrp() == os.getpid())
+    """)
+    _, _, lines = _run(launcher, tmp_path)
+    assert lines == [f"{os.getpid()} {os.getpid()} True"]  # our pid, its parent, its own process group
 
 
 def test_local_zero_exit_without_a_result_line_is_not_a_success(tmp_path):

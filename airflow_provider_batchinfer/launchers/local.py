@@ -1,13 +1,21 @@
-"""The embedded default: the runtime as a subprocess of the Airflow task, with a local Ray.
+"""The embedded default: the runtime as a subprocess of the Airflow task, on a warm local Ray.
 
 A subprocess rather than an in-process call because Ray's driver state, torch threads and model
 memory must die with the job, not linger in the worker; and because it is byte-for-byte the same
 entrypoint a cluster runs. Its output is streamed line by line into the task log. It cannot defer:
-the job lives as long as the task process watches it.
+the job lives as long as the task process watches it, and no longer: the runtime gets
+``BATCHINFER_PARENT_PID`` and its watchdog (``runtime/watchdog.py``) kills the job when this
+process is gone (a task killed by the OOM killer must not leave a job that commits later).
 
-With ``ray_address`` set the job attaches to a running Ray; before it starts, the cluster's Ray
-version (recorded in its GCS) is compared with this interpreter's: a mismatch fails the task with a
-clear message instead of a driver that hangs or dies deep inside ``ray.init``.
+Where the job runs:
+
+- a configured address (the connection's host, else ``RAY_ADDRESS``): attach to that Ray; before
+  the start, the cluster's Ray version (recorded in its GCS) is compared with this interpreter's, so
+  a mismatch fails the task with a clear message instead of a driver that hangs deep in ``ray.init``;
+- ``local``: a private Ray started and stopped by the job itself (slow: Ray's start-up every time);
+- nothing: the provider's one warm local Ray (``launchers/embedded_ray.py``), started by the first
+  job, shared by later and concurrent jobs (each holds a lease while it runs) and stopped after
+  ``idle_s`` seconds without a job.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from airflow_provider_batchinfer.contract import JobFailure, JobResult, parse_runtime_line
+from airflow_provider_batchinfer.launchers import embedded_ray
 from airflow_provider_batchinfer.launchers.base import (
     FAILED,
     RUNTIME_MODULE,
@@ -38,11 +47,15 @@ from airflow_provider_batchinfer.launchers.base import (
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from pathlib import Path
 
     from airflow_provider_batchinfer.contract import JobFile
     from airflow_provider_batchinfer.hooks.service_config import ServiceConfig
 
-__all__ = ["LaunchError", "LocalLauncher", "check_ray_version", "cluster_ray_version"]
+__all__ = ["PARENT_PID_ENV", "LaunchError", "LocalLauncher", "check_ray_version", "cluster_ray_version"]
+
+#: the task process's pid, in the runtime's environment: the runtime's watchdog ends the job with it
+PARENT_PID_ENV = "BATCHINFER_PARENT_PID"
 
 # Runs in a fresh interpreter (never in the Airflow worker: importing Ray there is slow and leaves
 # threads behind). Prints the cluster's metadata as Ray's own driver check reads it.
@@ -85,17 +98,10 @@ def check_ray_version(address: str, cluster: str | None, ours: str) -> None:
     )
 
 
-def _installed_ray_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("ray")
-    except PackageNotFoundError:
-        return None
-
-
 class LocalLauncher(Launcher):
-    """The runtime as a subprocess; ``ray_address``: attach to that Ray instead of starting one."""
+    """The runtime as a subprocess. ``ray_address``: attach to that Ray (``"local"``: a private Ray
+    per job) instead of the embedded one; ``idle_s``: how long the embedded Ray stays up without a
+    job (default ``BATCHINFER_RAY_IDLE_S``, else 600 s)."""
 
     name = "local"
     deferrable = False
@@ -106,14 +112,17 @@ class LocalLauncher(Launcher):
         kill_grace_s: float = 20.0,
         extra_env: Mapping[str, str] | None = None,
         check_version: bool = True,
+        idle_s: float | None = None,
     ) -> None:
         self.ray_address = ray_address
+        self.idle_s = None if idle_s is None else embedded_ray.idle_seconds(idle_s)
         self.kill_grace_s = kill_grace_s
         self.extra_env = dict(extra_env or {})
         self.check_version = check_version
         self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
         self._timed_out = False
+        self._lease: tuple[Path, int] | None = None
 
     @classmethod
     def from_config(cls, config: ServiceConfig) -> LocalLauncher:
@@ -142,7 +151,11 @@ class LocalLauncher(Launcher):
             env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         if self.ray_address:
             env["RAY_ADDRESS"] = self.ray_address
-            if "RAY_AUTH_MODE" not in env and os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+            if (
+                self.ray_address != "local"
+                and "RAY_AUTH_MODE" not in env
+                and os.path.exists(os.path.expanduser("~/.ray/auth_token"))
+            ):
                 env["RAY_AUTH_MODE"] = "token"  # Ray >= 2.5x clusters started by `ray start` require it
         env.update(self.extra_env)
         return env
@@ -153,16 +166,38 @@ class LocalLauncher(Launcher):
 
     def start(self, job: JobFile, job_location: str, log: TaskLog) -> JobHandle:
         env = self.environment()
-        if self.ray_address and self.check_version:
-            ours = _installed_ray_version()
-            if ours is not None:
-                check_ray_version(self.ray_address, cluster_ray_version(self.ray_address, env), ours)
+        env[PARENT_PID_ENV] = str(os.getpid())
         cmd = self.command(job_location)
-        log.info(
-            "Launching batch inference job: %s%s",
-            " ".join(cmd),
-            f" (Ray at {self.ray_address})" if self.ray_address else " (local Ray)",
-        )
+        address = self.ray_address or env.get("RAY_ADDRESS")
+        if address:
+            if self.ray_address and self.check_version:
+                ours = embedded_ray.installed_ray_version()
+                if ours is not None:
+                    check_ray_version(self.ray_address, cluster_ray_version(self.ray_address, env), ours)
+            where = "a private local Ray" if address == "local" else f"Ray at {address}"
+            log.info("Launching batch inference job: %s (%s)", " ".join(cmd), where)
+            self._spawn(cmd, env)
+        else:
+            self._start_embedded(cmd, env, log)
+        return JobHandle(job_id=job.job_id, attempt=job.attempt)
+
+    def _start_embedded(self, cmd: list[str], env: dict[str, str], log: TaskLog) -> None:
+        """Start the job on the embedded Ray: get (or start) it and lease it under one lock, so the
+        keeper never stops a Ray between handing out its address and the job's lease."""
+        directory = embedded_ray.state_dir(env)
+        idle_s = embedded_ray.idle_seconds(self.idle_s, env)
+        with embedded_ray.locked(directory):
+            # the shared Ray gets this worker's environment, never one job's connection credentials
+            version = embedded_ray.installed_ray_version() or "unknown"
+            ray = embedded_ray.acquire(directory, idle_s, version, os.environ, log)
+            env.pop("RAY_AUTH_TOKEN", None)  # the embedded Ray's own token file, never another one
+            env.update(ray.driver_env())
+            log.info("Launching batch inference job: %s (embedded Ray at %s)", " ".join(cmd), ray.address)
+            proc = self._spawn(cmd, env)
+            embedded_ray.add_lease(directory, proc.pid)
+            self._lease = (directory, proc.pid)
+
+    def _spawn(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
         with self._lock:
             self._timed_out = False
             self._proc = subprocess.Popen(
@@ -174,7 +209,7 @@ class LocalLauncher(Launcher):
                 bufsize=1,
                 start_new_session=True,  # its own process group, so on_kill can stop Ray's children too
             )
-        return JobHandle(job_id=job.job_id, attempt=job.attempt)
+            return self._proc
 
     def poll(self, handle: JobHandle) -> str | None:
         return None  # its output is the outcome: only wait() reads it
@@ -210,7 +245,14 @@ class LocalLauncher(Launcher):
                 timer.cancel()
             with self._lock:
                 self._proc = None
+            self._release()
         return self._outcome(handle, code, result, failure, "\n".join(tail), timeout)
+
+    def _release(self) -> None:
+        """Give back the embedded Ray's lease: the job ended (its idle clock starts now)."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            embedded_ray.drop_lease(*lease)
 
     def _outcome(
         self,

@@ -1,0 +1,404 @@
+"""The embedded default's Ray: one warm, provider-owned local Ray shared by this machine's jobs.
+
+Starting Ray takes about half of a small job's wall time, and every job starting its own Ray makes
+concurrent jobs each believe they own every CPU. So the ``local`` launcher, when no Ray address is
+configured, asks this module for *the* embedded Ray: the first job starts it (``ray start --head
+--block`` in its own session, loopback only, every port picked free, its own short temp dir), later
+and concurrent jobs attach to it, and a small keeper process stops it after an idle timeout.
+
+Everything lives in a state directory (``BATCHINFER_RAY_DIR``, default ``/tmp/batchinfer-ray-<uid>``,
+mode 0700, refused when another user owns it)::
+
+    lock          fcntl lock: starting, leasing and reaping are serialized on it
+    state.json    the running Ray: GCS address, head/keeper pids, temp dir, Ray version, owner uid
+    auth_token    the token this Ray and its drivers share (when token auth is on)
+    leases/<pid>  one per running job, named after the runtime process (its start time inside)
+    last_used     touched on every lease and release: the idle clock starts from its mtime
+    history.log   one line per start and stop (who, when, why)
+    head.log, keeper.log
+
+The keeper (``python -m airflow_provider_batchinfer.launchers.embedded_ray keep <dir>``) polls under
+the lock, so a job never gets an address that is being stopped; it stops Ray by its process group,
+never with ``ray stop`` (which stops every Ray on the machine). A state whose keeper or head is gone,
+or whose GCS port is closed, is stale: its leftovers are stopped and a new Ray is started.
+
+Imports neither Airflow nor Ray: Ray is only ever run as a command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from airflow_provider_batchinfer.launchers.base import LaunchError, TaskLog
+from airflow_provider_batchinfer.launchers.procs import (
+    free_port,
+    group_cmdlines,
+    port_open,
+    proc_alive,
+    proc_start_time,
+)
+
+__all__ = [
+    "DEFAULT_IDLE_S",
+    "DIR_ENV",
+    "IDLE_ENV",
+    "EmbeddedRay",
+    "acquire",
+    "add_lease",
+    "drop_lease",
+    "idle_seconds",
+    "installed_ray_version",
+    "read_state",
+    "shutdown",
+    "state_dir",
+]
+
+DIR_ENV = "BATCHINFER_RAY_DIR"
+IDLE_ENV = "BATCHINFER_RAY_IDLE_S"
+DEFAULT_IDLE_S = 600.0
+START_TIMEOUT_S = 120.0
+_READY_LINE = "Ray runtime started"
+#: never handed to the shared Ray: another cluster's address and token, a job's parent pid
+_NOT_INHERITED = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "BATCHINFER_PARENT_PID")
+
+
+def installed_ray_version() -> str | None:
+    """This interpreter's Ray version, read without importing Ray."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ray")
+    except PackageNotFoundError:
+        return None
+
+
+def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """``BATCHINFER_RAY_DIR``, else ``/tmp/batchinfer-ray-<uid>`` (short: Ray's sockets are not here,
+    but its temp dir is a sibling under /tmp for the same reason)."""
+    return Path(environ.get(DIR_ENV) or f"/tmp/batchinfer-ray-{os.getuid()}")
+
+
+def idle_seconds(value: float | None = None, environ: Mapping[str, str] = os.environ) -> float:
+    """The idle timeout: ``value`` when given, else ``BATCHINFER_RAY_IDLE_S``, else 600 s."""
+    if value is None:
+        raw = environ.get(IDLE_ENV)
+        try:
+            value = float(raw) if raw else DEFAULT_IDLE_S
+        except ValueError:
+            raise LaunchError(f"{IDLE_ENV}={raw!r} is not a number of seconds", permanent=True) from None
+    if value < 0:
+        raise LaunchError(f"the embedded Ray's idle timeout must be >= 0 seconds, got {value}", permanent=True)
+    return float(value)
+
+
+@dataclass(frozen=True)
+class EmbeddedRay:
+    """A running embedded Ray, as ``state.json`` records it."""
+
+    address: str  # GCS host:port
+    head_pid: int  # `ray start --block`, leader of the process group that holds every Ray process
+    head_started: int  # its start time (clock ticks since boot): guards against a reused pid
+    keeper_pid: int
+    temp_dir: str
+    ray_version: str
+    uid: int
+    auth_mode: str  # "token" or "disabled"
+    token_path: str | None
+    idle_s: float
+    started_at: float
+
+    def driver_env(self) -> dict[str, str]:
+        """What a driver needs to attach: the address and the same auth settings as the head."""
+        # loopback: without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 a driver looks for its raylet on the
+        # machine's outward IP and waits forever for a node registered as 127.0.0.1
+        env = {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": self.auth_mode, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        if self.token_path:
+            env["RAY_AUTH_TOKEN_PATH"] = self.token_path
+        return env
+
+
+# --- the state directory -------------------------------------------------------------------------
+def _prepare(directory: Path) -> None:
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (directory / "leases").mkdir(mode=0o700, exist_ok=True)
+    owner = directory.stat().st_uid
+    if owner != os.getuid():
+        raise LaunchError(
+            f"the embedded Ray's state directory {directory} belongs to uid {owner}, not to this worker's uid "
+            f"{os.getuid()}; set {DIR_ENV} to a directory of your own",
+            permanent=True,
+        )
+
+
+@contextlib.contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """Hold the state directory's lock (released by the kernel if this process dies)."""
+    _prepare(directory)
+    with open(directory / "lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def read_state(directory: Path) -> EmbeddedRay | None:
+    """The recorded Ray, or None (no state, or one this version cannot read)."""
+    try:
+        return EmbeddedRay(**json.loads((directory / "state.json").read_text()))
+    except (FileNotFoundError, ValueError, TypeError):
+        return None
+
+
+def _write_state(directory: Path, state: EmbeddedRay) -> None:
+    tmp = directory / "state.json.tmp"
+    tmp.write_text(json.dumps(asdict(state)))
+    tmp.replace(directory / "state.json")
+
+
+def _note(directory: Path, event: str, state: EmbeddedRay, why: str) -> None:
+    with open(directory / "history.log", "a") as history:
+        history.write(
+            f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {event} {state.address} head={state.head_pid} "
+            f"by pid {os.getpid()}: {why}\n"
+        )
+
+
+def _touch(directory: Path) -> None:
+    (directory / "last_used").touch()
+
+
+def live_leases(directory: Path) -> list[int]:
+    """Pids of the jobs that hold a lease and still run; stale leases are removed."""
+    live = []
+    for lease in (directory / "leases").iterdir():
+        try:
+            pid, started = int(lease.name), int(lease.read_text() or 0)
+        except (ValueError, FileNotFoundError):
+            pid, started = -1, 0
+        if pid > 0 and proc_alive(pid, started):
+            live.append(pid)
+        else:
+            lease.unlink(missing_ok=True)
+    return live
+
+
+def add_lease(directory: Path, pid: int) -> None:
+    """Record that the job in process ``pid`` uses the embedded Ray (call with the lock held)."""
+    (directory / "leases" / str(pid)).write_text(str(proc_start_time(pid) or 0))
+    _touch(directory)
+
+
+def drop_lease(directory: Path, pid: int) -> None:
+    """The job in ``pid`` ended: its lease goes and the idle clock restarts."""
+    with locked(directory):
+        (directory / "leases" / str(pid)).unlink(missing_ok=True)
+        _touch(directory)
+
+
+# --- start, check, stop ------------------------------------------------------------------------
+def _healthy(state: EmbeddedRay, probe_port: bool = True) -> bool:
+    """Its head and keeper run and (``probe_port``) its GCS accepts connections: three tries, so a
+    busy machine's slow accept never gets a Ray with running jobs replaced."""
+    host, _, port = state.address.rpartition(":")
+    alive = (
+        state.uid == os.getuid()
+        and proc_alive(state.head_pid, state.head_started)
+        and state.keeper_pid > 0
+        and proc_alive(state.keeper_pid)
+    )
+    return alive and (not probe_port or any(port_open(host, int(port), timeout=2.0) for _ in range(3)))
+
+
+def _stop(directory: Path, state: EmbeddedRay, why: str, grace_s: float = 15.0) -> None:
+    """Stop the recorded Ray by its process group (SIGTERM, then SIGKILL) and forget it. The group is
+    signalled only while it is provably ours (the head itself, or a member whose command line names
+    our temp dir), never a later process group that reuses the pid."""
+    _note(directory, "stop", state, why)
+    if _ours(state):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(state.head_pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while proc_alive(state.head_pid, state.head_started) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    if _ours(state):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(state.head_pid, signal.SIGKILL)  # whatever of Ray's processes is left in its group
+    shutil.rmtree(state.temp_dir, ignore_errors=True)
+    (directory / "state.json").unlink(missing_ok=True)
+
+
+def _ours(state: EmbeddedRay) -> bool:
+    if proc_alive(state.head_pid, state.head_started):
+        return True
+    return any(state.temp_dir in cmdline for cmdline in group_cmdlines(state.head_pid))
+
+
+def _ray_command() -> str:
+    beside = Path(sys.executable).parent / "ray"
+    found = str(beside) if beside.exists() else shutil.which("ray")
+    if not found:
+        raise LaunchError("the `ray` command is not installed beside this Python; install ray[data,default]")
+    return found
+
+
+def _auth(directory: Path, environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """Token auth unless the environment turns it off; the token is this Ray's own file, so another
+    `ray start` on the machine regenerating ``~/.ray/auth_token`` cannot lock our drivers out."""
+    if environ.get("RAY_AUTH_MODE", "token").lower() != "token":
+        return "disabled", None
+    token = directory / "auth_token"
+    if not token.exists():
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32))
+    return "token", str(token)
+
+
+def _start(directory: Path, idle_s: float, ray_version: str, environ: Mapping[str, str], log: TaskLog) -> EmbeddedRay:
+    port = free_port()
+    temp_dir = tempfile.mkdtemp(prefix="bir-", dir="/tmp")  # short: Ray's unix sockets live below it
+    auth_mode, token_path = _auth(directory, environ)
+    env = {k: v for k, v in environ.items() if k not in _NOT_INHERITED}
+    env.update(RAY_AUTH_MODE=auth_mode, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    if token_path:
+        env["RAY_AUTH_TOKEN_PATH"] = token_path
+    ports = ["ray-client-server", "dashboard", "dashboard-agent-listen", "dashboard-agent-grpc", "metrics-export"]
+    ports += ["runtime-env-agent", "node-manager", "object-manager"]
+    cmd = [_ray_command(), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1"]
+    cmd += [f"--temp-dir={temp_dir}", "--include-dashboard=false", "--disable-usage-stats"]
+    cmd += [f"--{name}-port={free_port()}" for name in ports]  # never collide with another Ray here
+    log.info("Starting the embedded Ray (state in %s, idle timeout %gs): %s", directory, idle_s, " ".join(cmd))
+    with open(directory / "head.log", "w") as out:
+        head = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    state = EmbeddedRay(
+        address=f"127.0.0.1:{port}",
+        head_pid=head.pid,
+        head_started=proc_start_time(head.pid) or 0,
+        keeper_pid=0,  # recorded before the wait: a starter killed mid-start leaves a state to clean up
+        temp_dir=temp_dir,
+        ray_version=ray_version,
+        uid=os.getuid(),
+        auth_mode=auth_mode,
+        token_path=token_path,
+        idle_s=idle_s,
+        started_at=time.time(),
+    )
+    _write_state(directory, state)
+    _wait_ready(directory, state, head)
+    _touch(directory)  # the idle clock starts when Ray is up
+    _note(directory, "start", state, f"Ray {ray_version}, up in {time.time() - state.started_at:.1f}s")
+    with open(directory / "keeper.log", "a") as out:
+        keeper = subprocess.Popen(
+            [sys.executable, "-m", __name__, "keep", str(directory)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={k: v for k, v in environ.items() if k not in _NOT_INHERITED},
+            start_new_session=True,
+        )
+    state = EmbeddedRay(**{**asdict(state), "keeper_pid": keeper.pid})
+    _write_state(directory, state)
+    return state
+
+
+def _wait_ready(directory: Path, state: EmbeddedRay, head: subprocess.Popen[bytes]) -> None:
+    port = int(state.address.rpartition(":")[2])
+    deadline = time.monotonic() + START_TIMEOUT_S
+    log_path = directory / "head.log"
+    while not (port_open("127.0.0.1", port) and _READY_LINE in log_path.read_text(errors="replace")):
+        if head.poll() is not None or time.monotonic() > deadline:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            _stop(directory, state, "it did not start")
+            raise LaunchError(f"the embedded Ray did not start (exit {head.poll()}); its log {log_path}:\n{tail}")
+        time.sleep(0.2)
+
+
+def acquire(directory: Path, idle_s: float, ray_version: str, environ: Mapping[str, str], log: TaskLog) -> EmbeddedRay:
+    """The running embedded Ray, started or replaced as needed; call with :func:`locked` held and
+    add the job's lease before releasing it."""
+    state = read_state(directory)
+    if state is not None and not _healthy(state):
+        log.warning("The embedded Ray recorded in %s is gone or unreachable; starting a new one", directory)
+        _stop(directory, state, "stale: its head, keeper or GCS port is gone")
+        state = None
+    if state is not None and state.ray_version != ray_version:
+        busy = live_leases(directory)
+        if busy:
+            raise LaunchError(
+                f"the embedded Ray in {directory} runs Ray {state.ray_version}, this worker has Ray {ray_version}, "
+                f"and {len(busy)} job(s) still use it; a retry after they end starts one on Ray {ray_version}"
+            )
+        log.warning("The embedded Ray runs Ray %s, not %s: replacing it", state.ray_version, ray_version)
+        _stop(directory, state, f"it runs Ray {state.ray_version}, the worker has {ray_version}")
+        state = None
+    if state is None:
+        return _start(directory, idle_s, ray_version, environ, log)
+    if state.idle_s != idle_s:  # the latest job's setting wins; the keeper reads it every poll
+        state = EmbeddedRay(**{**asdict(state), "idle_s": idle_s})
+        _write_state(directory, state)
+    log.info("Using the warm embedded Ray at %s (state in %s)", state.address, directory)
+    return state
+
+
+def shutdown(directory: Path) -> bool:
+    """Stop the embedded Ray recorded in ``directory`` now (its keeper exits on its next poll)."""
+    if not (directory / "state.json").exists():
+        return False
+    with locked(directory):
+        state = read_state(directory)
+        if state is None:
+            return False
+        _stop(directory, state, "shutdown() asked for it")
+        return True
+
+
+# --- the keeper ------------------------------------------------------------------------------------
+def keep(directory: Path) -> int:
+    """Poll the leases; stop Ray after ``idle_s`` seconds with none, or when Ray itself died."""
+    me = os.getpid()
+    while True:
+        with locked(directory):
+            state = read_state(directory)
+            if state is None or state.keeper_pid != me:
+                print(f"{time.ctime()} keeper {me}: no longer the keeper of {directory}; exiting", flush=True)
+                return 0
+            if not _healthy(state, probe_port=False):
+                print(f"{time.ctime()} keeper {me}: Ray at {state.address} died; cleaning up", flush=True)
+                _stop(directory, state, "Ray itself died")
+                return 0
+            last = max([state.started_at] + [p.stat().st_mtime for p in directory.glob("last_used")])
+            if not live_leases(directory) and time.time() - last >= state.idle_s:
+                print(f"{time.ctime()} keeper {me}: idle {state.idle_s:g}s; stopping Ray {state.address}", flush=True)
+                _stop(directory, state, f"idle for {state.idle_s:g}s")
+                return 0
+            poll = min(1.0, max(0.2, state.idle_s / 4))
+        time.sleep(poll)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "keep":
+        return keep(Path(argv[1]))
+    if len(argv) == 2 and argv[0] == "stop":
+        return 0 if shutdown(Path(argv[1])) else 1
+    print("usage: python -m airflow_provider_batchinfer.launchers.embedded_ray keep|stop <state dir>", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,232 @@
+"""The embedded default's one warm local Ray (launchers/embedded_ray.py): started by the first job,
+reused by later and concurrent jobs, stopped after its idle timeout, replaced when stale. Jobs run
+with no Ray address configured (RAY_ADDRESS removed), each test on its own state directory."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_batchinfer.launchers import embedded_ray
+from airflow_provider_batchinfer.launchers.base import LaunchError
+from airflow_provider_batchinfer.launchers.local import PARENT_PID_ENV, LocalLauncher
+from airflow_provider_batchinfer.launchers.procs import proc_alive, proc_start_time
+from airflow_provider_batchinfer.stage import SUCCESS_MARKER
+from tests.conftest import REPO, run_dag
+from tests.models import committed_manifest, write_tickets
+
+LOG = logging.getLogger("test_embedded_ray")
+RAY_VERSION = embedded_ray.installed_ray_version() or "unknown"
+
+
+@pytest.fixture
+def ray_dir(monkeypatch):
+    """A fresh, short state directory for this test's embedded Ray, stopped at the end; no Ray
+    address in the environment, so jobs use the embedded default."""
+    directory = Path(tempfile.mkdtemp(prefix="bir-t-", dir="/tmp"))
+    monkeypatch.setenv(embedded_ray.DIR_ENV, str(directory))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    yield directory
+    embedded_ray.shutdown(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _starts(directory: Path) -> list[str]:
+    history = directory / "history.log"
+    return [line for line in history.read_text().splitlines() if " start " in line] if history.exists() else []
+
+
+def _gone(pid: int, started: int, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while proc_alive(pid, started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not proc_alive(pid, started)
+
+
+# --- settings and leases (no Ray) ----------------------------------------------------------------
+def test_state_dir_and_idle_timeout_come_from_the_environment():
+    assert embedded_ray.state_dir({}) == Path(f"/tmp/batchinfer-ray-{os.getuid()}")
+    assert embedded_ray.state_dir({"BATCHINFER_RAY_DIR": "/tmp/x"}) == Path("/tmp/x")
+    assert embedded_ray.idle_seconds(None, {}) == 600.0
+    assert embedded_ray.idle_seconds(None, {"BATCHINFER_RAY_IDLE_S": "2.5"}) == 2.5
+    assert embedded_ray.idle_seconds(30, {"BATCHINFER_RAY_IDLE_S": "2.5"}) == 30.0  # the parameter wins
+    with pytest.raises(LaunchError, match=r"BATCHINFER_RAY_IDLE_S='soon' is not a number of seconds") as info:
+        embedded_ray.idle_seconds(None, {"BATCHINFER_RAY_IDLE_S": "soon"})
+    assert info.value.permanent
+    with pytest.raises(LaunchError, match=r"idle timeout must be >= 0 seconds, got -1"):
+        LocalLauncher(idle_s=-1)
+
+
+def test_a_state_dir_of_another_user_is_refused(tmp_path, monkeypatch):
+    foreign = tmp_path / "theirs"
+    foreign.mkdir()
+    if os.getuid() != 0:
+        pytest.skip("needs root to hand a directory to another uid")
+    os.chown(foreign, 65534, 65534)
+    monkeypatch.setenv(embedded_ray.DIR_ENV, str(foreign))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(
+        LaunchError, match=rf"state directory {foreign} belongs to uid 65534, not to .* BATCHINFER_RAY_DIR"
+    ):
+        LocalLauncher().start(None, "unused", LOG)  # type: ignore[arg-type]
+
+
+def test_leases_of_ended_processes_are_dropped(tmp_path):
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    with embedded_ray.locked(tmp_path):
+        embedded_ray.add_lease(tmp_path, os.getpid())
+        embedded_ray.add_lease(tmp_path, ended.pid)
+        (tmp_path / "leases" / "12345678").write_text("1")  # no such pid
+        (tmp_path / "leases" / str(os.getppid())).write_text("1")  # a live pid, but another start time
+        assert embedded_ray.live_leases(tmp_path) == [os.getpid()]
+    assert sorted(p.name for p in (tmp_path / "leases").iterdir()) == [str(os.getpid())]
+    embedded_ray.drop_lease(tmp_path, os.getpid())
+    assert not list((tmp_path / "leases").iterdir())
+
+
+def test_the_launcher_tells_the_runtime_its_pid(tmp_path):
+    launcher = LocalLauncher(ray_address="local")
+    assert PARENT_PID_ENV == "BATCHINFER_PARENT_PID"
+    from airflow_provider_batchinfer.runtime.watchdog import PARENT_PID_ENV as RUNTIME_SIDE
+
+    assert RUNTIME_SIDE == PARENT_PID_ENV
+    assert launcher.environment()["RAY_ADDRESS"] == "local"  # a private Ray per job, on request
+
+
+# --- a real embedded Ray ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_stale_states_are_replaced(ray_dir):
+    # a state whose processes and port are long gone (a reboot, a killed worker): replaced, its temp dir removed
+    leftover = Path(tempfile.mkdtemp(prefix="bir-old-", dir="/tmp"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (ray_dir / "state.json").write_text(
+        json.dumps(
+            {
+                "address": "127.0.0.1:1",
+                "head_pid": dead.pid,
+                "head_started": 1,
+                "keeper_pid": dead.pid,
+                "temp_dir": str(leftover),
+                "ray_version": RAY_VERSION,
+                "uid": os.getuid(),
+                "auth_mode": "token",
+                "token_path": None,
+                "idle_s": 600.0,
+                "started_at": 0.0,
+            }
+        )
+    )
+    with embedded_ray.locked(ray_dir):
+        first = embedded_ray.acquire(ray_dir, 600.0, RAY_VERSION, dict(os.environ), LOG)
+    assert first.address != "127.0.0.1:1" and not leftover.exists()
+    assert "stale" in (ray_dir / "history.log").read_text()
+    # a real Ray whose keeper died (nobody would ever stop it): its head is stopped, a new one started
+    os.kill(first.keeper_pid, signal.SIGKILL)
+    assert _gone(first.keeper_pid, 0, 10)
+    with embedded_ray.locked(ray_dir):
+        second = embedded_ray.acquire(ray_dir, 600.0, RAY_VERSION, dict(os.environ), LOG)
+    assert second.address != first.address and second.head_pid != first.head_pid
+    assert _gone(first.head_pid, first.head_started, 30), "the stale Ray's head outlived its replacement"
+    assert not Path(first.temp_dir).exists()
+    assert len(_starts(ray_dir)) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("airflow_db")
+def test_jobs_share_one_warm_ray_until_it_idles_out(ray_dir, monkeypatch, text_length_model, tmp_path):
+    monkeypatch.setenv(embedded_ray.IDLE_ENV, "8")
+    data = write_tickets(tmp_path / "in", rows=200, files=2)
+    runs = []
+    for n in range(2):
+        state, tasks, _ = run_dag("bi_test_error_mode", input=str(data), out=str(tmp_path / f"out{n}"))
+        assert state == "success", tasks
+        runs.append(embedded_ray.read_state(ray_dir))
+    first, second = runs
+    assert first is not None and second is not None
+    assert second.address == first.address and second.head_pid == first.head_pid  # reused, warm
+    assert len(_starts(ray_dir)) == 1 and first.idle_s == 8.0
+    assert not list((ray_dir / "leases").iterdir())  # both jobs gave their lease back
+    assert _gone(first.head_pid, first.head_started, 60), "the embedded Ray did not stop after its idle timeout"
+    assert embedded_ray.read_state(ray_dir) is None and not Path(first.temp_dir).exists()
+    assert "idle for 8s" in (ray_dir / "history.log").read_text()
+    state, tasks, _ = run_dag("bi_test_error_mode", input=str(data), out=str(tmp_path / "out2"))
+    assert state == "success", tasks
+    third = embedded_ray.read_state(ray_dir)
+    assert third is not None and third.head_pid != first.head_pid and len(_starts(ray_dir)) == 2
+    for n in range(3):
+        assert committed_manifest(str(tmp_path / f"out{n}"))["counts"]["output_rows"] == 200
+
+
+@pytest.mark.slow
+def test_three_concurrent_runs_on_the_embedded_default_share_one_ray(
+    airflow_db, ray_dir, text_length_model, batchinfer_home, tmp_path
+):
+    """Three ``airflow dags test`` processes at once, each with its own AIRFLOW_HOME (SQLite refuses
+    concurrent writers) and one shared BATCHINFER_RAY_DIR: one Ray is started, every run commits once."""
+    data = write_tickets(tmp_path / "in", rows=200, files=2)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    procs = []
+    for n in range(3):
+        home = tmp_path / f"airflow{n}"
+        home.mkdir()
+        shutil.copy(airflow_db / "airflow.db", home / "airflow.db")
+        run_env = dict(
+            env,
+            AIRFLOW_HOME=str(home),
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
+        )
+        conf = json.dumps({"input": str(data), "out": str(tmp_path / f"out{n}")})
+        cmd = [sys.executable, "-m", "airflow", "dags", "test", "bi_test_error_mode", "-c", conf]
+        cmd += ["-f", str(REPO / "tests" / "dags" / "batchinfer_test_dags.py")]
+        log = open(tmp_path / f"run{n}.log", "w")
+        procs.append((subprocess.Popen(cmd, env=run_env, stdout=log, stderr=subprocess.STDOUT, cwd=home), log))
+    try:
+        for proc, _ in procs:
+            proc.wait(timeout=240)
+    finally:
+        for proc, log in procs:
+            if proc.poll() is None:
+                proc.kill()
+            log.close()
+    logs = [(tmp_path / f"run{n}.log").read_text() for n in range(3)]
+    for n in range(3):
+        run_dir = tmp_path / f"out{n}"
+        assert (run_dir / SUCCESS_MARKER).exists(), logs[n][-4000:]
+        manifest = committed_manifest(str(run_dir))
+        assert manifest["counts"] == {"input_rows": 200, "output_rows": 200, "error_rows": 0}
+        assert len(list(run_dir.glob("part-*.parquet"))) == len(manifest["files"])  # exactly once
+    assert len(_starts(ray_dir)) == 1, (ray_dir / "history.log").read_text()
+    addresses = {
+        line.split("embedded Ray at ")[1].split(")")[0]
+        for text in logs
+        for line in text.splitlines()
+        if "embedded Ray at" in line
+    }
+    assert len(addresses) == 1, addresses
+
+
+def test_no_embedded_ray_module_imports_airflow_or_ray():
+    code = (
+        "import sys; import airflow_provider_batchinfer.launchers.embedded_ray, airflow_provider_batchinfer.launchers.local;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('airflow', 'ray')]; print(bad); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_proc_identity_guards_against_reused_pids():
+    me = proc_start_time(os.getpid())
+    assert me and proc_alive(os.getpid(), me) and not proc_alive(os.getpid(), me + 1)

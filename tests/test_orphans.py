@@ -1,0 +1,128 @@
+"""No orphans: a ``local`` job dies with its Airflow task process. The runtime's watchdog
+(runtime/watchdog.py) sees ``BATCHINFER_PARENT_PID`` gone and kills its own process group, so a task
+killed by the OOM killer or a lost worker never leaves a job that commits ``_SUCCESS`` later."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER
+from tests.conftest import REPO
+from tests.models import SlowLength, write_tickets
+
+SIGNATURE = {"inputs": {"text": "string"}, "outputs": {"length": "int64"}}
+
+# The task process: the test DAG's inference task run by dag.test() in this interpreter (the session's
+# migrated metadata DB; the pytest process does not write to it meanwhile).
+TASK = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+bag.get_dag("bi_test_error_mode").test(run_conf=json.loads(sys.argv[2]))
+"""
+
+
+def _runtime_of(out: Path) -> psutil.Process | None:
+    spec = str(out / JOB_SPEC_FILE)
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "airflow_provider_batchinfer.runtime" in cmd and spec in cmd:
+            return proc
+    return None
+
+
+def _gone(proc: psutil.Process, wait_s: float) -> bool:
+    try:
+        proc.wait(timeout=wait_s)
+    except psutil.TimeoutExpired:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("airflow_db")
+def test_kill_9_of_the_task_process_ends_its_job_and_nothing_commits(registry, tmp_path):
+    """On the embedded default (RAY_ADDRESS removed): the task process is SIGKILLed while its job
+    scores; the runtime ends within 30 s and no _SUCCESS appears, even after the job's normal run."""
+    registry.log_model("slow_length", "v1", "python", python_class=SlowLength, signature=SIGNATURE)
+    data = write_tickets(tmp_path / "in", rows=3000, files=3)  # 30 model calls of 0.5 s: ~15 s of scoring
+    out = tmp_path / "out"
+    conf = {"input": str(data), "out": str(out), "model": "slow_length"}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    log_path = tmp_path / "task.log"
+    with open(log_path, "w") as log:
+        task = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(TASK), str(REPO / "tests" / "dags"), json.dumps(conf)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        runtime = None
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and task.poll() is None:
+            runtime = _runtime_of(out) if (out / JOB_SPEC_FILE).exists() else None
+            if runtime is not None and "progress:" in log_path.read_text():  # scoring, not starting
+                break
+            time.sleep(0.5)
+        assert runtime is not None and task.poll() is None, log_path.read_text()[-4000:]
+        parent = runtime.parent()
+        assert parent is not None and parent.pid == int(runtime.environ()["BATCHINFER_PARENT_PID"])
+        killed_at = time.monotonic()
+        parent.send_signal(signal.SIGKILL)  # the task process: no on_kill, no cleanup
+        assert _gone(runtime, 30), "the job outlived its task process by 30 s"
+        print(f"runtime ended {time.monotonic() - killed_at:.1f}s after the kill")
+        time.sleep(30)  # past the job's normal duration: a surviving job would have committed by now
+        assert not (out / SUCCESS_MARKER).exists()
+    finally:
+        if task.poll() is None:
+            os.killpg(task.pid, signal.SIGKILL)
+        task.wait()
+
+
+def test_the_watchdog_kills_its_process_group_when_the_parent_goes(tmp_path):
+    """The watchdog alone, without Ray: a parent that starts a 'runtime' (a child in its own session
+    that arms the watchdog and starts a grandchild) and then dies of SIGKILL."""
+    child = textwrap.dedent("""
+        import subprocess, sys, time
+        from airflow_provider_batchinfer.runtime.watchdog import watch_parent
+        watch_parent()
+        grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        print(grandchild.pid, flush=True)
+        time.sleep(120)
+        open(sys.argv[1], "w").write("committed")
+    """)
+    parent = textwrap.dedent("""
+        import os, subprocess, sys
+        env = dict(os.environ, BATCHINFER_PARENT_PID=str(os.getpid()))
+        proc = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        print(proc.pid, proc.stdout.readline().strip(), flush=True)
+        proc.wait()
+    """)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    marker = tmp_path / "committed"
+    task = subprocess.Popen(
+        [sys.executable, "-c", parent, child, str(marker)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert task.stdout is not None
+    runtime_pid, grandchild_pid = map(int, task.stdout.readline().split())
+    runtime, grandchild = psutil.Process(runtime_pid), psutil.Process(grandchild_pid)
+    task.kill()
+    task.wait()
+    assert _gone(runtime, 10) and _gone(grandchild, 10)
+    assert not marker.exists()
