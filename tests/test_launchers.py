@@ -233,7 +233,9 @@ def test_ray_jobs_from_a_connection(tmp_path):
         "pip": ["x"],
         "env_vars": {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK"},
     }
-    assert launcher.job_name(OWNER) == submission_id_for("d", "t", "manual__1", -1, 2)
+    # one id per submission (Ray never takes one twice): the identity's first 128 bits and the attempt
+    assert launcher.job_name(OWNER, "t02abc", "f" * 64) == submission_id_for(OWNER, "t02abc", "f" * 64)
+    assert submission_id_for(OWNER, "t02abc", "f" * 64) == f"batchinfer-d-t-{'f' * 32}-t02abc"
     assert launcher.job_ray_address is None  # a Jobs API driver finds its cluster by itself
     handle = launcher.attach("sid", "t02abc", LOG)
     assert handle.url == "http://head:8265/#/jobs/sid"
@@ -241,6 +243,7 @@ def test_ray_jobs_from_a_connection(tmp_path):
     assert isinstance(trigger, RayJobTrigger)
     assert trigger.serialize()[1] == {
         "submission_id": "sid",
+        "log_offset": 0,
         "model_service_conn_id": "c",
         "poll_interval": 2.0,
         "deadline": None,

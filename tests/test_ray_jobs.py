@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher, submission_id_for
+from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher
 from airflow_provider_batchinfer.stage import SUCCESS_MARKER, sanitize_run_key
 from tests.conftest import run_dag, xcom_value
 from tests.models import SlowLength, committed_manifest, write_tickets
@@ -69,6 +69,23 @@ def _operator(tmp_path, rows=1000, **kwargs):
     )
 
 
+def jobs_of_run(launcher, run_id):
+    """The cluster's jobs for one run (by the metadata every submission carries), oldest first."""
+    jobs = [j for j in launcher.client().list_jobs() if (j.metadata or {}).get("run_id") == run_id]
+    return sorted(jobs, key=lambda j: j.start_time or 0)
+
+
+def wait_for_job(launcher, run_id, timeout=90):
+    """The submission id of the run's (first) job, once it was submitted."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs = jobs_of_run(launcher, run_id)
+        if jobs:
+            return jobs[0].submission_id
+        time.sleep(0.3)
+    raise AssertionError(f"no job of run {run_id} was submitted within {timeout}s")
+
+
 def _wait_for_status(launcher, sid, wanted=("RUNNING",), timeout=90):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -94,8 +111,10 @@ def test_example_dags_run_through_the_jobs_api_deferrable(
     run_dir = batchinfer_home.joinpath("stage", *subdir, sanitize_run_key(run_id))
     manifest = committed_manifest(str(run_dir))
     assert manifest["counts"]["output_rows"] == rows and manifest["job"]["launcher"] == "ray_jobs"
-    sid = submission_id_for(dag_id, task_id, run_id, -1, 1)
-    assert launcher.find(sid)["status"] == "SUCCEEDED"
+    claim = json.loads((run_dir / "_job.json").read_text())
+    sid = claim["submission_id"]
+    assert [j.submission_id for j in jobs_of_run(launcher, run_id)] == [sid]
+    assert launcher.find(sid)["status"] == "SUCCEEDED" and len(claim["identity"]) == 64
     url = xcom_value(dag_id, run_id, task_id, key="ray_job_url")
     assert url.endswith(f"/#/jobs/{sid}")
     job_spec = (run_dir / "_job.json").read_text()
@@ -104,10 +123,10 @@ def test_example_dags_run_through_the_jobs_api_deferrable(
 
 def test_a_restarted_task_reattaches_instead_of_submitting_twice(ray_jobs_conn, launcher, slow_model, tmp_path):
     ti = TaskInstanceStandIn(run_id="manual__reattach")
-    sid = submission_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number)
     results = {}
     first = threading.Thread(target=lambda: results.setdefault("first", _operator(tmp_path).execute({"ti": ti})))
     first.start()
+    sid = wait_for_job(launcher, ti.run_id)
     _wait_for_status(launcher, sid)
     second = _operator(tmp_path).execute({"ti": ti})  # the "restarted" task: same dag/task/run/try
     first.join(timeout=120)
@@ -120,7 +139,6 @@ def test_killing_the_task_stops_the_job(ray_jobs_conn, launcher, slow_model, tmp
     from airflow.sdk.exceptions import AirflowException
 
     ti = TaskInstanceStandIn(run_id="manual__kill")
-    sid = submission_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number)
     op = _operator(tmp_path, rows=2000)
     errors = []
 
@@ -132,6 +150,7 @@ def test_killing_the_task_stops_the_job(ray_jobs_conn, launcher, slow_model, tmp
 
     worker = threading.Thread(target=run)
     worker.start()
+    sid = wait_for_job(launcher, ti.run_id)
     _wait_for_status(launcher, sid)
     op.on_kill()
     worker.join(timeout=120)
@@ -144,13 +163,13 @@ def test_the_trigger_on_kill_stops_the_job(ray_jobs_conn, launcher, slow_model, 
     from airflow_provider_batchinfer.triggers.ray_job import RayJobTrigger
 
     ti = TaskInstanceStandIn(run_id="manual__trigger_kill")
-    sid = submission_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, ti.try_number)
     op = _operator(tmp_path, rows=2000, deferrable=True)
     from airflow.sdk.exceptions import TaskDeferred
 
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": ti})
     trigger = deferred.value.trigger
+    sid = wait_for_job(launcher, ti.run_id)
     assert isinstance(trigger, RayJobTrigger) and trigger.serialize()[1]["submission_id"] == sid
     asyncio.run(trigger.on_kill())
     assert _wait_for_status(launcher, sid, ("STOPPED",)) == "STOPPED"
@@ -170,7 +189,7 @@ def test_deferral_timeout_stops_the_job(ray_jobs_conn, launcher, slow_model, tmp
     out = tmp_path / "out"
     state, _tasks, run_id = run_dag("bi_test_ray_jobs_timeout", input=str(tickets), out=str(out), model="slow_length")
     assert state == "failed"
-    sid = submission_id_for("bi_test_ray_jobs_timeout", "infer", run_id, -1, 1)
+    sid = wait_for_job(launcher, run_id)
     assert _wait_for_status(launcher, sid, ("STOPPED",)) == "STOPPED"
     assert not (out / SUCCESS_MARKER).exists()
 

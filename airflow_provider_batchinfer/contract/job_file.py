@@ -19,7 +19,12 @@ class JobFile:
 
     Writing it claims the run directory for this attempt: a zombie attempt whose ``attempt`` no
     longer matches the file must not commit (the fence). It holds no credentials: those reach the
-    runtime through its environment."""
+    runtime through its environment.
+
+    ``identity``: a hex digest of the task instance and of what it computes (input fingerprint,
+    model sha256, specs, save mode); a later try with the same identity re-attaches to the job
+    ``submission_id`` names while it still runs. Both are written before the job is submitted.
+    Job files written before it existed read with None (never re-attached to)."""
 
     job_id: str
     attempt: str
@@ -37,6 +42,7 @@ class JobFile:
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     resume: bool = False
     submission_id: str | None = None
+    identity: str | None = None
     format: str = JOB_FORMAT
 
     def to_dict(self) -> dict[str, Any]:
@@ -58,6 +64,7 @@ class JobFile:
             "storage_options": dict(self.storage_options),
             "resume": self.resume,
             "submission_id": self.submission_id,
+            "identity": self.identity,
         }
 
     def to_json(self) -> str:
@@ -98,6 +105,7 @@ class JobFile:
             storage_options=_opt(data, "storage_options", dict, where, err, {}),
             resume=bool(_opt(data, "resume", bool, where, err, False)),
             submission_id=_opt(data, "submission_id", str, where, err),
+            identity=_opt(data, "identity", str, where, err),
         )
 
     @classmethod

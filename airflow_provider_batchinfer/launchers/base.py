@@ -2,8 +2,9 @@
 
 The operator's flow is the same for all of them::
 
-    existing_job(owner) -> attach(...)      a job of this task-instance try is already there: re-attach
-      or before_start(owner) -> start(job)  else clear the way (earlier tries) and start it
+    existing_job(claim) -> attach(...)      the run directory's claim names a job of the same identity
+                                            (task instance + what it computes) that still runs: re-attach
+      or before_start(owner) -> start(job)  else clear the way (stop the task's other running jobs), start
     poll(handle)                            ended already?  -> outcome(handle, status)
     trigger(handle, ...)                    deferrable: the triggerer watches -> outcome(handle, status)
     wait(handle, ...)                       or wait in the worker, forwarding the job's log lines
@@ -66,19 +67,24 @@ class LaunchError(RuntimeError):
 @dataclass(frozen=True)
 class JobHandle:
     """A started (or re-attached) job: the launcher's id for it, the attempt its ``_job.json``
-    names, and where a user can watch it (None when nowhere but the task log)."""
+    names, and where a user can watch it (None when nowhere but the task log). ``log_offset``: how
+    much of the job's log was already forwarded to the task log (e.g. by a trigger), so
+    :meth:`Launcher.outcome` and :meth:`Launcher.wait` forward only the rest."""
 
     job_id: str
     attempt: str
     url: str | None = None
+    log_offset: int = 0
 
 
 @dataclass(frozen=True)
 class ExistingJob:
-    """A job the launcher already knows for this task-instance try, in any state."""
+    """A job that a claim (``_job.json``) names and the launcher still sees running: a new try
+    of the same identity re-attaches to it under the claim's ``attempt``."""
 
     job_id: str
     status: str
+    attempt: str
 
 
 @dataclass(frozen=True)
@@ -118,9 +124,10 @@ class Launcher(abc.ABC):
         return address
 
     # --- identity --------------------------------------------------------------------------------
-    def job_name(self, owner: RunOwner) -> str | None:
-        """The id this launcher gives the job of this task-instance try, when it is known before the
-        start (recorded as ``JobFile.submission_id``); None when the launcher has no such id."""
+    def job_name(self, owner: RunOwner, attempt: str | None = None, identity: str | None = None) -> str | None:
+        """The id this launcher will give the job of this attempt, known before the start (recorded
+        with the identity as ``JobFile.submission_id`` before anything is submitted, so a crash
+        between submit and record is recovered); None when the launcher has no such id."""
         return None
 
     @property
@@ -128,17 +135,21 @@ class Launcher(abc.ABC):
         """The Ray address the job file carries (``JobFile.ray_address``): where the runtime attaches."""
         return None
 
-    def existing_job(self, owner: RunOwner) -> ExistingJob | None:
-        """A job of this very task-instance try that is already known (a restarted task re-attaches
-        to it instead of starting it twice). Default: none can be found."""
+    def existing_job(self, claim: JobFile) -> ExistingJob | None:
+        """The job ``claim`` names (its ``submission_id``), when this launcher still sees it running.
+        The operator asks only when the claim's identity is the new try's: a retry after a lost
+        worker re-attaches instead of starting the work again. Default: none can be found."""
         return None
 
     def attach(self, job_id: str, attempt: str, log: TaskLog) -> JobHandle:
         """A handle on a job found by :meth:`existing_job` (or named in a trigger event)."""
         return JobHandle(job_id=job_id, attempt=attempt)
 
-    def before_start(self, owner: RunOwner, log: TaskLog) -> None:  # noqa: B027  (an optional hook)
-        """Clear the way for a new try, e.g. stop a job of an earlier try still writing. Default: nothing."""
+    def before_start(  # noqa: B027  (an optional hook)
+        self, owner: RunOwner, log: TaskLog, identity: str | None = None
+    ) -> None:
+        """Clear the way for a new job of this task instance: stop any of its jobs still running (of
+        an earlier try, or of another ``identity``: changed input or model). Default: nothing."""
 
     # --- lifecycle -------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -1,17 +1,21 @@
 """The ``ray_jobs`` launcher: the same runtime entrypoint, submitted to a Ray cluster's Jobs API.
 
-The Airflow worker only submits and watches. Submission is idempotent: the ``submission_id`` is
-derived from dag, task, run, map index and try, so a task that restarts while its job runs (a
-worker crash, a triggerer hand-over) re-attaches instead of launching a second job, while a retry
-(a new try) gets a new job and first stops an earlier try's job still running. KubeRay and managed
-Ray are just other addresses of the same API. Deferrable: :class:`RayJobTrigger` watches it.
+The Airflow worker only submits and watches. A job belongs to its task instance, not to a try: it
+carries the task key and the job's identity (:mod:`airflow_provider_batchinfer.identity`) in its
+metadata, and ``_job.json`` records its submission id and identity *before* it is submitted. A new
+try (a lost worker, a restarted task) whose claim names a job of the same identity still running
+re-attaches to it (:meth:`RayJobsLauncher.existing_job`); otherwise :meth:`~RayJobsLauncher.before_start`
+stops every job of the task instance still running (an earlier try's, or one computing a changed
+input or model) and a new one is submitted. Ray refuses a submission id it has seen before, even
+for a job that ended, so each submission's id ends with its attempt id
+(:func:`submission_id_for`). KubeRay and managed Ray are just other addresses of the same API.
+Deferrable: :class:`RayJobTrigger` watches it and forwards its log as it grows.
 
 Imports no Airflow: the trigger and the operator share it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shlex
@@ -21,6 +25,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import last_failure
+from airflow_provider_batchinfer.identity import task_key
 from airflow_provider_batchinfer.launchers.base import (
     FAILED,
     RUNTIME_MODULE,
@@ -53,11 +58,44 @@ class RayJobsError(LaunchError):
     """The cluster could not be reached or refused a request; the message names the address."""
 
 
-def submission_id_for(dag_id: str, task_id: str, run_id: str, map_index: int | None, try_number: int) -> str:
-    """Stable across restarts of one try, distinct across tries, runs and mapped instances."""
-    digest = hashlib.sha1(f"{dag_id}\x00{task_id}\x00{run_id}\x00{map_index}".encode()).hexdigest()[:12]
-    readable = f"{_UNSAFE.sub('_', dag_id)[:40]}-{_UNSAFE.sub('_', task_id)[:40]}"
-    return f"batchinfer-{readable}-{digest}-try{int(try_number)}"
+#: job metadata keys (beside dag_id, task_id, run_id, map_index, try_number, attempt)
+TASK_KEY = "batchinfer_task"
+IDENTITY_KEY = "batchinfer_identity"
+
+
+def submission_id_for(owner: RunOwner, attempt: str, identity: str | None = None) -> str:
+    """``batchinfer-<dag>-<task>-<identity, 128 bits>-<attempt>``: readable, and distinct for every
+    submission (the attempt id is unique; Ray never accepts a submission id twice). Without an
+    identity the task key stands in. Re-attaching never derives it: it reads it from ``_job.json``."""
+    readable = f"{_UNSAFE.sub('_', owner.dag_id)[:40]}-{_UNSAFE.sub('_', owner.task_id)[:40]}"
+    key = (identity or task_key(owner))[:32]
+    return f"batchinfer-{readable}-{key}-{_UNSAFE.sub('_', attempt)}"
+
+
+def job_metadata(owner: RunOwner, attempt: str, identity: str | None) -> dict[str, str]:
+    """What a submitted job carries, so a later try can find (and stop) its task's jobs."""
+    return {
+        "dag_id": owner.dag_id,
+        "task_id": owner.task_id,
+        "run_id": owner.run_id,
+        "map_index": str(owner.map_index),
+        "try_number": str(owner.try_number),
+        "attempt": attempt,
+        TASK_KEY: task_key(owner),
+        IDENTITY_KEY: identity or "",
+    }
+
+
+def belongs_to(metadata: Mapping[str, str], owner: RunOwner) -> bool:
+    """Whether a job's metadata names this task instance (jobs submitted before the task key was
+    recorded: by dag, task, run and map index)."""
+    if TASK_KEY in metadata:
+        return metadata[TASK_KEY] == task_key(owner)
+    return (metadata.get("dag_id"), metadata.get("task_id"), metadata.get("run_id")) == (
+        owner.dag_id,
+        owner.task_id,
+        owner.run_id,
+    ) and metadata.get("map_index", "-1") == str(owner.map_index)
 
 
 @contextmanager
@@ -70,6 +108,14 @@ def _env_without(*names: str) -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
+
+
+def new_log_lines(text: str, offset: int, final: bool) -> tuple[list[str], int]:
+    """The complete lines of a job's log after ``offset`` (all of the rest when ``final``) and the
+    offset after them: a line still being written is forwarded on a later look, whole."""
+    fresh = text[offset:]
+    complete = fresh if final else fresh[: fresh.rfind("\n") + 1]
+    return complete.splitlines(), offset + len(complete)
 
 
 def _status_text(status: Any) -> str:
@@ -90,6 +136,7 @@ class RayJobsLauncher(Launcher):
         python: str = "python",
         verify: bool | str = True,
         submit_retry_s: float = 120.0,
+        stop_wait_s: float = 60.0,
     ) -> None:
         self.address = address
         self.headers = dict(headers or {})
@@ -97,6 +144,7 @@ class RayJobsLauncher(Launcher):
         self.python = python
         self.verify = verify
         self.submit_retry_s = submit_retry_s
+        self.stop_wait_s = stop_wait_s
         self._client: JobSubmissionClient | None = None
 
     @classmethod
@@ -208,6 +256,18 @@ class RayJobsLauncher(Launcher):
     def logs(self, submission_id: str) -> str:
         return str(self.client().get_job_logs(submission_id))
 
+    def jobs_of(self, owner: RunOwner) -> list[dict[str, Any]]:
+        """Every job the cluster lists for this task instance (any try, any state), by its metadata."""
+        try:
+            listed = self.client().list_jobs()
+        except Exception as exc:
+            raise RayJobsError(f"listing the jobs of the Ray Jobs API at {self.address} failed: {exc}") from exc
+        return [
+            {"submission_id": j.submission_id, "status": _status_text(j.status), "metadata": dict(j.metadata or {})}
+            for j in listed
+            if j.submission_id and belongs_to(j.metadata or {}, owner)
+        ]
+
     def stop_job(self, submission_id: str) -> bool:
         try:
             return bool(self.client().stop_job(submission_id))
@@ -215,12 +275,19 @@ class RayJobsLauncher(Launcher):
             return False
 
     # --- the launcher interface ------------------------------------------------------------------
-    def job_name(self, owner: RunOwner) -> str:
-        return submission_id_for(owner.dag_id, owner.task_id, owner.run_id, owner.map_index, owner.try_number)
+    def job_name(self, owner: RunOwner, attempt: str | None = None, identity: str | None = None) -> str:
+        return submission_id_for(owner, attempt or f"t{int(owner.try_number):02d}", identity)
 
-    def existing_job(self, owner: RunOwner) -> ExistingJob | None:
-        info = self.find(self.job_name(owner))
-        return None if info is None else ExistingJob(job_id=info["submission_id"], status=info["status"])
+    def existing_job(self, claim: JobFile) -> ExistingJob | None:
+        """The claim's job while it is not terminal: a try whose worker died re-attaches to it (also
+        when that worker died between recording the claim and the submit: then the cluster does not
+        know the id, and a fresh job is submitted)."""
+        if claim.launcher != self.name or not claim.submission_id:
+            return None
+        info = self.find(claim.submission_id)
+        if info is None or info["status"] in TERMINAL:
+            return None
+        return ExistingJob(job_id=claim.submission_id, status=info["status"], attempt=claim.attempt)
 
     def attach(self, job_id: str, attempt: str, log: TaskLog) -> JobHandle:
         url = f"{self.dashboard_url}/#/jobs/{job_id}"
@@ -233,28 +300,33 @@ class RayJobsLauncher(Launcher):
         )
         return JobHandle(job_id=job_id, attempt=attempt, url=url)
 
-    def before_start(self, owner: RunOwner, log: TaskLog) -> None:
-        """A retry must not race a job of an earlier try still writing into the same directory."""
-        for earlier in range(1, int(owner.try_number)):
-            sid = submission_id_for(owner.dag_id, owner.task_id, owner.run_id, owner.map_index, earlier)
-            info = self.find(sid)
-            if info is not None and info["status"] not in TERMINAL:
-                log.warning("Stopping Ray job %s of try %d, still %s", sid, earlier, info["status"])
-                self.stop_job(sid)
+    def before_start(self, owner: RunOwner, log: TaskLog, identity: str | None = None) -> None:
+        """A new job must not race one of the same task instance still writing into its directory:
+        stop each (of an earlier try, or computing another input or model) and wait until it ended."""
+        running = [j for j in self.jobs_of(owner) if j["status"] not in TERMINAL]
+        for job in running:
+            other = job["metadata"].get(IDENTITY_KEY)
+            why = (
+                "it computes another input, model or specs"
+                if other and other != identity
+                else "it is not re-attachable"
+            )
+            log.warning(
+                "Stopping Ray job %s (try %s, %s) of this task instance: %s",
+                job["submission_id"],
+                job["metadata"].get("try_number", "?"),
+                job["status"],
+                why,
+            )
+            self.stop_job(job["submission_id"])
+        deadline = time.monotonic() + self.stop_wait_s
+        for job in running:
+            while self.status(job["submission_id"]) not in TERMINAL and time.monotonic() < deadline:
+                time.sleep(0.5)
 
     def start(self, job: JobFile, job_location: str, log: TaskLog) -> JobHandle:
-        sid = job.submission_id or self.job_name(job.airflow)
-        owner = job.airflow
-        self.submit(
-            job_location,
-            sid,
-            metadata={
-                "dag_id": owner.dag_id,
-                "task_id": owner.task_id,
-                "run_id": owner.run_id,
-                "try_number": str(owner.try_number),
-            },
-        )
+        sid = job.submission_id or self.job_name(job.airflow, job.attempt, job.identity)
+        self.submit(job_location, sid, metadata=job_metadata(job.airflow, job.attempt, job.identity))
         log.info("Submitted Ray job %s", sid)
         return self.attach(sid, job.attempt, log)
 
@@ -267,15 +339,12 @@ class RayJobsLauncher(Launcher):
     ) -> Outcome:
         """Block until the job ends, forwarding new driver log lines. On ``timeout`` the job is stopped."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        seen = 0
+        seen = handle.log_offset
         while True:
             status = self.status(handle.job_id)
-            text = self.logs(handle.job_id)
-            fresh = text[seen:]
-            complete = fresh if status in TERMINAL else fresh[: fresh.rfind("\n") + 1]
-            for line in complete.splitlines():
+            lines, seen = new_log_lines(self.logs(handle.job_id), seen, status in TERMINAL)
+            for line in lines:
                 log_line(line)
-            seen += len(complete)
             if status in TERMINAL:
                 return self.outcome(handle, status)
             if deadline is not None and time.monotonic() >= deadline:
@@ -299,8 +368,8 @@ class RayJobsLauncher(Launcher):
         except Exception as exc:  # the verdict does not depend on the log
             if log_line is not None:
                 log_line(f"Could not fetch the driver log of {handle.job_id}: {exc}")
-        if log_line is not None:
-            for line in logs.splitlines():
+        if log_line is not None:  # what a trigger already logged is not logged again
+            for line in logs[handle.log_offset :].splitlines():
                 log_line(line)
         if status == SUCCEEDED:
             return Outcome(SUCCEEDED)
@@ -319,5 +388,9 @@ class RayJobsLauncher(Launcher):
         from airflow_provider_batchinfer.triggers.ray_job import RayJobTrigger
 
         return RayJobTrigger(
-            submission_id=handle.job_id, model_service_conn_id=conn_id, poll_interval=poll_interval, deadline=deadline
+            submission_id=handle.job_id,
+            model_service_conn_id=conn_id,
+            poll_interval=poll_interval,
+            deadline=deadline,
+            log_offset=handle.log_offset,
         )

@@ -13,6 +13,7 @@ half-commits data:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from functools import cached_property
@@ -33,6 +34,7 @@ from airflow_provider_batchinfer.contract import (
     new_attempt_id,
 )
 from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
+from airflow_provider_batchinfer.identity import input_fingerprint, job_identity
 from airflow_provider_batchinfer.inputs import InputError, list_input_files
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
@@ -44,7 +46,7 @@ from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.s3 import check_bucket, is_s3
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec
 from airflow_provider_batchinfer.stage import Stage, join, sanitize_run_key
-from airflow_provider_batchinfer.triggers.base import WatchStatus, validate_event
+from airflow_provider_batchinfer.triggers.base import WatchStatus, event_log_offset, validate_event
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -230,26 +232,56 @@ class BatchInferenceOperator(BaseOperator):
         return self._finish(outcome, run_dir.location, handle.attempt)
 
     def _launch(self, launcher: Launcher, owner: RunOwner, mv: ModelVersion, run_dir: Stage) -> JobHandle:
-        """Re-attach to this try's job when the launcher still knows it (a restarted task), else
-        clear the way, prepare the run directory and start a new job."""
-        existing = launcher.existing_job(owner)
-        if existing is not None:
-            try:
-                claim = rundir.read_claim(run_dir)
-            except ContractError as exc:
-                raise AirflowFailException(str(exc)) from exc
-            if claim is not None:
+        """Re-attach to the job the run directory's claim names when it has this job's identity and
+        the launcher still sees it running (a try whose worker died: the run directory and its
+        ``_job.json`` stay as they are, the job fences on the attempt recorded there); else clear
+        the way, prepare the run directory and start a new job."""
+        input_locations = self._input_locations()
+        identity = job_identity(
+            owner,
+            run_dir=run_dir.location,
+            input_fingerprint=input_fingerprint(input_locations, self.sql, self.conn_id, self.hook.storage_options),
+            model=f"{mv.name}/{mv.version}",
+            model_sha256=mv.sha256,
+            input_spec=self.input_spec,
+            job_spec=self.job_spec,
+            save_mode=self.save_mode,
+        )
+        claim = self._claim_for_reattach(run_dir)
+        if claim is not None and claim.identity == identity:
+            existing = launcher.existing_job(claim)
+            if existing is not None:
                 self.log.info(
-                    "Re-attaching to job %s (%s) instead of starting it again", existing.job_id, existing.status
+                    "Re-attaching to job %s (%s, attempt %s of try %d) instead of starting it again",
+                    existing.job_id,
+                    existing.status,
+                    existing.attempt,
+                    claim.airflow.try_number,
                 )
-                return launcher.attach(existing.job_id, claim.attempt, self.log)
-        launcher.before_start(owner, self.log)
-        job = self._prepare(launcher, owner, mv, run_dir)
+                return launcher.attach(existing.job_id, existing.attempt, self.log)
+        launcher.before_start(owner, self.log, identity)
+        job = self._prepare(launcher, owner, mv, run_dir, input_locations, identity)
         return launcher.start(job, run_dir.child(JOB_SPEC_FILE).location, self.log)
 
-    def _prepare(self, launcher: Launcher, owner: RunOwner, mv: ModelVersion, run_dir: Stage) -> JobFile:
-        """Everything before the launch: input check, save mode, the job file, SQL materialization."""
-        input_locations = self._input_locations()
+    def _claim_for_reattach(self, run_dir: Stage) -> JobFile | None:
+        """The run directory's claim; None (nothing to re-attach to) when it cannot be read:
+        ``rundir.prepare`` decides what such a directory may become."""
+        try:
+            return rundir.read_claim(run_dir)
+        except ContractError as exc:
+            self.log.warning("Not re-attaching: %s", exc)
+            return None
+
+    def _prepare(
+        self,
+        launcher: Launcher,
+        owner: RunOwner,
+        mv: ModelVersion,
+        run_dir: Stage,
+        input_locations: list[str] | None,
+        identity: str,
+    ) -> JobFile:
+        """Everything before the launch: save mode, the job file, SQL materialization."""
         try:
             prep = rundir.prepare(
                 run_dir,
@@ -264,9 +296,10 @@ class BatchInferenceOperator(BaseOperator):
             raise airflow_error(exc, exc.permanent) from exc
         for message in prep.messages:
             self.log.info("%s", message)
-        job = self._job_file(launcher, owner, mv, run_dir, input_locations, prep.resume)
-        # claimed before anything else is written into it, so a retry recognizes whatever this
-        # attempt leaves behind as its own
+        job = self._job_file(launcher, owner, mv, run_dir, input_locations, prep.resume, identity)
+        # claimed before anything else is written into it (so a retry recognizes whatever this
+        # attempt leaves behind as its own) and before the submit (so a retry finds the job even
+        # when this worker dies right after submitting it)
         rundir.claim(run_dir, job)
         self.log.info("Job %s: spec at %s", job.job_id, run_dir.child(JOB_SPEC_FILE).location)
         if self.sql is not None and self.conn_id:
@@ -281,6 +314,7 @@ class BatchInferenceOperator(BaseOperator):
         run_dir: Stage,
         input_locations: list[str] | None,
         resume: bool,
+        identity: str,
     ) -> JobFile:
         attempt = new_attempt_id(owner.try_number)
         config = self.hook.config
@@ -302,7 +336,8 @@ class BatchInferenceOperator(BaseOperator):
             ray_address=launcher.job_ray_address,  # a Jobs API driver finds its cluster by itself
             storage_options=self.hook.runtime_storage_options(),  # no credentials: see runtime_env()
             resume=resume,
-            submission_id=launcher.job_name(owner),
+            submission_id=launcher.job_name(owner, attempt, identity),
+            identity=identity,
         )
 
     def _defer(self, launcher: Launcher, handle: JobHandle) -> NoReturn:
@@ -336,6 +371,8 @@ class BatchInferenceOperator(BaseOperator):
         launcher = self.hook.get_launcher()
         try:
             handle = launcher.attach(str(event["job_id"]), claim.attempt, self.log)
+            # the trigger logged the job's log up to here as it ran: forward only the rest
+            handle = dataclasses.replace(handle, log_offset=event_log_offset(event))
             outcome = launcher.outcome(handle, str(event["job_status"]), self._log_line, timeout=self.job_timeout)
         except LaunchError as exc:
             raise airflow_error(exc, exc.permanent) from exc

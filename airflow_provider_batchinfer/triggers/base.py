@@ -49,6 +49,13 @@ def validate_event(event: dict[str, Any] | None, *required: str) -> dict[str, An
     return event
 
 
+def event_log_offset(event: dict[str, Any]) -> int:
+    """How much of the job's log the trigger that sent ``event`` already logged (``log_offset``;
+    0 from a trigger that logged none): the task forwards only the rest."""
+    offset = event.get("log_offset", 0)
+    return offset if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0 else 0
+
+
 class WatchTrigger(BaseTrigger):
     """Base of triggers that check something every ``poll_interval`` seconds until ``deadline``
     (epoch seconds; None: no deadline). The deadline is enforced here as well as by the scheduler's
