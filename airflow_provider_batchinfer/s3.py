@@ -12,12 +12,20 @@ When no credentials are given, pyarrow uses the AWS default chain (environment v
 files, instance roles), so the runtime and its workers need nothing but their environment. A
 filesystem built that way pickles without secrets, which matters: Ray ships it to every read and
 write task.
+
+Long jobs (see docs/credentials.md): shipped keys are frozen, so temporary ones (a session token)
+expire mid-job. Two ways out, both public settings: ``role_arn`` (every process that opens S3
+assumes the role itself through pyarrow's STS provider, which refreshes the session), and
+``credentials="worker"`` (no keys are shipped: each process uses its own chain, e.g. an instance
+profile or IRSA, which refresh themselves).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -29,7 +37,20 @@ if TYPE_CHECKING:
 
 S3_SCHEMES = ("s3", "s3a")
 SECRET_KEYS = ("access_key", "secret_key", "session_token")
-PUBLIC_KEYS = ("endpoint_url", "region", "max_attempts", "connect_timeout", "request_timeout")
+ROLE_KEYS = ("role_arn", "role_session_name", "external_id")
+PUBLIC_KEYS = (
+    "endpoint_url",
+    "region",
+    "max_attempts",
+    "connect_timeout",
+    "request_timeout",
+    "sts_endpoint_url",
+    "credentials",
+    *ROLE_KEYS,
+)
+#: ``credentials`` option: ship the connection's keys to the job (default), or ship none
+CREDENTIAL_MODES = ("connection", "worker")
+DEFAULT_ROLE_SESSION_NAME = "batchinfer"
 # what the runtime's Ray workers need from the runtime's own environment; nothing else is forwarded
 WORKER_ENV = (
     "AWS_ACCESS_KEY_ID",
@@ -37,6 +58,7 @@ WORKER_ENV = (
     "AWS_SESSION_TOKEN",
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_S3",
+    "AWS_ENDPOINT_URL_STS",
     "AWS_DEFAULT_REGION",
     "AWS_REGION",
     "AWS_PROFILE",
@@ -77,19 +99,31 @@ def public_options(options: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (options or {}).items() if k in PUBLIC_KEYS and v not in (None, "")}
 
 
-def credential_env(options: dict[str, Any] | None) -> dict[str, str]:
-    """Environment variables handing credentials and endpoint to the runtime subprocess."""
+def shipped_credentials(options: dict[str, Any] | None) -> dict[str, Any]:
+    """The keys a job would carry to its driver and workers: the connection's, unless
+    ``credentials="worker"`` says the workers use their own chain."""
     options = options or {}
+    if options.get("credentials") == "worker":
+        return {}
+    return {k: options[k] for k in SECRET_KEYS if options.get(k)}
+
+
+def credential_env(options: dict[str, Any] | None) -> dict[str, str]:
+    """Environment variables handing credentials and endpoints to the runtime subprocess (and from
+    there to its workers, see :func:`worker_env`)."""
+    options = options or {}
+    values = {**options, **dict.fromkeys(SECRET_KEYS), **shipped_credentials(options)}
     env = {}
     for key, var in (
         ("access_key", "AWS_ACCESS_KEY_ID"),
         ("secret_key", "AWS_SECRET_ACCESS_KEY"),
         ("session_token", "AWS_SESSION_TOKEN"),
         ("endpoint_url", "AWS_ENDPOINT_URL"),
+        ("sts_endpoint_url", "AWS_ENDPOINT_URL_STS"),
         ("region", "AWS_DEFAULT_REGION"),
     ):
-        if options.get(key):
-            env[var] = str(options[key])
+        if values.get(key):
+            env[var] = str(values[key])
     return env
 
 
@@ -132,12 +166,91 @@ def filesystem(options: dict[str, Any] | None = None) -> pafs.S3FileSystem:
     if options.get("access_key") or options.get("secret_key"):
         if not (options.get("access_key") and options.get("secret_key")):
             raise ValueError("S3 credentials need both an access key id and a secret access key")
+        keys: dict[str, Any] = {k: options.get(k) for k in SECRET_KEYS}
+        if options.get("role_arn"):  # pyarrow assumes a role only from the default chain
+            keys = assume_role(options)
+        kwargs.update(keys)
+    elif options.get("role_arn"):
+        # this process's own chain assumes the role; pyarrow refreshes the session before it expires.
+        # Pickles without secrets: each Ray task that unpickles it assumes the role itself.
         kwargs.update(
-            access_key=options["access_key"],
-            secret_key=options["secret_key"],
-            session_token=options.get("session_token"),
+            role_arn=options["role_arn"],
+            session_name=options.get("role_session_name") or DEFAULT_ROLE_SESSION_NAME,
+            external_id=options.get("external_id") or "",
         )
     return pafs.S3FileSystem(**kwargs)
+
+
+_ROLE_SESSIONS: dict[tuple[Any, ...], tuple[float, dict[str, str]]] = {}
+_ROLE_LOCK = threading.Lock()
+ROLE_SESSION_S = 3600
+_ROLE_REUSE_MARGIN_S = 600
+
+
+def sts_endpoint(options: dict[str, Any]) -> str | None:
+    """Where AssumeRole goes, in the order the AWS SDKs (pyarrow's too) read it: the STS-specific
+    setting, then the store's endpoint, else AWS's own STS."""
+    return (
+        options.get("sts_endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL_STS")
+        or options.get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or None
+    )
+
+
+def assume_role(options: dict[str, Any]) -> dict[str, str]:
+    """Temporary keys of ``role_arn``, assumed with the explicit keys in ``options`` (pyarrow can
+    assume a role only from the default chain). Used on the Airflow side, whose S3 work is short
+    (checks, the job file, the marker); a session is reused until 10 minutes before it expires.
+    The runtime never gets here: its options carry no keys."""
+    try:
+        import boto3
+    except ImportError as exc:
+        raise ValueError(
+            "role_arn with access keys on the connection needs boto3 on the Airflow worker (pip install boto3); "
+            "or leave the keys empty so the worker's own credential chain assumes the role"
+        ) from exc
+    cache_key = (*(options.get(k) for k in (*SECRET_KEYS, *ROLE_KEYS, "region")), sts_endpoint(options))
+    with _ROLE_LOCK:
+        cached = _ROLE_SESSIONS.get(cache_key)
+        if cached and cached[0] - time.time() > _ROLE_REUSE_MARGIN_S:
+            return dict(cached[1])
+        from botocore.config import Config
+
+        client = boto3.client(
+            "sts",
+            endpoint_url=sts_endpoint(options),
+            config=Config(connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}),
+            region_name=options.get("region") or os.environ.get("AWS_REGION") or "us-east-1",
+            aws_access_key_id=options["access_key"],
+            aws_secret_access_key=options["secret_key"],
+            aws_session_token=options.get("session_token") or None,
+        )
+        request: dict[str, Any] = {
+            "RoleArn": options["role_arn"],
+            "RoleSessionName": options.get("role_session_name") or DEFAULT_ROLE_SESSION_NAME,
+            "DurationSeconds": ROLE_SESSION_S,
+        }
+        if options.get("external_id"):
+            request["ExternalId"] = options["external_id"]
+        try:
+            creds = client.assume_role(**request)["Credentials"]
+        except Exception as exc:  # botocore's ClientError / EndpointConnectionError, named in the message
+            where = sts_endpoint(options) or "AWS STS"
+            error = S3StageError(
+                f"could not assume role {options['role_arn']!r} for S3 at {where}: {exc}. Check role_arn, the role's "
+                "trust policy (and external_id), and sts_endpoint_url in the connection"
+            )
+            error.permanent = True
+            raise error from exc
+        keys = {
+            "access_key": creds["AccessKeyId"],
+            "secret_key": creds["SecretAccessKey"],
+            "session_token": creds["SessionToken"],
+        }
+        _ROLE_SESSIONS[cache_key] = (creds["Expiration"].timestamp(), keys)
+        return dict(keys)
 
 
 def check_bucket(fs: pafs.FileSystem, location: str) -> None:

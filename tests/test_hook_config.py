@@ -125,9 +125,18 @@ def test_the_form_is_defined_once_for_provider_info_and_the_hook():
         "runtime_env",
         "ray_token",
         "python",
+        "credentials",
+        "role_arn",
+        "role_session_name",
+        "external_id",
+        "sts_endpoint_url",
+        "aws_session_token",
+        "aws_session_expiration",
     ):
         assert extra in conn_type["conn-fields"], extra
     assert conn_type["conn-fields"]["ray_token"]["schema"]["format"] == "password"
+    assert conn_type["conn-fields"]["aws_session_token"]["schema"]["format"] == "password"
+    assert conn_type["conn-fields"]["credentials"]["schema"]["enum"] == ["connection", "worker", None]
 
 
 def test_connection_fields_import_no_airflow():

@@ -25,7 +25,7 @@ RELABELING: dict[str, str] = {
 PLACEHOLDERS: dict[str, str] = {
     "host": "local launcher: empty (a local Ray per job) or 127.0.0.1:6379; "
     "ray_jobs: the dashboard, e.g. http://ray-head:8265",
-    "login": "empty: use aws_conn_id or the AWS default credential chain",
+    "login": "empty: use aws_conn_id or the AWS default credential chain (with role_arn: the role is assumed from it)",
     "extra": '{"stage_root": "/data/batchinfer/stage", "registry_root": "/data/batchinfer/registry"}',
 }
 
@@ -55,6 +55,43 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     "region_name": _field("S3 region", "Region of the buckets (us-east-1, auto for R2, ...)."),
     "aws_conn_id": _field(
         "AWS connection id", "Take S3 credentials, endpoint and region from this aws connection (fields set here win)."
+    ),
+    "credentials": _field(
+        "Credentials for the job (long jobs)",
+        "'connection' (default): the keys above (or the aws_conn_id's) are handed to the Ray driver and workers "
+        "as environment values, frozen for the job's life. 'worker': no keys are shipped; every Ray process uses "
+        "its own chain (instance profile, IRSA, its environment), which refreshes itself. Temporary keys "
+        "(a session token) must outlive the operator's job_timeout, or the task refuses to start the job.",
+        enum=["connection", "worker", None],
+    ),
+    "aws_session_token": _field(
+        "AWS session token (temporary keys)",
+        "With temporary keys in login/password: their session token. Frozen into the job: prefer role_arn or "
+        "credentials: worker for jobs longer than the token's life.",
+        format="password",
+    ),
+    "role_arn": _field(
+        "IAM role to assume (long jobs)",
+        "e.g. arn:aws:iam::123456789012:role/batch-inference. Every process that opens S3 (the task, the Ray "
+        "driver, each worker) assumes this role itself and refreshes the session, so hours-long jobs never hold "
+        "an expired token. Base credentials: the keys above when set, else each process's own chain.",
+    ),
+    "role_session_name": _field(
+        "Role session name", "Shown in CloudTrail for the assumed role (default: batchinfer); needs role_arn."
+    ),
+    "external_id": _field(
+        "Role external id", "The ExternalId the role's trust policy requires, if any; needs role_arn."
+    ),
+    "sts_endpoint_url": _field(
+        "STS endpoint URL",
+        "Where role_arn is assumed (AWS_ENDPOINT_URL_STS for every Ray process). Empty: the S3 endpoint URL "
+        "when set, else AWS STS. Set https://sts.amazonaws.com when the S3 endpoint is not AWS.",
+    ),
+    "aws_session_expiration": _field(
+        "Session token expiry",
+        "When the session token expires, ISO 8601 (e.g. 2026-11-23T14:30:00Z). With shipped temporary keys, a "
+        "job is started only when this expiry is known and later than its job_timeout (+5 min).",
+        format="date-time",
     ),
     "launcher": _field(
         "Launcher",

@@ -8,13 +8,15 @@ DAG runs with zero set-up.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from airflow_provider_batchinfer.hooks.connection_fields import ui_field_behaviour
+from airflow_provider_batchinfer.hooks.s3_credentials import credential_lifetime_problem
 from airflow_provider_batchinfer.hooks.service_config import (
     DEFAULT_CONN_ID,
     ConnectionNotFoundError,
@@ -45,7 +47,9 @@ class ModelServiceHook(BaseHook):
         ``stage_root``, ``registry_root``, ``launcher``, ``allowed_roots`` (where
         ``InputSpec.column_handling`` may read files besides the stage root), ``llm_engine``
         (``vllm`` | ``transformers``: the default engine of text_generation jobs). For ``s3://`` locations: login/password
-        (access key id / secret), extras ``endpoint_url``, ``region_name``, or ``aws_conn_id``.
+        (access key id / secret), extras ``endpoint_url``, ``region_name``, or ``aws_conn_id``; for long jobs
+        ``role_arn`` (+ ``role_session_name``, ``external_id``, ``sts_endpoint_url``) or ``credentials: worker``,
+        and ``aws_session_expiration`` for a session token (see docs/credentials.md).
     """
 
     conn_name_attr = "model_service_conn_id"
@@ -94,8 +98,27 @@ class ModelServiceHook(BaseHook):
         return {"max_attempts": DEFAULT_MAX_ATTEMPTS, **public_options(self.storage_options)}
 
     def runtime_env(self) -> dict[str, str]:
-        """``AWS_*`` variables for the runtime subprocess: how credentials reach it without a file."""
+        """``AWS_*`` variables for the runtime subprocess: how credentials reach it without a file
+        (none with the extra ``credentials: worker``)."""
         return credential_env(self.storage_options)
+
+    def check_credential_lifetime(self, job_timeout: float | None) -> None:
+        """Refuse, before any work, a job whose shipped S3 credentials are temporary and cannot be
+        shown to last until its deadline (``job_timeout`` seconds from now, plus a margin): they are
+        frozen into the job's environment, so they would expire mid-job and fail it hours in.
+        Permanent keys, ``credentials: worker`` and a role assumed from the workers' own chain pass.
+
+        :raises AirflowFailException: naming the expiry and how to fix the connection.
+        """
+        problem = credential_lifetime_problem(
+            self.storage_options,
+            self.config.credential_expiry,
+            job_timeout,
+            datetime.now(timezone.utc),
+            self.model_service_conn_id,
+        )
+        if problem:
+            raise AirflowFailException(problem)
 
     def open_stage(self, location: str) -> Stage:
         """A location (relative ones under ``stage_root``) with this connection's S3 settings."""

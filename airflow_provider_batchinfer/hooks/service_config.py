@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES, launcher_class
@@ -79,6 +80,8 @@ class ServiceConfig:
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: HTTP headers for the Ray Jobs API (``Authorization: Bearer <ray_token>``); never logged
     ray_headers: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    #: when the session token in ``storage_options`` expires (None: no token, or not known)
+    credential_expiry: datetime | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -137,7 +140,7 @@ class ServiceConfig:
                 f"connection {conn_id!r}: llm_engine {llm_engine!r} is not available; use 'vllm', "
                 "'transformers' or leave it empty (vLLM exactly when a job asks for GPUs)"
             )
-        from airflow_provider_batchinfer.hooks.s3_credentials import storage_options_from_connection
+        from airflow_provider_batchinfer.hooks.s3_credentials import EXPIRATION, storage_options_from_connection
 
         def no_lookup(other: str) -> Connection:
             raise ConnectionNotFoundError(
@@ -145,6 +148,7 @@ class ServiceConfig:
             )
 
         storage_options = storage_options_from_connection(conn, get_connection or no_lookup)
+        expiry = storage_options.pop(EXPIRATION, None)
         headers = {str(k): str(v) for k, v in dict(extra.get("headers") or {}).items()}
         if extra.get("ray_token"):
             headers["Authorization"] = f"Bearer {extra['ray_token']}"
@@ -161,4 +165,5 @@ class ServiceConfig:
             llm_engine=llm_engine,
             storage_options=storage_options,
             ray_headers=headers,
+            credential_expiry=expiry,
         )

@@ -210,6 +210,7 @@ class BatchInferenceOperator(BaseOperator):
     @fail_on_s3_errors
     def execute(self, context: Context) -> dict[str, Any]:
         owner = self._owner(context)
+        self.hook.check_credential_lifetime(self.job_timeout)
         mv, run_dir = self._resolve(context)
         launcher = self._launcher = self.hook.get_launcher()
         try:
