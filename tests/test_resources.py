@@ -152,6 +152,14 @@ def test_a_replica_given_a_gpu_that_cuda_cannot_see_fails_saying_so():
     ) as exc:
         check_cuda(1, ("a", "node", "10.0.0.1"), cuda_available=False)
     assert exc.value.permanent
+    # Ray hands the driver an ActorDiedError that carries it as text; the driver restores it
+    from airflow_provider_batchinfer.runtime.replica import replica_init_error
+
+    restored = replica_init_error(
+        RuntimeError(f"ActorDiedError: The actor died ...\n{type(exc.value).__module__}.NoCudaError: {exc.value}\n")
+    )
+    assert isinstance(restored, NoCudaError) and str(restored) == str(exc.value) and restored.permanent
+    assert replica_init_error(RuntimeError("ActorDiedError: out of memory")) is None
 
 
 # --- real jobs on the session's 2-CPU cluster ---------------------------------------------------------
