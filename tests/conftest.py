@@ -296,7 +296,11 @@ else:
 
 def _ray_node(name: str, args: list[str], temp_dir: str, cache: Path, manager_port: int, ports: list[int]):
     ray_bin = str(Path(sys.executable).parent / "ray")
-    env = dict(os.environ, RAY_AUTH_MODE="token", BATCHINFER_MODEL_CACHE=str(cache))
+    # the session sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (one node for every other test), which
+    # makes `ray start --address` refuse to join on any platform: these nodes are a cluster on purpose
+    env = dict(
+        os.environ, RAY_AUTH_MODE="token", BATCHINFER_MODEL_CACHE=str(cache), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1"
+    )
     env.pop("RAY_ADDRESS", None)
     cmd = [
         ray_bin,

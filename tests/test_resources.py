@@ -105,6 +105,63 @@ def test_the_pool_autoscales_within_what_was_reserved_and_says_why_it_is_smaller
     assert (pool["device"], pool["min_replicas"], pool["num_workers"], pool["reserved_gpus"]) == ("cuda", 2, 2, 4.0)
 
 
+def test_the_manifest_records_the_pool_and_where_its_replicas_ran(tmp_path):
+    from airflow_provider_batchinfer.contract import Manifest
+    from airflow_provider_batchinfer.runtime.commit import pool_record
+    from airflow_provider_batchinfer.runtime.io import replicas_per_node
+    from tests.runs import manifest_for
+
+    job = JobSpec(replicas=3, num_workers=2)
+    placements = replicas_per_node([("a1", "n-b", "10.0.0.2"), ("a2", "n-a", "10.0.0.1"), ("a3", "n-b", "10.0.0.2")])
+    assert placements == [
+        {"node_id": "n-b", "node_ip": "10.0.0.2", "replicas": 2},
+        {"node_id": "n-a", "node_ip": "10.0.0.1", "replicas": 1},
+    ]
+    record = pool_record(size_actor_pool(job, reservation(job, 3)), placements, waited_s=12.3456)
+    manifest = manifest_for(tmp_path, ())
+    manifest = Manifest.from_dict(
+        {**manifest.to_dict(), "job": {**manifest.to_dict()["job"], "pool": record.to_dict()}}
+    )
+    assert manifest.job.pool == record
+    assert manifest.to_dict()["job"]["pool"] == {
+        "min_replicas": 2,
+        "max_replicas": 3,
+        "num_workers": 2,
+        "reserved": {"cpus": 5.0, "gpus": 0.0},
+        "waited_s": 12.346,
+        "nodes": placements,
+    }
+    assert "pool" not in manifest_for(tmp_path, ()).to_dict()["job"]  # older runtimes: the key is absent
+    with pytest.raises(Exception, match=r"_SUCCESS.job.pool.nodes\[0\] has no 'replicas'"):
+        Manifest.from_dict(
+            {
+                **manifest.to_dict(),
+                "job": {**manifest.to_dict()["job"], "pool": {**record.to_dict(), "nodes": [{"node_id": "x"}]}},
+            }
+        )
+
+
+def test_a_replica_given_a_gpu_that_cuda_cannot_see_fails_saying_so():
+    from airflow_provider_batchinfer.runtime.replica import NoCudaError, check_cuda
+
+    check_cuda(1, ("a", "node", "10.0.0.1"), cuda_available=True)
+    with pytest.raises(
+        NoCudaError,
+        match=r"replica on Ray node 10.0.0.1 \(node\) was given 1 GPU\(s\) by Ray .* "
+        r"but torch.cuda.is_available\(\) is False there, so the model was not loaded",
+    ) as exc:
+        check_cuda(1, ("a", "node", "10.0.0.1"), cuda_available=False)
+    assert exc.value.permanent
+    # Ray hands the driver an ActorDiedError that carries it as text; the driver restores it
+    from airflow_provider_batchinfer.runtime.replica import replica_init_error
+
+    restored = replica_init_error(
+        RuntimeError(f"ActorDiedError: The actor died ...\n{type(exc.value).__module__}.NoCudaError: {exc.value}\n")
+    )
+    assert isinstance(restored, NoCudaError) and str(restored) == str(exc.value) and restored.permanent
+    assert replica_init_error(RuntimeError("ActorDiedError: out of memory")) is None
+
+
 # --- real jobs on the session's 2-CPU cluster ---------------------------------------------------------
 
 

@@ -37,7 +37,7 @@ from airflow_provider_batchinfer.runtime.plan import (
     with_id_column,
 )
 from airflow_provider_batchinfer.runtime.progress import ProgressLog
-from airflow_provider_batchinfer.runtime.replica import DRIVER_CACHE_ENV
+from airflow_provider_batchinfer.runtime.replica import DRIVER_CACHE_ENV, replica_init_error
 from airflow_provider_batchinfer.runtime.resume import KeptParts, resume_state
 from airflow_provider_batchinfer.s3 import worker_env
 from airflow_provider_batchinfer.stage import Stage
@@ -290,10 +290,18 @@ def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
     )
     progress.start()
     t_map = time.monotonic()
+    replica_error = None
     try:
         ds.write_datasink(sink, ray_remote_args={"num_cpus": pool["io_cpus"]})
+    except Exception as exc:  # a replica that could not start says why in text only: restore our error
+        replica_error = replica_init_error(exc)
+        if replica_error is None:
+            raise
+        log.debug("replica failed to start", exc_info=True)
     finally:
         progress.stop()
+    if replica_error is not None:  # raised outside the handler: its message, not Ray's wrapper, is reported
+        raise replica_error
     t_done = time.monotonic()
     placements = replicas_per_node(ray.get(counter.placements.remote(), timeout=30))
     log_placements(placements)

@@ -179,7 +179,9 @@ def node_identity() -> tuple[str, str, str]:
         import ray
 
         ctx = ray.get_runtime_context()
-        return str(ctx.get_actor_id() or os.getpid()), ctx.get_node_id(), ray.util.get_node_ip_address()
+        # the address the node joined the cluster with (what `ray status` shows), not the host's first IP
+        ip = getattr(ray._private.worker.global_worker, "node_ip_address", None) or ray.util.get_node_ip_address()
+        return str(ctx.get_actor_id() or os.getpid()), ctx.get_node_id(), str(ip)
     except Exception:  # outside Ray (a unit test calling the class directly)
         return str(os.getpid()), "local", "127.0.0.1"
 
@@ -210,3 +212,12 @@ def check_cuda(num_gpus: float, node: tuple[str, str, str], cuda_available: bool
         "without a usable CUDA device: install the NVIDIA driver and a CUDA build of torch on that node, stop "
         "declaring GPUs there, or run on CPU with JobSpec(num_gpus=0)"
     )
+
+
+def replica_init_error(exc: BaseException) -> NoCudaError | None:
+    """Ray reports a replica whose constructor raised as an ``ActorDiedError`` that carries our
+    error only as text; this gives back the ``NoCudaError`` (and its ``permanent``) when it is one."""
+    import re
+
+    found = re.search(rf"{NoCudaError.__name__}: (.+)", str(exc))
+    return NoCudaError(found.group(1).strip()) if found else None

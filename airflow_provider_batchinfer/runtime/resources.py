@@ -305,6 +305,9 @@ def use_for_ray_data(held: Reserved) -> None:
         ctx.scheduling_strategy = strategy
         ctx.scheduling_strategy_large_args = strategy
     ctx.execution_options.resource_limits = ExecutionResources.for_limits(cpu=held.plan.cpus, gpu=held.plan.gpus)
+    # DataContext.wait_for_min_actors_s stays at Ray's default (-1: start the pool asynchronously):
+    # the reservation already holds the minimum pool, and that wait would also count each replica's
+    # model download and load, which may take minutes on a large model
 
 
 def wait_for_free(need: Mapping[str, float], what: str, job: JobSpec, say: Callable[[str], None] = print) -> None:
