@@ -223,10 +223,12 @@ def _healthy(state: EmbeddedRay, probe_port: bool = True) -> bool:
     return alive and (not probe_port or any(port_open(host, int(port), timeout=2.0) for _ in range(3)))
 
 
-def _stop(directory: Path, state: EmbeddedRay, why: str, grace_s: float = 15.0) -> None:
+def _stop(directory: Path, state: EmbeddedRay, why: str, grace_s: float = 5.0) -> None:
     """Stop the recorded Ray by its process group (SIGTERM, then SIGKILL) and forget it. The group is
     signalled only while it is provably ours (the head itself, or a member whose command line names
-    our temp dir), never a later process group that reuses the pid."""
+    our temp dir), never a later process group that reuses the pid. The grace is short: SIGTERM
+    reaches every process of the group at once (raylet, GCS, workers), and `ray start --block` then
+    only waits out its drain timeout (30 s) for processes that are already gone."""
     _note(directory, "stop", state, why)
     if _ours(state):
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -93,7 +93,7 @@ def check_ray_version(address: str, cluster: str | None, ours: str) -> None:
     raise LaunchError(
         f"the Ray cluster at {address} runs Ray {cluster}, but this Airflow worker has Ray {ours}; a driver "
         f"cannot attach to a cluster of another Ray version. Install ray=={cluster} on the worker (or run the "
-        "cluster on the worker's version), or leave the connection's host empty for a local Ray per job",
+        "cluster on the worker's version), or leave the connection's host empty for the embedded local Ray",
         permanent=True,
     )
 
