@@ -68,6 +68,7 @@ def world(tmp_path_factory, ray_cluster):
         "bi_test_overwrite_retry",
         "bi_svc_error_daily",
         "bi_svc_ray_jobs",
+        "bi_svc_ray_jobs_daily",
         "bi_svc_sensor_wait",
     ):
         services.wait_for_dag(dag_id)
@@ -78,6 +79,7 @@ def world(tmp_path_factory, ray_cluster):
         "stage": bi_home / "stage",
         "inputs": inputs,
         "registry": bi_home / "registry",
+        "cluster": ray_cluster,
     }
     services.stop()
     print("\nscenario wall times:", json.dumps({k: round(v, 1) for k, v in TIMINGS.items()}))
@@ -172,8 +174,7 @@ def test_backfill_three_dates_then_reprocess(world):
     s = world["services"]
     t0 = time.monotonic()
     dag_id = "batchinfer_tabular_scoring"
-    # one run at a time: every job attaches to the session's 2-CPU Ray cluster, and two concurrent
-    # jobs each holding a CPU for their model replica leave none for either's reads (both stall)
+    # the DAG's own max_active_runs: the runs' jobs share the session's 2-CPU Ray cluster
     s.create_backfill(
         dag_id,
         "--from-date",
@@ -182,8 +183,6 @@ def test_backfill_three_dates_then_reprocess(world):
         "2026-11-03",
         "--dag-run-conf",
         json.dumps({"num_customers": 1000}),
-        "--max-active-runs",
-        "1",
     )
     backfill_runs = lambda: sorted(r["dag_run_id"] for r in s.runs(dag_id) if r["run_type"] == "backfill")  # noqa: E731
     deadline = time.monotonic() + 60
@@ -228,8 +227,6 @@ def test_backfill_three_dates_then_reprocess(world):
             "completed",
             "--dag-run-conf",
             json.dumps({"num_customers": 1000}),
-            "--max-active-runs",
-            "1",
         )
         deadline = time.monotonic() + 420
         while time.monotonic() < deadline:
@@ -250,6 +247,76 @@ def test_backfill_three_dates_then_reprocess(world):
         assert sorted(p.name for p in run_dir.glob("part-*.parquet")) == sorted(f["name"] for f in manifest["files"])
         assert pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]]).num_rows == 1000
     TIMINGS["backfill reprocess, OVERWRITE"] = time.monotonic() - t0
+
+
+def _backfill(s, dag_id: str, first: str, last: str, expected: int, known: set[str]) -> tuple[list[str], float]:
+    """Create a backfill of ``first``..``last``; wait until its ``expected`` new runs end. Returns
+    them and the wall time from the create to the last run's end."""
+    t0 = time.monotonic()
+    s.create_backfill(dag_id, "--from-date", first, "--to-date", last)
+    new_runs = lambda: sorted(  # noqa: E731
+        r["dag_run_id"] for r in s.runs(dag_id) if r["run_type"] == "backfill" and r["dag_run_id"] not in known
+    )
+    deadline = time.monotonic() + 60
+    while len(new_runs()) < expected and time.monotonic() < deadline:
+        time.sleep(1)
+    runs = new_runs()
+    assert len(runs) == expected, runs
+    for run_id in runs:
+        assert s.wait_for_run(dag_id, run_id, timeout=600) == "success", s.task_states(dag_id, run_id)
+    return runs, time.monotonic() - t0
+
+
+def _ray_jobs_of(world, dag_id: str) -> dict[str, list]:
+    """The session cluster's jobs for a DAG, by run id (from the metadata every submission carries)."""
+    from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher
+
+    cluster = world["cluster"]
+    client = RayJobsLauncher(cluster["dashboard"], headers={"Authorization": f"Bearer {cluster['token']}"}).client()
+    jobs: dict[str, list] = {}
+    for job in client.list_jobs():
+        if (job.metadata or {}).get("dag_id") == dag_id:
+            jobs.setdefault(job.metadata["run_id"], []).append(job)
+    return jobs
+
+
+def _peak_overlap(jobs: list) -> int:
+    """How many of the jobs ran at once at most (from the cluster's start and end times)."""
+    edges = sorted([(j.start_time, 1) for j in jobs] + [(j.end_time, -1) for j in jobs])
+    peak = current = 0
+    for _t, step in edges:
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+def test_backfill_four_dates_at_once_through_the_jobs_api(world):
+    """The acceptance: 4 logical dates with max_active_runs=4, each run deferred while its job runs
+    on the one 2-CPU cluster; every run commits exactly once (one _SUCCESS, one attempt, all rows)."""
+    s = world["services"]
+    dag_id = "bi_svc_ray_jobs_daily"
+    alone, TIMINGS["ray_jobs backfill, 1 date alone"] = _backfill(s, dag_id, "2026-11-10", "2026-11-10", 1, set())
+    s.wait_for_backfills(dag_id)
+    runs, TIMINGS["ray_jobs backfill, 4 dates, max_active_runs=4"] = _backfill(
+        s, dag_id, "2026-11-01", "2026-11-04", 4, set(alone)
+    )
+    jobs = _ray_jobs_of(world, dag_id)
+    for run_id in runs:
+        assert s.task_states(dag_id, run_id)["infer"] == ("success", 1)
+        run_dir = world["stage"] / "svc" / "ray_jobs_daily" / sanitize_run_key(run_id)
+        manifest = committed_manifest(str(run_dir))
+        assert manifest["counts"] == {"input_rows": 400, "output_rows": 400, "error_rows": 0}
+        assert manifest["job"]["attempt"].startswith("t01") and manifest["job"]["launcher"] == "ray_jobs"
+        assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("part-")) == sorted(
+            f["name"] for f in manifest["files"]
+        )
+        ids = pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]]).column("ticket_id").to_pylist()
+        assert sorted(ids) == list(range(400))  # every row exactly once
+        assert len(jobs[run_id]) == 1, jobs[run_id]  # one Ray job per run
+    # the runs' jobs shared the cluster: at least two ran at once (each task deferred while its job ran)
+    peak = _peak_overlap([jobs[r][0] for r in runs])
+    TIMINGS["ray_jobs backfill, peak concurrent jobs"] = peak
+    assert peak >= 2, [(j.start_time, j.end_time) for r in runs for j in jobs[r]]
 
 
 def _backfills_closed(s, dag_id: str) -> bool:
@@ -328,6 +395,14 @@ def test_deferred_inference_and_sensor_are_resumed_by_the_triggerer(world, tmp_p
         seen_deferred = s.task_states("bi_svc_ray_jobs", run_id).get("infer", ("", 0))[0] == "deferred"
         time.sleep(1)
     assert seen_deferred, "the inference task never deferred"
+    # live logs: while the task is still deferred, its log (as the UI reads it) shows the job's progress
+    progress_while_deferred = False
+    while not progress_while_deferred and s.task_states("bi_svc_ray_jobs", run_id)["infer"][0] == "deferred":
+        log = s.api("GET", f"/dags/bi_svc_ray_jobs/dagRuns/{run_id}/taskInstances/infer/logs/1")
+        still_deferred = s.task_states("bi_svc_ray_jobs", run_id)["infer"][0] == "deferred"
+        progress_while_deferred = still_deferred and "[batchinfer] progress:" in json.dumps(log)
+        time.sleep(0.5)
+    assert progress_while_deferred, "no progress line in the task log while the job ran"
     assert s.wait_for_run("bi_svc_ray_jobs", run_id) == "success", s.task_states("bi_svc_ray_jobs", run_id)
     assert committed_manifest(str(out))["job"]["launcher"] == "ray_jobs"
     links = s.api("GET", f"/dags/bi_svc_ray_jobs/dagRuns/{run_id}/taskInstances/infer/links")

@@ -321,8 +321,17 @@ class RayJobsLauncher(Launcher):
             self.stop_job(job["submission_id"])
         deadline = time.monotonic() + self.stop_wait_s
         for job in running:
-            while self.status(job["submission_id"]) not in TERMINAL and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                info = self.find(job["submission_id"])
+                if info is None or info["status"] in TERMINAL:
+                    break
                 time.sleep(0.5)
+            else:
+                log.warning(
+                    "Ray job %s did not stop within %.0fs; its attempt is fenced",
+                    job["submission_id"],
+                    self.stop_wait_s,
+                )
 
     def start(self, job: JobFile, job_location: str, log: TaskLog) -> JobHandle:
         sid = job.submission_id or self.job_name(job.airflow, job.attempt, job.identity)

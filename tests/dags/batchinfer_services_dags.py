@@ -7,7 +7,14 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG
 
-from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec, SaveMode, SuccessMarkerSensor
+from airflow_provider_batchinfer import (
+    BatchInferenceOperator,
+    InputSpec,
+    JobSpec,
+    OutputSpec,
+    SaveMode,
+    SuccessMarkerSensor,
+)
 
 START = pendulum.datetime(2026, 11, 1, tz="UTC")
 
@@ -39,13 +46,37 @@ with DAG(
         version="v1",
         input="{{ params.input }}",
         output_spec=OutputSpec(stage_location="{{ params.out }}"),
-        job_spec=JobSpec(max_batch_rows=50),
+        # a progress line every second: the deferred task's log shows them while the job runs
+        job_spec=JobSpec(max_batch_rows=50, progress_interval_s=1.0),
         model_service_conn_id="batchinfer_cluster",
         deferrable=True,
         poll_interval=2,
     )
     infer >> SuccessMarkerSensor(
         task_id="gate", location=infer.output["output_location"], deferrable=True, poke_interval=2, timeout=300
+    )
+
+# a daily DAG on the cluster for the backfill acceptance: up to 4 runs at once, each deferred while
+# its job runs, so all 4 jobs share the session's 2-CPU Ray cluster through the Jobs API
+with DAG(
+    "bi_svc_ray_jobs_daily",
+    schedule="@daily",
+    start_date=START,
+    catchup=False,
+    max_active_runs=4,
+    default_args={"retries": 0},
+) as bi_svc_ray_jobs_daily:
+    BatchInferenceOperator(
+        task_id="infer",
+        model="slow_length",
+        version="v1",
+        input="{{ var.value.bi_svc_input }}",
+        input_spec=InputSpec(id_column="ticket_id"),
+        output_spec=OutputSpec(base_stage_location="svc/ray_jobs_daily", mode=SaveMode.OVERWRITE),
+        job_spec=JobSpec(max_batch_rows=50),
+        model_service_conn_id="batchinfer_cluster",
+        deferrable=True,
+        poll_interval=2,
     )
 
 with DAG(
