@@ -74,6 +74,15 @@ def test_one_parse_gives_config_storage_options_and_ray_headers(tmp_path):
     assert "SECRET" not in shown and "tok" not in shown and "AKID" not in shown
 
 
+def test_the_embedded_rays_idle_timeout_reaches_the_local_launcher():
+    from airflow_provider_batchinfer.launchers.local import LocalLauncher
+
+    cfg = ServiceConfig.from_connection(_conn(local_ray_idle_s="90"), "c")
+    assert cfg.local_ray_idle_s == 90.0 and cfg.to_dict()["local_ray_idle_s"] == 90.0
+    assert LocalLauncher.from_config(cfg).idle_s == 90.0
+    assert ServiceConfig.from_connection(_conn(), "c").local_ray_idle_s is None
+
+
 def test_aws_conn_id_is_resolved_through_the_given_lookup():
     aws = Connection(
         conn_id="aws", conn_type="aws", login="AK2", password="SK2", extra=json.dumps({"region_name": "r"})
@@ -89,6 +98,8 @@ def test_aws_conn_id_is_resolved_through_the_given_lookup():
         (_conn(launcher="ray_jobs"), "the ray_jobs launcher needs the Ray dashboard address"),
         (_conn(llm_engine="tgi"), "llm_engine 'tgi' is not available"),
         (_conn(allowed_roots="relative/dir"), "allowed_roots entry 'relative/dir' must be an absolute path"),
+        (_conn(local_ray_idle_s="soon"), "local_ray_idle_s must be a number of seconds >= 0"),
+        (_conn(local_ray_idle_s=-5), "local_ray_idle_s must be a number of seconds >= 0"),
     ],
 )
 def test_bad_connections_say_what_is_wrong(conn, message):
@@ -132,6 +143,7 @@ def test_the_form_is_defined_once_for_provider_info_and_the_hook():
         "sts_endpoint_url",
         "aws_session_token",
         "aws_session_expiration",
+        "local_ray_idle_s",
     ):
         assert extra in conn_type["conn-fields"], extra
     assert conn_type["conn-fields"]["ray_token"]["schema"]["format"] == "password"

@@ -23,7 +23,7 @@ RELABELING: dict[str, str] = {
 }
 
 PLACEHOLDERS: dict[str, str] = {
-    "host": "local launcher: empty (a local Ray per job) or 127.0.0.1:6379; "
+    "host": "local launcher: empty (the shared embedded Ray), 'local' (a private Ray per job) or 127.0.0.1:6379; "
     "ray_jobs: the dashboard, e.g. http://ray-head:8265",
     "login": "empty: use aws_conn_id or the AWS default credential chain (with role_arn: the role is assumed from it)",
     "extra": '{"stage_root": "/data/batchinfer/stage", "registry_root": "/data/batchinfer/registry"}',
@@ -48,6 +48,11 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "Default engine of text_generation jobs: 'vllm' (GPU, ray.data.llm) or 'transformers' (CPU). "
         "Empty: vLLM exactly when the job asks for GPUs.",
         enum=["vllm", "transformers", None],
+    ),
+    "local_ray_idle_s": _field(
+        "Embedded Ray idle timeout (s)",
+        "Local launcher with an empty Ray address: how long the shared embedded Ray stays up after its last "
+        "job (default 600, or $BATCHINFER_RAY_IDLE_S).",
     ),
     "endpoint_url": _field(
         "S3 endpoint URL", "For S3-compatible stores (MinIO, R2, ...): e.g. http://minio:9000. Empty: AWS S3."

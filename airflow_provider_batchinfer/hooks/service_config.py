@@ -62,6 +62,22 @@ def _runtime_env(value: Any, conn_id: str) -> dict[str, Any] | None:
     return value or None
 
 
+def _idle_seconds(value: Any, conn_id: str) -> float | None:
+    """Extra ``local_ray_idle_s``: a number of seconds >= 0, or empty."""
+    if value in (None, ""):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if isinstance(value, bool) or not seconds >= 0:
+        raise ValueError(
+            f"connection {conn_id!r}: local_ray_idle_s must be a number of seconds >= 0 (how long the embedded "
+            f"Ray stays up with no job), got {value!r}"
+        )
+    return seconds
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     """What a connection resolves to. ``to_dict()`` and ``repr()`` hold no secrets, so they may be
@@ -76,6 +92,9 @@ class ServiceConfig:
     s3: dict[str, Any] = field(default_factory=dict)  # endpoint_url, region: never credentials
     allowed_roots: tuple[str, ...] = ()  # beyond stage_root: where column_handling may read files
     llm_engine: str | None = None  # default engine of text_generation jobs: vllm | transformers
+    #: local launcher without an address: seconds the shared embedded Ray stays up with no job
+    #: (None: ``$BATCHINFER_RAY_IDLE_S``, else 600)
+    local_ray_idle_s: float | None = None
     #: S3 settings *with* credentials (see ``s3.py``); never logged, never in a job file
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: HTTP headers for the Ray Jobs API (``Authorization: Bearer <ray_token>``); never logged
@@ -94,6 +113,7 @@ class ServiceConfig:
             "s3": dict(self.s3),
             "allowed_roots": list(self.allowed_roots),
             "llm_engine": self.llm_engine,
+            "local_ray_idle_s": self.local_ray_idle_s,
         }
 
     @property
@@ -163,6 +183,7 @@ class ServiceConfig:
             s3=public_options(storage_options),
             allowed_roots=_allowed_roots(extra.get("allowed_roots"), conn_id),
             llm_engine=llm_engine,
+            local_ray_idle_s=_idle_seconds(extra.get("local_ray_idle_s"), conn_id),
             storage_options=storage_options,
             ray_headers=headers,
             credential_expiry=expiry,

@@ -128,7 +128,11 @@ class LocalLauncher(Launcher):
     def from_config(cls, config: ServiceConfig) -> LocalLauncher:
         from airflow_provider_batchinfer.s3 import credential_env
 
-        return cls(ray_address=config.ray_address, extra_env=credential_env(dict(config.storage_options)))
+        return cls(
+            ray_address=config.ray_address,
+            extra_env=credential_env(dict(config.storage_options)),
+            idle_s=config.local_ray_idle_s,
+        )
 
     @property
     def job_ray_address(self) -> str | None:
