@@ -73,6 +73,13 @@ def main() -> int:
         f"Job           : {timings.get('total_s')}s launch to marker, {timings.get('rows_per_s')} rows/s through the pipeline"
     )
     print(f"DAG wall time : {wall:.1f}s  (full log: {log_path})")
+    from airflow_provider_batchinfer.launchers import embedded_ray
+
+    print(
+        f"Embedded Ray  : stays up {embedded_ray.idle_seconds():g}s for the next job (state in "
+        f"{embedded_ray.state_dir()}); stop it now with "
+        f"{sys.executable} -m airflow_provider_batchinfer.launchers.embedded_ray stop {embedded_ray.state_dir()}"
+    )
     return 0 if counts.output_rows == counts.input_rows else 1
 
 

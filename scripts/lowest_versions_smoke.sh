@@ -35,14 +35,16 @@ for name in ("apache-airflow", "apache-airflow-core", "apache-airflow-task-sdk",
 PYEOF
 
 home=$(mktemp -d /tmp/batchinfer-lowest-XXXXXX)
-trap 'rm -rf "$home"' EXIT
+# the job's embedded Ray (started on first use) gets its own state dir and is stopped on the way out
+export BATCHINFER_RAY_DIR=$(mktemp -d /tmp/bir-lo-XXXXXX)
+trap '"$PY" -m airflow_provider_batchinfer.launchers.embedded_ray stop "$BATCHINFER_RAY_DIR" >/dev/null 2>&1; rm -rf "$home" "$BATCHINFER_RAY_DIR"' EXIT
 export AIRFLOW_HOME="$home/airflow" BATCHINFER_HOME="$home/batchinfer"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__DAGS_FOLDER="$REPO/example_dags"
 export AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT=120 AIRFLOW__OPENLINEAGE__DISABLED=True
 # dag.test()'s in-process execution API signs task tokens; Airflow 3.2 does not generate this key itself
 export AIRFLOW__API_AUTH__JWT_SECRET="batchinfer-smoke-$RANDOM$RANDOM"
 export RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-unset RAY_ADDRESS  # the embedded default: the job starts its own local Ray
+unset RAY_ADDRESS  # the embedded default: the provider's warm local Ray, started on first use
 export PYTHONPATH="$REPO"
 
 echo "== provider import (no Ray, no torch loaded by the import)"
