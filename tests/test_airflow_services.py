@@ -280,6 +280,17 @@ def _ray_jobs_of(world, dag_id: str) -> dict[str, list]:
     return jobs
 
 
+def _stop_running_jobs(world, dag_id: str) -> None:
+    from airflow_provider_batchinfer.launchers.ray_jobs import TERMINAL, RayJobsLauncher
+
+    cluster = world["cluster"]
+    launcher = RayJobsLauncher(cluster["dashboard"], headers={"Authorization": f"Bearer {cluster['token']}"})
+    for jobs in _ray_jobs_of(world, dag_id).values():
+        for job in jobs:
+            if str(getattr(job.status, "value", job.status)) not in TERMINAL:
+                launcher.stop_job(job.submission_id)
+
+
 def _peak_overlap(jobs: list) -> int:
     """How many of the jobs ran at once at most (from the cluster's start and end times)."""
     edges = sorted([(j.start_time, 1) for j in jobs] + [(j.end_time, -1) for j in jobs])
@@ -297,9 +308,12 @@ def test_backfill_four_dates_at_once_through_the_jobs_api(world):
     dag_id = "bi_svc_ray_jobs_daily"
     alone, TIMINGS["ray_jobs backfill, 1 date alone"] = _backfill(s, dag_id, "2026-11-10", "2026-11-10", 1, set())
     s.wait_for_backfills(dag_id)
-    runs, TIMINGS["ray_jobs backfill, 4 dates, max_active_runs=4"] = _backfill(
-        s, dag_id, "2026-11-01", "2026-11-04", 4, set(alone)
-    )
+    try:
+        runs, TIMINGS["ray_jobs backfill, 4 dates, max_active_runs=4"] = _backfill(
+            s, dag_id, "2026-11-01", "2026-11-04", 4, set(alone)
+        )
+    finally:  # jobs that stalled must not hold the cluster for the scenarios after this one
+        _stop_running_jobs(world, dag_id)
     jobs = _ray_jobs_of(world, dag_id)
     for run_id in runs:
         assert s.task_states(dag_id, run_id)["infer"] == ("success", 1)
