@@ -120,6 +120,8 @@ def ray_cluster():
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths live below it
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = dict(os.environ, RAY_AUTH_MODE="token")
+    # token auth needs ~/.ray/auth_token, which a fresh machine does not have (`ray start` then fails)
+    subprocess.run([ray_bin, "get-auth-token", "--generate"], check=True, capture_output=True, env=env)
     head = BackgroundServer(
         "ray-head",
         [
