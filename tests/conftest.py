@@ -327,6 +327,9 @@ def _ray_node(name: str, args: list[str], temp_dir: str, cache: Path, manager_po
 def two_node_cluster(tmp_path_factory):
     """``{"address", "nodes": {node_id: {"cache": Path, "gpus": float}}}``; the caches start empty."""
     root = tmp_path_factory.mktemp("two-node")
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    env = dict(os.environ, RAY_AUTH_MODE="token")
+    subprocess.run([ray_bin, "get-auth-token", "--generate"], check=True, capture_output=True, env=env)
     port, head_manager, worker_manager = _free_port(), _free_port(), _free_port()
     temps = [tempfile.mkdtemp(prefix="rayh-", dir="/tmp"), tempfile.mkdtemp(prefix="rayw-", dir="/tmp")]
     caches = {head_manager: root / "cache-head", worker_manager: root / "cache-worker"}
