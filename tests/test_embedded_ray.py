@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -221,12 +222,8 @@ def test_three_concurrent_runs_on_the_embedded_default_share_one_ray(
         assert manifest["counts"] == {"input_rows": 200, "output_rows": 200, "error_rows": 0}
         assert len(list(run_dir.glob("part-*.parquet"))) == len(manifest["files"])  # exactly once
     assert len(_starts(ray_dir)) == 1, (ray_dir / "history.log").read_text()
-    addresses = {
-        line.split("embedded Ray at ")[1].split(")")[0]
-        for text in logs
-        for line in text.splitlines()
-        if "embedded Ray at" in line
-    }
+    # "(embedded Ray at <host:port>)" or "... at <host:port> (state in <dir>)": the address only
+    addresses = {address for text in logs for address in re.findall(r"embedded Ray at ([0-9.]+:[0-9]+)", text)}
     assert len(addresses) == 1, addresses
 
 
