@@ -114,6 +114,28 @@ def job_file(
     )
 
 
+def ticket_job(tmp_path, registry, model, name: str, rows: int, *, ray_address: str | None = None, **spec):
+    """``(run dir, JobFile)``: ``rows`` tickets in 4 files scored by ``model``, ids in ``ticket_id``,
+    model calls of 20 rows and progress every 2 s; ``spec`` overrides the JobSpec."""
+    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+
+    inputs = write_tickets(tmp_path / f"in-{name}", rows=rows, files=4)
+    run_dir = tmp_path / f"out-{name}"
+    run_dir.mkdir()
+    job = job_file(
+        run_dir,
+        model,
+        registry.root,
+        [inputs],
+        job_id=f"batchinfer-{name}",
+        attempt=f"t01{name}",
+        input_spec=InputSpec(id_column="ticket_id"),
+        job_spec=JobSpec(**{"max_batch_rows": 20, "progress_interval_s": 2, **spec}),
+        ray_address=ray_address,
+    )
+    return run_dir, job
+
+
 def write_job_file(job) -> str:
     """Write ``job`` (a JobFile) into its run directory as ``_job.json``; its location."""
     from airflow_provider_batchinfer.contract import JOB_SPEC_FILE

@@ -18,8 +18,8 @@ import pytest
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER, JobFailure, last_failure
 from airflow_provider_batchinfer.registry import ModelRegistry
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec
-from tests.models import SlowLength, TextLength, committed_manifest, job_file, write_job_file, write_tickets
+from airflow_provider_batchinfer.specs import JobSpec
+from tests.models import SlowLength, TextLength, committed_manifest, ticket_job, write_job_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -41,20 +41,7 @@ def s3_registry(s3_server, s3_bucket, monkeypatch):
 
 
 def _run(cluster, registry: ModelRegistry, model, tmp_path: Path, name: str, rows: int = 240, **spec):
-    inputs = write_tickets(tmp_path / f"in-{name}", rows=rows, files=4)
-    run_dir = tmp_path / f"out-{name}"
-    run_dir.mkdir()
-    job = job_file(
-        run_dir,
-        model,
-        registry.root,
-        [inputs],
-        job_id=f"batchinfer-{name}",
-        attempt=f"t01{name}",
-        input_spec=InputSpec(id_column="ticket_id"),
-        job_spec=JobSpec(**{"max_batch_rows": 20, "progress_interval_s": 2, **spec}),
-        ray_address=cluster["address"],
-    )
+    run_dir, job = ticket_job(tmp_path, registry, model, name, rows, ray_address=cluster["address"], **spec)
     job = dataclasses.replace(job, storage_options=dict(registry.storage_options or {}))
     # the test driver has no cache of its own: each node's BATCHINFER_MODEL_CACHE is what counts
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": cluster["address"], "RAY_AUTH_MODE": "token"}

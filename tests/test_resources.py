@@ -27,8 +27,8 @@ from airflow_provider_batchinfer.runtime.resources import (
     reservation,
     spread,
 )
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec
-from tests.models import SlowLength, committed_manifest, job_file, write_job_file, write_tickets
+from airflow_provider_batchinfer.specs import JobSpec
+from tests.models import SlowLength, committed_manifest, ticket_job, write_job_file
 
 REPO = Path(__file__).resolve().parents[1]
 SIGNATURE = {"inputs": {"text": "string"}, "outputs": {"length": "int64"}}
@@ -166,19 +166,7 @@ def test_a_replica_given_a_gpu_that_cuda_cannot_see_fails_saying_so():
 
 
 def _job(tmp_path: Path, registry, model, name: str, rows: int = 200, **spec) -> tuple[Path, str]:
-    inputs = write_tickets(tmp_path / f"in-{name}", rows=rows, files=4)
-    run_dir = tmp_path / f"out-{name}"
-    run_dir.mkdir()
-    job = job_file(
-        run_dir,
-        model,
-        registry.root,
-        [inputs],
-        job_id=f"batchinfer-{name}",
-        attempt=f"t01{name}",
-        input_spec=InputSpec(id_column="ticket_id"),
-        job_spec=JobSpec(**{"max_batch_rows": 20, "progress_interval_s": 2, **spec}),
-    )
+    run_dir, job = ticket_job(tmp_path, registry, model, name, rows, **spec)
     return run_dir, write_job_file(job)
 
 
