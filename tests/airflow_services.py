@@ -61,11 +61,14 @@ class AirflowServices:
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+        # one shared grace period, not 30 s each: the tests are over, nothing needs a clean shutdown
+        deadline = time.monotonic() + 10
         for proc in self.procs.values():
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
     # --- public interfaces ------------------------------------------------------------------------------
     def cli(self, *args: str, attempts: int = 6) -> str:
