@@ -85,3 +85,15 @@ def test_the_nan_check_finds_nan_but_not_infinities_that_cancel():
     bad = pa.table({"x": pa.array([1.0, 2.0, np.nan, 3.0])})
     with pytest.raises(BadRowError, match=r"column 'x' has 1 NaN value\(s\) in a batch of 4 rows \(first at id=12\)"):
         check_batch(bad, ["x"], ids, None)
+
+
+def test_a_batch_is_never_larger_than_what_one_input_file_holds():
+    from airflow_provider_batchinfer.runtime.plan import batch_rows_for_input
+
+    # a block smaller than the batch waited ~20 s for Ray Data's end-of-input flush
+    assert batch_rows_for_input(65536, 256, 100, 1) == 100
+    assert batch_rows_for_input(65536, 256, 10_000, 1) == 10_000
+    assert batch_rows_for_input(65536, 256, 10_000, 4) == 2_500
+    assert batch_rows_for_input(65536, 256, 1_000_000, 4) == 65536
+    assert batch_rows_for_input(1024, 256, 10_000, 4) == 1024
+    assert batch_rows_for_input(256, 256, 50, 2) == 25 and batch_rows_for_input(256, 256, 0, 1) == 256

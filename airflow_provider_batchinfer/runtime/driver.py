@@ -32,6 +32,7 @@ from airflow_provider_batchinfer.runtime.io import ProgressCounter, make_datasin
 from airflow_provider_batchinfer.runtime.plan import (
     ActorPool,
     ColumnPlan,
+    batch_rows_for_input,
     plan_columns,
     size_actor_pool,
     with_id_column,
@@ -119,6 +120,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
         check_unique_ids(files, input_spec.id_column, storage)
     kept = resume_state(job, run_dir)
     batch_rows = transfer_rows(model.flavor, job.job_spec.max_batch_rows, row_bytes(files[0], plan["read"], storage))
+    batch_rows = batch_rows_for_input(batch_rows, job.job_spec.max_batch_rows, input_rows, len(files))  # #18
     plan["dereference"] = dereference_plan(
         input_spec.column_handling, plan["sources"], plan["model_inputs"], model.inputs, list(job.file_roots), storage
     )
