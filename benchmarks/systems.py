@@ -10,7 +10,8 @@ process tree from outside. Systems:
 - ``plain_ray``: Ray Data as a user writes it (read_parquet -> map_batches(actor class) ->
   write_parquet), on a fresh local Ray;
 - ``provider``: BatchInferenceOperator.execute() as a task runs it: resolve and verify the model,
-  write ``_job.json``, launch the runtime with the local launcher, wait for ``_SUCCESS``.
+  write ``_job.json``, launch the runtime with the local launcher, wait for ``_SUCCESS``;
+- ``provider_int8``: the same with ``JobSpec(backend="onnx_int8")`` (text only).
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def provider(cfg: dict) -> None:
         input=cfg["input_dir"],
         input_spec=InputSpec(),
         output_spec=OutputSpec(stage_location=cfg["out_dir"], mode=SaveMode.OVERWRITE),
-        job_spec=JobSpec(replicas=1),
+        job_spec=JobSpec(replicas=1, backend=cfg.get("backend")),
     )
     ti = SimpleNamespace(dag_id="benchmark", task_id="bench", run_id=f"bench-{os.getpid()}", try_number=1, map_index=-1)
     t0 = time.monotonic()
@@ -194,6 +195,8 @@ SYSTEMS = {
     ("plain_ray", "mlp"): plain_ray,
     ("provider", "text"): provider,
     ("provider", "mlp"): provider,
+    # the optimized backend (ONNX Runtime, INT8 weights), its export made before the timed run
+    ("provider_int8", "text"): lambda cfg: provider({**cfg, "backend": "onnx_int8"}),
 }
 
 

@@ -61,6 +61,6 @@ set -e
 echo "gpu_check: GPU benchmark"
 mkdir -p benchmarks/results
 OUT="${GPU_OUT:-benchmarks/results/gpu-$(hostname -s).json}"
-"$PY" -m benchmarks.gpu_bench --rows "${BENCH_ROWS:-20000}" --out "$OUT"
+"$PY" -m benchmarks.gpu_bench --rows "${BENCH_ROWS:-20000}" ${GPU_BENCH_ARGS:-} --out "$OUT"
 echo "gpu_check: figures written to $OUT; GPU tests exit status $TESTS_RC"
 exit "$TESTS_RC"

@@ -61,3 +61,39 @@ def test_torchscript_calls_the_model_with_at_most_max_batch_rows(tmp_path):
     assert out.max() == 256 and sorted(set(out.tolist())) == [232.0, 256.0]  # 3 x 256 + 232
     whole = torchscript.load(tmp_path, manifest, device="cpu", threads=1, max_rows=None)(inputs, {})["rows_in_call"]
     assert set(whole.tolist()) == {1000.0}
+
+
+def test_small_tabular_models_are_called_once_per_batch_on_cpu_only():
+    from airflow_provider_batchinfer.runtime.replica import model_call_rows
+
+    # 256-row TorchScript calls paid a fixed cost 256 times per 65,536-row batch (7-13x slower per
+    # row when Ray's read and write tasks shared the two cores): on CPU the batch is one call
+    assert model_call_rows("torchscript", "cpu", 256) is None
+    assert model_call_rows("torchscript", "cuda", 256) == 256  # GPU memory: JobSpec.max_batch_rows holds
+    assert model_call_rows("sentence_transformers", "cpu", 256) == 256
+    assert model_call_rows("python", "cpu", 100) == 100
+
+
+def test_the_nan_check_finds_nan_but_not_infinities_that_cancel():
+    import pytest
+
+    from airflow_provider_batchinfer.runtime.errors import BadRowError, check_batch
+
+    ids = ("id", pa.array([10, 11, 12, 13]))
+    fine = pa.table({"x": pa.array([np.inf, -np.inf, 1.0, 2.0], pa.float32())})  # sums to NaN, holds none
+    check_batch(fine, ["x"], ids, None)
+    bad = pa.table({"x": pa.array([1.0, 2.0, np.nan, 3.0])})
+    with pytest.raises(BadRowError, match=r"column 'x' has 1 NaN value\(s\) in a batch of 4 rows \(first at id=12\)"):
+        check_batch(bad, ["x"], ids, None)
+
+
+def test_a_batch_is_never_larger_than_what_one_input_file_holds():
+    from airflow_provider_batchinfer.runtime.plan import batch_rows_for_input
+
+    # a block smaller than the batch waited ~20 s for Ray Data's end-of-input flush
+    assert batch_rows_for_input(65536, 256, 100, 1) == 100
+    assert batch_rows_for_input(65536, 256, 10_000, 1) == 10_000
+    assert batch_rows_for_input(65536, 256, 10_000, 4) == 2_500
+    assert batch_rows_for_input(65536, 256, 1_000_000, 4) == 65536
+    assert batch_rows_for_input(1024, 256, 10_000, 4) == 1024
+    assert batch_rows_for_input(256, 256, 50, 2) == 25 and batch_rows_for_input(256, 256, 0, 1) == 256

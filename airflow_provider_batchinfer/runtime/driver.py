@@ -32,6 +32,7 @@ from airflow_provider_batchinfer.runtime.io import ProgressCounter, make_datasin
 from airflow_provider_batchinfer.runtime.plan import (
     ActorPool,
     ColumnPlan,
+    batch_rows_for_input,
     plan_columns,
     size_actor_pool,
     with_id_column,
@@ -119,9 +120,11 @@ def check_before_ray(job: JobFile) -> CheckedJob:
         check_unique_ids(files, input_spec.id_column, storage)
     kept = resume_state(job, run_dir)
     batch_rows = transfer_rows(model.flavor, job.job_spec.max_batch_rows, row_bytes(files[0], plan["read"], storage))
+    batch_rows = batch_rows_for_input(batch_rows, job.job_spec.max_batch_rows, input_rows, len(files))  # #18
     plan["dereference"] = dereference_plan(
         input_spec.column_handling, plan["sources"], plan["model_inputs"], model.inputs, list(job.file_roots), storage
     )
+    check_backend(job)
     engine = llm.resolve_engine(model.flavor, job.job_spec, job.llm_engine)
     if engine == "vllm":
         llm.check_vllm_job(job.job_spec)  # no vllm or no GPUs asked for: fail before Ray starts
@@ -142,6 +145,18 @@ def check_before_ray(job: JobFile) -> CheckedJob:
         batch_rows=batch_rows,
         engine=engine,
     )
+
+
+def check_backend(job: JobFile) -> None:
+    """#18: an optimized backend only for the flavor that has one, refused before Ray starts."""
+    backend = job.job_spec.backend
+    if backend not in (None, "torch") and job.model.flavor != "sentence_transformers":
+        from airflow_provider_batchinfer.runtime.flavors.optimized_text import BackendRefusedError
+
+        raise BackendRefusedError(
+            f"JobSpec.backend={backend!r} applies to sentence_transformers models; {job.model.name}/"
+            f"{job.model.version} is {job.model.flavor!r}. Leave JobSpec.backend unset for it"
+        )
 
 
 def ray_init_kwargs(address: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
@@ -260,6 +275,8 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
             },
             "storage_options": storage,  # no credentials: the workers get those from worker_env()
             "num_gpus": pool["num_gpus"],
+            "backend": spec.backend,  # #18: ONNX Runtime for sentence-transformers (flavors/optimized_text.py)
+            "min_cosine": spec.backend_min_cosine,
         },
         batch_size=checked.batch_rows,
         batch_format="pyarrow",

@@ -197,3 +197,15 @@ def size_actor_pool(job: JobSpec, res: Reservation) -> ActorPool:
         "threads": threads,
         "notes": notes,
     }
+
+
+def batch_rows_for_input(transfer: int, max_rows: int, input_rows: int, files: int) -> int:
+    """The rows per batch handed to a replica, never above what one input file holds on average.
+
+    Why: Ray Data bundles read blocks until a bundle holds ``batch_size`` rows, and a bundle that
+    never gets there (every block smaller than the batch: a small input) waits for the end of the
+    read to be flushed, which on Ray 2.60 came ~20-25 s late (a 10,000-row MLP job: pipeline 29 s,
+    a 100,000-row one: 7 s). A batch no larger than a file's rows is dispatched as soon as its block
+    is read. (``max_rows`` still bounds each model call; a smaller batch only means a smaller call.)"""
+    per_file = -(-input_rows // max(files, 1)) if input_rows else transfer
+    return max(1, min(transfer, per_file))
