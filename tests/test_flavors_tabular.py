@@ -162,6 +162,10 @@ def test_each_flavor_infers_its_signature_and_stores_a_safe_format(tabular):
     import skops.io as sio
 
     assert settings["trusted_types"] == sorted(sio.get_untrusted_types(file=Path(sk.uri) / "artifact/model.skops"))
+    # the same model logs to the same bytes: a content-addressed version is reused, not duplicated
+    registry = tabular["registry"]
+    first = registry.log_model("again", None, "sklearn", models["sklearn"][0])
+    assert registry.log_model("again", None, "sklearn", models["sklearn"][0], if_exists="reuse") == first
 
 
 def test_a_pickle_is_refused_without_trust_pickle_and_flagged_with_it(tabular, tmp_path, capsys):

@@ -209,12 +209,43 @@ def _sklearn_dump(art: Path, artifact: Any, options: dict[str, Any]) -> tuple[di
             )
     else:
         sio.dump(artifact, path)
+        _canonical_skops(path)
         found = sio.get_untrusted_types(file=path)  # the model's own types: trusted, since they were logged
     try:
         model = sio.load(path, trusted=found)
     except Exception as exc:  # a type skops cannot persist: fail here, not on a worker
         raise RegistryError(f"skops cannot round-trip this model ({type(exc).__name__}: {exc})") from exc
     return {"file": "model.skops", "format": "skops", "trust_pickle": False, "trusted_types": sorted(found)}, model
+
+
+def _canonical_skops(path: Path) -> None:
+    """Rewrite a skops zip so the same model gives the same bytes: skops names entries and memo ids
+    after ``id()`` of live objects and stamps entry times, which would give every log of one model
+    a new content-addressed version (``version=None``) and defeat ``if_exists="reuse"``. Ids are
+    renumbered in order of first appearance in ``schema.json``; entry times are fixed."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as src:
+        entries = {info.filename: src.read(info) for info in src.infolist()}
+    schema = entries["schema.json"].decode("utf-8")
+    pattern = re.compile(r'"__id__": (\d+)|"(\d+)(\.\w+)"')
+    ids: dict[str, str] = {}
+    for m in pattern.finditer(schema):
+        ids.setdefault(m.group(1) or m.group(2), str(len(ids) + 1))
+
+    def renumber(m: re.Match[str]) -> str:
+        if m.group(1):
+            return f'"__id__": {ids[m.group(1)]}'
+        return f'"{ids[m.group(2)]}{m.group(3)}"'
+
+    renamed = {"schema.json": pattern.sub(renumber, schema).encode("utf-8")}
+    for name, data in entries.items():
+        if name != "schema.json":
+            stem, dot, ext = name.partition(".")
+            renamed[f"{ids.get(stem, stem)}{dot}{ext}"] = data
+    with zipfile.ZipFile(path, "w") as dst:  # stored, as sio.dump writes by default
+        for name in sorted(renamed):
+            dst.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), renamed[name])
 
 
 def _sklearn_input_dtypes(model: Any, features: list[str], options: dict[str, Any]) -> dict[str, str]:
