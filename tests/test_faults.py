@@ -335,9 +335,13 @@ def test_pickle_flavors_are_not_loadable(registry, tmp_path):
     from airflow_provider_batchinfer.registry import RegistryError
 
     (tmp_path / "model.pkl").write_bytes(b"\x80\x04K\x01.")
-    for flavor in ("sklearn", "pickle", "joblib"):
+    for flavor in ("pickle", "joblib"):
         with pytest.raises(RegistryError, match=f"unknown flavor '{flavor}'"):
             registry.log_model("pickled", "v1", flavor, str(tmp_path / "model.pkl"))
+    # 15: sklearn takes a pickle only with an explicit trust_pickle=True (tests/test_flavors_tabular.py)
+    with pytest.raises(RegistryError, match="is a pickle, and unpickling runs arbitrary code"):
+        registry.log_model("pickled", "v1", "sklearn", str(tmp_path / "model.pkl"))
+    assert registry.list_versions("pickled") == []
 
 
 _MODEL = ModelRef(

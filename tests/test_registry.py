@@ -78,7 +78,7 @@ def test_unknown_models_and_bad_names_say_what_exists(registry):
         registry.get("nope", "v1")
     with pytest.raises(RegistryError, match="model version '../x' is not allowed"):
         registry.get("len", "../x")
-    with pytest.raises(RegistryError, match="unknown flavor 'onnx'"):
-        registry.log_model("m", "v1", "onnx", "x")
+    with pytest.raises(RegistryError, match="unknown flavor 'keras'"):
+        registry.log_model("m", "v1", "keras", "x")
     with pytest.raises(RegistryError, match="flavor .torchscript. needs a signature"):
         registry.log_model("m", "v1", "torchscript", tiny_mlp())

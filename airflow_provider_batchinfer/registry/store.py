@@ -13,6 +13,7 @@ from airflow_provider_batchinfer.registry.artifacts import _python_class_source,
 from airflow_provider_batchinfer.registry.fetch import (
     fetch_version,
 )
+from airflow_provider_batchinfer.registry.tabular import TABULAR_FLAVORS, stage_tabular
 from airflow_provider_batchinfer.registry.versions import (
     FLAVORS,
     MODEL_MANIFEST,
@@ -95,6 +96,7 @@ class ModelRegistry:
         code_paths: list[str] | None = None,
         description: str = "",
         if_exists: str = "error",
+        **flavor_options: Any,  # 15: a flavor's own settings (sklearn method=, trust_pickle=, ...)
     ) -> ModelVersion:
         """Write a new immutable version and return it.
 
@@ -103,17 +105,24 @@ class ModelRegistry:
         ``python_class.load(path)`` (``python``). ``version=None`` names the version after its content
         (``sha-<12 hex>``), so logging the same bytes twice yields the same version.
         ``if_exists="reuse"`` returns an existing version when its content is identical; a
-        different content under an existing version is always refused.
+        different content under an existing version is always refused. ``sklearn``, ``xgboost``,
+        ``lightgbm`` and ``onnx`` models take a fitted model or its file and their own settings as
+        keywords (``registry/tabular.py``; docs/models.md).
         """
         check_name(name, "name")
         if flavor not in FLAVORS:
             raise RegistryError(f"unknown flavor {flavor!r}; supported flavors: {', '.join(FLAVORS)}")
         if if_exists not in ("error", "reuse"):
             raise RegistryError(f"if_exists must be 'error' or 'reuse', got {if_exists!r}")
-        sig = normalize_signature(signature, flavor)
+        if flavor_options and flavor not in TABULAR_FLAVORS:
+            raise RegistryError(f"log_model got unknown arguments {sorted(flavor_options)} for a {flavor} model")
+        sig = normalize_signature(signature, flavor) if flavor not in TABULAR_FLAVORS else {}
         with tempfile.TemporaryDirectory(prefix="batchinfer-log-") as tmp:
             staging = Path(tmp)
-            options = self._stage_artifact(staging, flavor, artifact, python_class, code_paths)
+            if flavor in TABULAR_FLAVORS:  # 15: stored in a safe format, signature read from the model
+                options, sig = stage_tabular(staging / "artifact", flavor, artifact, signature, flavor_options)
+            else:
+                options = self._stage_artifact(staging, flavor, artifact, python_class, code_paths)
             files = hash_tree(staging)
             if not files:
                 raise RegistryError(f"model {name!r}: the artifact holds no files")

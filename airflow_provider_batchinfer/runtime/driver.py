@@ -27,7 +27,7 @@ from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV, ModelRegistry,
 from airflow_provider_batchinfer.runtime import commit, llm, resources
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
-from airflow_provider_batchinfer.runtime.flavors import transfer_rows
+from airflow_provider_batchinfer.runtime.flavors import allows_missing, preflight, transfer_rows
 from airflow_provider_batchinfer.runtime.io import ProgressCounter, make_datasink, replicas_per_node, row_bytes
 from airflow_provider_batchinfer.runtime.plan import (
     ActorPool,
@@ -94,9 +94,12 @@ def read_job_file(location: str) -> JobFile:
 def _check_model(job: JobFile, registry: ModelRegistry) -> None:
     model = job.model
     if registry.is_local:
-        verify_local_copy(registry.local_copy(model.name, model.version), model.sha256)
+        local = registry.local_copy(model.name, model.version)
+        manifest = verify_local_copy(local, model.sha256)
     else:  # the actors download and re-hash it on their own nodes; here only what a listing shows
-        registry.check_listing(model.name, model.version, model.sha256)
+        local, manifest = None, registry.check_listing(model.name, model.version, model.sha256)
+    for line in preflight(local, manifest):  # 15: the flavor's own checks (untrusted types, pickles)
+        print(f"[batchinfer] {line}", flush=True)
 
 
 def check_before_ray(job: JobFile) -> CheckedJob:
@@ -116,6 +119,8 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     input_rows, schema = inspect_input(files, storage)
     signature = dict(model.signature or {})
     plan = with_id_column(plan_columns(schema, signature, input_spec, files[0]), input_spec.id_column)
+    if allows_missing(model.flavor):  # 15: trees take null/NaN as missing values
+        plan["missing_ok"] = list(plan["model_inputs"])
     if input_spec.id_column:
         check_unique_ids(files, input_spec.id_column, storage)
     kept = resume_state(job, run_dir)

@@ -11,7 +11,7 @@ datasink writes them to ``_errors/`` instead of the predictions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 ERROR_COLUMN = "__batchinfer_error"
@@ -70,26 +70,33 @@ def _first(mask: Any, ids: Any) -> str:
     return f" (first at {name}={column[index].as_py()!r})"
 
 
-def check_batch(inputs: Any, sources: list[str], ids: tuple[str, Any] | None, max_value_bytes: int | None) -> None:
+def check_batch(
+    inputs: Any,
+    sources: list[str],
+    ids: tuple[str, Any] | None,
+    max_value_bytes: int | None,
+    missing_ok: Collection[str] = (),
+) -> None:
     """Refuse a batch whose model inputs hold a null, a NaN, text that is not valid UTF-8 or a value
     above ``max_value_bytes``: the model would raise something cryptic, or worse, score garbage.
 
     ``inputs`` holds the model's input columns (named as the model knows them), ``sources`` the input
-    columns they came from (for the message), ``ids`` ``(name, column)`` of the id column or None."""
+    columns they came from (for the message), ``ids`` ``(name, column)`` of the id column or None; ``missing_ok``: model inputs whose nulls and NaN
+    are missing values the model handles (the tree flavors)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     rows = inputs.num_rows
     for name, src in zip(inputs.column_names, sources, strict=False):
         col = inputs.column(name)
-        if col.null_count:
+        if col.null_count and name not in missing_ok:
             raise BadRowError(
                 f"column {src!r} has {col.null_count} null value(s) in a batch of {rows} rows"
                 f"{_first(col.is_null(), ids)}; fill or filter them in data_prep"
             )
         kind = col.type
         # the sum is NaN whenever a value is (or +inf meets -inf): one SIMD pass instead of a mask per column
-        if pa.types.is_floating(kind) and _maybe_nan(pc.sum(col).as_py()):
+        if pa.types.is_floating(kind) and name not in missing_ok and _maybe_nan(pc.sum(col).as_py()):
             nan = pc.is_nan(col)
             if pc.any(nan).as_py():
                 raise BadRowError(

@@ -29,6 +29,8 @@ class ColumnPlan(_ColumnPlanBase, total=False):
     the driver adds it, how file columns are dereferenced (``dereference``, see ``dereference.py``)."""
 
     dereference: dict[str, Any] | None
+    # 15: model inputs whose null/NaN values reach the model as missing values (tree flavors)
+    missing_ok: list[str]
 
 
 class ActorPool(TypedDict):
@@ -76,11 +78,19 @@ def _accepts(signature_dtype: str, arrow_type: pa.DataType) -> bool:
         return kind == "list"
     if want in ("string", "str", "text"):
         return kind == "string"
+    if want == "category":  # 15: categories by name (strings, dictionaries) or by code (ints)
+        return kind in ("string", "int", "bool") or pa_is_dictionary(arrow_type)
     if want.startswith(("float", "double", "int", "uint", "number")):
         return kind in ("int", "float", "bool")
     if want == "bool":
         return kind in ("bool", "int")
     return True
+
+
+def pa_is_dictionary(arrow_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_dictionary(arrow_type))
 
 
 def _model_sources(available: list[str], signature: Mapping[str, Any], input_spec: InputSpec) -> dict[str, str]:

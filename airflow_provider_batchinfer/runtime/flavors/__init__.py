@@ -27,6 +27,11 @@ _MODULES = {
     "python": "airflow_provider_batchinfer.runtime.flavors.python_class",
     "text_generation": "airflow_provider_batchinfer.runtime.flavors.text_generation",
     "image_classification": "airflow_provider_batchinfer.runtime.flavors.image_classification",
+    # 15: traditional models
+    "sklearn": "airflow_provider_batchinfer.runtime.flavors.scikit_learn",
+    "xgboost": "airflow_provider_batchinfer.runtime.flavors.xgboost_booster",
+    "lightgbm": "airflow_provider_batchinfer.runtime.flavors.lightgbm_booster",
+    "onnx": "airflow_provider_batchinfer.runtime.flavors.onnx_model",
 }
 
 
@@ -40,6 +45,20 @@ def load_predictor(
     model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None
 ) -> Predictor:
     return _module(manifest["flavor"]).load(model_dir, manifest, device=device, threads=threads, max_rows=max_rows)
+
+
+def preflight(model_dir: Path | None, manifest: dict[str, Any]) -> list[str]:
+    """The flavor's own checks before Ray starts (``model_dir``: a verified local copy, or None
+    when the model lives in an object store and only the replicas fetch it): e.g. types a skops
+    file holds that nobody trusted. Returns lines for the job log (a trusted pickle says so)."""
+    check = getattr(_module(manifest["flavor"]), "preflight", None)
+    return check(model_dir, manifest) if check is not None else []
+
+
+def allows_missing(flavor: str) -> bool:
+    """Whether null/NaN inputs reach the model (tree libraries treat them as missing values)
+    instead of failing the batch before the model sees it."""
+    return bool(getattr(_module(flavor), "ALLOWS_MISSING", False))
 
 
 # bytes of input per batch handed to a replica, at most: bounds a replica's memory per batch

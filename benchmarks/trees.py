@@ -1,0 +1,374 @@
+"""Traditional models: the provider against the libraries' own loops, in one run.
+
+    flock /tmp/batchinfer-slow.lock python -m benchmarks.trees            # 1M rows x 32 features
+    python -m benchmarks.trees --rows 200000 --only onnx                   # quicker
+
+1. **XGBoost** (and LightGBM with ``--only xgboost,lightgbm``), 1M rows x 32 float32 features in
+   Parquet, a 200-tree depth-8 model:
+   - ``raw``: ``Booster.inplace_predict`` over the whole array, already in memory (the limit);
+   - ``stream``: one process, ``ParquetFile.iter_batches`` -> ``inplace_predict`` -> ``ParquetWriter``;
+   - ``provider``: ``BatchInferenceOperator.execute()`` as a task runs it (resolve and verify the
+     model, ``_job.json``, the runtime on the embedded Ray, ``_SUCCESS``), once cold (the embedded Ray
+     starts) and once warm.
+2. **ONNX vs native scikit-learn** (in-process, same rows, same threads): a logistic regression, an
+   MLP and a random forest exported with ``skl2onnx``, scored in model calls of 100 rows and of
+   65,536 rows, to say when the ``onnx`` flavor beats the ``sklearn`` one.
+
+Every system runs in its own process (``--child``), so none inherits another's imports or threads.
+Each prints one ``BENCH_RESULT {json}`` line; the closing table gives rows/s and ratios from this
+run only, with the load average before and after (figures from a busy machine are not comparable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+RESULT_PREFIX = "BENCH_RESULT "
+FEATURES = [f"x{i:02d}" for i in range(32)]
+THREADS = 2
+
+
+def _emit(**result) -> None:
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+# --- data and models ------------------------------------------------------------------------------------
+def make_data(directory: Path, rows: int) -> Path:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(3)
+    per_file = 250_000
+    for n, start in enumerate(range(0, rows, per_file)):
+        count = min(per_file, rows - start)
+        x = rng.standard_normal((count, len(FEATURES)), dtype=np.float32)
+        cols = {"id": pa.array(np.arange(start, start + count, dtype=np.int64))}
+        cols.update({name: x[:, i] for i, name in enumerate(FEATURES)})
+        pq.write_table(pa.table(cols), directory / f"part-{n:03d}.parquet", row_group_size=65536)
+    return directory
+
+
+def _train_set(rows: int = 100_000):
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((rows, len(FEATURES)), dtype=np.float32)
+    y = (x[:, 0] * x[:, 1] + np.sin(x[:, 2]) + 0.5 * x[:, 3] + rng.normal(0, 0.3, rows) > 0).astype(int)
+    return pd.DataFrame(x, columns=FEATURES), y
+
+
+def log_tree_models(registry_root: Path, flavors: list[str]) -> dict[str, str]:
+    """Train and log the tree models; ``{flavor: native model file}``."""
+    from airflow_provider_batchinfer.registry import ModelRegistry
+
+    reg = ModelRegistry(str(registry_root))
+    x, y = _train_set()
+    files = {}
+    if "xgboost" in flavors:
+        import xgboost as xgb
+
+        booster = xgb.train(
+            {"max_depth": 8, "eta": 0.1, "objective": "binary:logistic", "tree_method": "hist", "nthread": THREADS},
+            xgb.DMatrix(x, label=y),
+            num_boost_round=200,
+        )
+        mv = reg.log_model("bench_xgb", "v1", "xgboost", booster)
+        files["xgboost"] = str(Path(mv.uri) / "artifact" / "model.json")
+    if "lightgbm" in flavors:
+        import lightgbm as lgb
+
+        booster = lgb.train(
+            {"num_leaves": 255, "max_depth": 8, "objective": "binary", "verbose": -1, "num_threads": THREADS},
+            lgb.Dataset(x, label=y),
+            num_boost_round=200,
+        )
+        mv = reg.log_model("bench_lgb", "v1", "lightgbm", booster)
+        files["lightgbm"] = str(Path(mv.uri) / "artifact" / "model.txt")
+    return files
+
+
+# --- the systems (children) -------------------------------------------------------------------------------
+def _load_native(flavor: str, path: str):
+    if flavor == "xgboost":
+        import xgboost as xgb
+
+        booster = xgb.Booster(model_file=path)
+        booster.set_param({"nthread": THREADS})
+        return booster.inplace_predict
+    import lightgbm as lgb
+
+    booster = lgb.Booster(model_file=path)
+    return lambda x: booster.predict(x, num_threads=THREADS)
+
+
+def raw(cfg: dict) -> None:
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(cfg["files"], columns=FEATURES)
+    x = np.column_stack([table.column(c).to_numpy() for c in FEATURES])
+    del table
+    predict = _load_native(cfg["flavor"], cfg["model_file"])
+    t0 = time.monotonic()
+    y = predict(x)
+    wall = time.monotonic() - t0
+    assert len(y) == len(x)
+    _emit(rows=len(x), wall_s=wall)
+
+
+def stream(cfg: dict) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t0 = time.monotonic()
+    predict = _load_native(cfg["flavor"], cfg["model_file"])
+    out = Path(cfg["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    writer, rows = None, 0
+    for path in cfg["files"]:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=65536, columns=["id", *FEATURES]):
+            x = np.column_stack([batch.column(c).to_numpy() for c in FEATURES])
+            t = pa.table({"id": batch.column("id"), "prediction": predict(x)})
+            if writer is None:
+                writer = pq.ParquetWriter(str(out / "part-0.parquet"), t.schema)
+            writer.write_table(t)
+            rows += t.num_rows
+    assert writer is not None
+    writer.close()
+    _emit(rows=rows, wall_s=time.monotonic() - t0)
+
+
+def provider(cfg: dict) -> None:
+    from types import SimpleNamespace
+
+    os.environ["AIRFLOW_CONN_BATCHINFER_DEFAULT"] = json.dumps(
+        {"conn_type": "batchinfer", "extra": {"stage_root": cfg["stage_root"], "registry_root": cfg["registry_root"]}}
+    )
+    from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec, SaveMode
+    from airflow_provider_batchinfer.markers import read_valid_manifest
+
+    op = BatchInferenceOperator(
+        task_id="bench",
+        model=cfg["model_name"],
+        version="v1",
+        input=cfg["input_dir"],
+        output_spec=OutputSpec(stage_location=cfg["out_dir"], mode=SaveMode.OVERWRITE),
+        job_spec=JobSpec(replicas=1, max_batch_rows=65536),
+    )
+    ti = SimpleNamespace(dag_id="benchmark", task_id="bench", run_id=f"bench-{os.getpid()}", try_number=1, map_index=-1)
+    t0 = time.monotonic()
+    xcom = op.execute({"ti": ti})
+    wall = time.monotonic() - t0
+    manifest = read_valid_manifest(cfg["out_dir"])
+    assert manifest is not None, f"no _SUCCESS in {cfg['out_dir']}"
+    _emit(rows=xcom["rows"], wall_s=wall, timings=dict(manifest.timings))
+
+
+def onnx_vs_sklearn(cfg: dict) -> None:
+    """Native sklearn ``predict_proba`` vs ONNX Runtime on the same rows, same threads."""
+    import numpy as np
+    import onnxruntime as ort
+    from skl2onnx import to_onnx
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+    from threadpoolctl import threadpool_limits
+
+    from airflow_provider_batchinfer.runtime.ort import ort_session
+
+    threadpool_limits(THREADS)
+    x_train, y = _train_set(50_000)
+    x = np.random.default_rng(9).standard_normal((cfg["rows"], len(FEATURES)), dtype=np.float32)
+    models = {
+        "logistic_regression": LogisticRegression(max_iter=300),
+        "mlp_64_32": MLPClassifier(hidden_layer_sizes=(64, 32), max_iter=30, random_state=0),
+        "random_forest_100x10": RandomForestClassifier(n_estimators=100, max_depth=10, n_jobs=THREADS, random_state=0),
+    }
+    tmp = Path(cfg["out_dir"])
+    tmp.mkdir(parents=True, exist_ok=True)
+    for name, model in models.items():
+        model.fit(x_train.to_numpy(), y)
+        path = tmp / f"{name}.onnx"
+        path.write_bytes(to_onnx(model, x[:1], options={"zipmap": False}).SerializeToString())
+        session = ort_session(path, intra_op_threads=THREADS)
+        assert isinstance(session, ort.InferenceSession)
+        feed = session.get_inputs()[0].name
+        for batch in (100, 65536):
+            rows = min(len(x), batch * 200) if batch == 100 else len(x)
+            t0 = time.monotonic()
+            for a in range(0, rows, batch):
+                model.predict_proba(x[a : a + batch])
+            native = time.monotonic() - t0
+            t0 = time.monotonic()
+            for a in range(0, rows, batch):
+                session.run(["probabilities"], {feed: x[a : a + batch]})
+            onnx_s = time.monotonic() - t0
+            check = np.abs(session.run(["probabilities"], {feed: x[:1000]})[0] - model.predict_proba(x[:1000])).max()
+            _emit(
+                model=name,
+                batch=batch,
+                rows=rows,
+                sklearn_rows_per_s=rows / native,
+                onnx_rows_per_s=rows / onnx_s,
+                onnx_over_sklearn=native / onnx_s,
+                max_abs_diff=float(check),
+            )
+
+
+CHILDREN = {"raw": raw, "stream": stream, "provider": provider, "onnx": onnx_vs_sklearn}
+
+
+# --- the parent -----------------------------------------------------------------------------------------------
+def run_child(cfg: dict, workdir: Path, env: dict, timeout: float = 1800) -> list[dict]:
+    spec = workdir / f"cfg-{cfg['system']}-{cfg.get('flavor', '')}-{time.monotonic_ns()}.json"
+    spec.write_text(json.dumps(cfg))
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.trees", "--child", str(spec)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    results = [
+        json.loads(line[len(RESULT_PREFIX) :]) for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)
+    ]
+    if proc.returncode != 0 or not results:
+        raise RuntimeError(f"{cfg['system']} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+    shutil.rmtree(cfg.get("out_dir", workdir / "none"), ignore_errors=True)
+    return [dict(r, system=cfg["system"], flavor=cfg.get("flavor")) for r in results]
+
+
+def _env(workdir: Path) -> dict:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "AIRFLOW_HOME": str(workdir / "airflow"),
+            "BATCHINFER_HOME": str(workdir / "home"),
+            "BATCHINFER_RAY_DIR": tempfile.mkdtemp(prefix="bir-t-", dir="/tmp"),
+        }
+    )
+    return env
+
+
+def trees(flavors: list[str], rows: int, workdir: Path, env: dict) -> list[dict]:
+    data = make_data(workdir / "stage" / "input", rows)
+    files = sorted(map(str, data.glob("*.parquet")))
+    model_files = log_tree_models(workdir / "registry", flavors)
+    results = []
+    for flavor in flavors:
+        base = {
+            "flavor": flavor,
+            "files": files,
+            "model_file": model_files[flavor],
+            "input_dir": str(data),
+            "stage_root": str(workdir / "stage"),
+            "registry_root": str(workdir / "registry"),
+            "model_name": {"xgboost": "bench_xgb", "lightgbm": "bench_lgb"}[flavor],
+        }
+        for system, label in (("raw", "raw"), ("stream", "stream"), ("provider", "cold"), ("provider", "warm")):
+            out = str(workdir / "out" / f"{flavor}-{system}-{label}")
+            (result,) = run_child(dict(base, system=system, out_dir=out), workdir, env)
+            result["label"] = label
+            results.append(result)
+            print(f"   {flavor:8s} {system:8s} {label:5s} {result['wall_s']:8.2f}s", flush=True)
+    return results
+
+
+def report(tree_results: list[dict], onnx_results: list[dict], load_before: str, load_after: str) -> str:
+    lines = [f"load average before: {load_before}", f"load average after:  {load_after}", ""]
+    for flavor in sorted({r["flavor"] for r in tree_results}):
+        rs = {r["label"]: r for r in tree_results if r["flavor"] == flavor}
+        raw_rate = rs["raw"]["rows"] / rs["raw"]["wall_s"]
+        stream_rate = rs["stream"]["rows"] / rs["stream"]["wall_s"]
+        lines.append(f"{flavor}: {rs['raw']['rows']:,} rows x {len(FEATURES)} features")
+        lines.append(f"  {'system':22s} {'wall s':>8s} {'rows/s':>11s} {'x raw':>7s} {'x stream':>9s}")
+        for label, name in (
+            ("raw", "inplace_predict"),
+            ("stream", "streaming loop"),
+            ("cold", "operator (cold Ray)"),
+            ("warm", "operator (warm Ray)"),
+        ):
+            r = rs[label]
+            rate = r["rows"] / r["wall_s"]
+            lines.append(
+                f"  {name:22s} {r['wall_s']:8.2f} {rate:11,.0f} {rate / raw_rate:7.3f} {rate / stream_rate:9.3f}"
+            )
+        timings = rs["warm"].get("timings", {})
+        lines.append(
+            f"  warm operator's job: total {timings.get('total_s')} s, pipeline {timings.get('pipeline_s')} s, steady {timings.get('steady_rows_per_s')} rows/s"
+        )
+    if onnx_results:
+        lines += ["", f"ONNX Runtime vs native scikit-learn (predict_proba, {THREADS} threads)"]
+        lines.append(
+            f"  {'model':22s} {'batch':>6s} {'sklearn rows/s':>15s} {'onnx rows/s':>12s} {'onnx/sk':>8s} {'max |diff|':>11s}"
+        )
+        for r in onnx_results:
+            lines.append(
+                f"  {r['model']:22s} {r['batch']:6d} {r['sklearn_rows_per_s']:15,.0f} {r['onnx_rows_per_s']:12,.0f} "
+                f"{r['onnx_over_sklearn']:8.2f} {r['max_abs_diff']:11.2e}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--onnx-rows", type=int, default=200_000)
+    parser.add_argument("--only", default="xgboost,onnx", help="comma list of xgboost, lightgbm, onnx")
+    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--child")
+    args = parser.parse_args(argv)
+    if args.child:
+        cfg = json.loads(Path(args.child).read_text())
+        CHILDREN[cfg["system"]](cfg)
+        return 0
+    only = args.only.split(",")
+    workdir = Path(tempfile.mkdtemp(prefix="batchinfer-trees-"))
+    env = _env(workdir)
+    load_before = Path("/proc/loadavg").read_text().strip()
+    print(f"== trees benchmark: {os.cpu_count()} CPU(s); load average {load_before}", flush=True)
+    tree_results, onnx_results = [], []
+    try:
+        flavors = [f for f in ("xgboost", "lightgbm") if f in only]
+        if flavors:
+            tree_results = trees(flavors, args.rows, workdir, env)
+        if "onnx" in only:
+            onnx_results = run_child(
+                {"system": "onnx", "rows": args.onnx_rows, "out_dir": str(workdir / "onnx")}, workdir, env
+            )
+    finally:
+        from airflow_provider_batchinfer.launchers.embedded_ray import shutdown
+
+        shutdown(Path(env["BATCHINFER_RAY_DIR"]))
+        shutil.rmtree(env["BATCHINFER_RAY_DIR"], ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+    text = report(tree_results, onnx_results, load_before, Path("/proc/loadavg").read_text().strip())
+    print("\n" + text)
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "trees.log").write_text(text + "\n")
+    (results / "trees.json").write_text(json.dumps({"trees": tree_results, "onnx": onnx_results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
