@@ -13,7 +13,16 @@ from airflow_provider_batchinfer.stage import StageError
 
 MODEL_MANIFEST = "MODEL.json"
 REGISTRY_FORMAT = "batchinfer.model/1"
-FLAVORS = ("torchscript", "sentence_transformers", "python", "text_generation", "image_classification")
+FLAVORS = (
+    "torchscript",
+    "sentence_transformers",
+    "python",
+    "text_generation",
+    "image_classification",
+    # 15 (hfml): Hugging Face pipelines and MLflow models
+    "transformers_pipeline",
+    "mlflow_pyfunc",
+)
 # flavors whose artifact is a transformers save_pretrained directory (model + tokenizer/processor)
 PRETRAINED_FLAVORS = ("text_generation", "image_classification")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

@@ -27,6 +27,9 @@ _MODULES = {
     "python": "airflow_provider_batchinfer.runtime.flavors.python_class",
     "text_generation": "airflow_provider_batchinfer.runtime.flavors.text_generation",
     "image_classification": "airflow_provider_batchinfer.runtime.flavors.image_classification",
+    # 15 (hfml): Hugging Face pipelines and MLflow models
+    "transformers_pipeline": "airflow_provider_batchinfer.runtime.flavors.transformers_pipeline",
+    "mlflow_pyfunc": "airflow_provider_batchinfer.runtime.flavors.mlflow_pyfunc",
 }
 
 
