@@ -92,10 +92,10 @@ def ml(tmp_path_factory):
 def logged(ml):
     """The versions the tests and the DAG use: ridge@champion (pyfunc) and tc/1 (native)."""
     registry, tracking = ml["registry"], ml["tracking"]
-    registry.log_model(
-        "ridge", "champion", "mlflow", "models:/ridge@champion", tracking_uri=tracking, trust_pickle=True
-    )
-    registry.log_model("ridge", "v1", "mlflow", "models:/ridge/1", tracking_uri=tracking, trust_pickle=True)
+    # native=False: pyfunc even once the native sklearn flavor is installed (see test_tabular_models_run_natively)
+    pyfunc = {"tracking_uri": tracking, "trust_pickle": True, "native": False}
+    registry.log_model("ridge", "champion", "mlflow", "models:/ridge@champion", **pyfunc)
+    registry.log_model("ridge", "v1", "mlflow", "models:/ridge/1", **pyfunc)
     registry.log_model("mlflow_tc", "v1", "mlflow", "models:/tc/1", tracking_uri=tracking)
     return ml
 
@@ -127,7 +127,13 @@ def test_an_alias_is_resolved_once_and_pinned_with_its_origin(logged, monkeypatc
     client.set_registered_model_alias("ridge", "champion", "2")
     try:
         moved = registry.log_model(
-            "ridge", "moved", "mlflow", "models:/ridge@champion", tracking_uri=logged["tracking"], trust_pickle=True
+            "ridge",
+            "moved",
+            "mlflow",
+            "models:/ridge@champion",
+            tracking_uri=logged["tracking"],
+            trust_pickle=True,
+            native=False,
         )
         assert registry.read_manifest("ridge", "moved")["mlflow"]["version"] == "2"
         assert moved.sha256 != champion["sha256"] and registry.get("ridge", "champion").sha256 == champion["sha256"]
@@ -173,7 +179,7 @@ def test_refusals_say_what_to_do_and_log_nothing(logged, tmp_path, monkeypatch):
     registry, tracking = logged["registry"], logged["tracking"]
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # mlflow.set_tracking_uri sets it
     with pytest.raises(RegistryError, match=r"runs as mlflow_pyfunc .* log it with trust_pickle=True if you trust"):
-        registry.log_model("r", "v1", "mlflow", "models:/ridge/2", tracking_uri=tracking)
+        registry.log_model("r", "v1", "mlflow", "models:/ridge/2", tracking_uri=tracking, native=False)
     with pytest.raises(RegistryError, match=r"'models:/ridge/latest' is not supported: use models:/<name>/<version>"):
         registry.log_model("r", "v1", "mlflow", "models:/ridge/latest", tracking_uri=tracking)
     with pytest.raises(RegistryError, match=r"MLflow could not resolve 'models:/nope/1'"):
@@ -200,10 +206,53 @@ def test_the_hook_reads_the_tracking_uri_from_the_connection(logged, monkeypatch
         },
     }
     monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps(conn))
-    mv = ModelServiceHook().log_model("ridge", "hooked", "mlflow", "models:/ridge/2", trust_pickle=True)
+    mv = ModelServiceHook().log_model("ridge", "hooked", "mlflow", "models:/ridge/2", trust_pickle=True, native=False)
     assert (
         mv.flavor == "mlflow_pyfunc" and logged["registry"].read_manifest("ridge", "hooked")["mlflow"]["version"] == "2"
     )
+
+
+# --- MLflow's tabular flavors on the native ones (registry/mlflow_native.py) -------------------------------
+
+
+def test_which_mlflow_files_a_native_tabular_flavor_may_read(tmp_path):
+    from airflow_provider_batchinfer.registry.mlflow_native import tabular_source
+
+    pickled = {"serialization_format": "cloudpickle", "pickled_model": "model.pkl"}
+    with pytest.raises(
+        RegistryError, match=r"is a cloudpickle file: unpickling runs code. Log it with trust_pickle=True"
+    ):
+        tabular_source("sklearn", tmp_path, pickled, {}, tmp_path)
+    assert tabular_source("sklearn", tmp_path, pickled, {"trust_pickle": True}, tmp_path) == (
+        tmp_path / "model.pkl",
+        {"trust_pickle": True},
+    )
+    skops = {"serialization_format": "skops", "pickled_model": "model.skops", "skops_trusted_types": ["os.system"]}
+    # the MLmodel's own trusted-types list is never used: only what the author names
+    assert tabular_source("sklearn", tmp_path, skops, {}, tmp_path) == (tmp_path / "model.skops", {"trusted_types": []})
+    sklearn_api = {"data": "model.lgb", "model_class": "lightgbm.sklearn.LGBMClassifier"}
+    assert tabular_source("lightgbm", tmp_path, sklearn_api, {}, tmp_path) is None  # a pickle: pyfunc
+    booster = {"data": "model.lgb", "model_class": "lightgbm.basic.Booster"}
+    assert tabular_source("lightgbm", tmp_path, booster, {}, tmp_path) == (tmp_path / "model.lgb", {})
+
+
+@pytest.mark.skipif(
+    "sklearn" not in __import__("airflow_provider_batchinfer.registry", fromlist=["FLAVORS"]).FLAVORS,
+    reason="the native sklearn flavor (#15 tabular, registry/tabular.py) is not installed beside this branch",
+)
+def test_tabular_models_run_natively(logged, monkeypatch):
+    """Activated by merging the tabular flavors: MLflow's skops scikit-learn model runs on the
+    native ``sklearn`` flavor, with the MLflow directory kept (and hashed) under ``mlflow/``."""
+    registry = logged["registry"]
+    mv = registry.log_model("ridge_native", "v1", "mlflow", "models:/ridge/1", tracking_uri=logged["tracking"])
+    manifest = registry.read_manifest("ridge_native", "v1")
+    assert mv.flavor == "sklearn" and manifest["options"]["mlflow_dir"] == "mlflow"
+    assert "mlflow/MLmodel" in manifest["files"] and manifest["mlflow"]["version"] == "1"
+    assert list(mv.signature["inputs"]) == FEATURES
+    frame = _frame(300, seed=4)
+    out = _predictor(registry, "ridge_native", "v1")(pa.Table.from_pandas(frame), {})
+    (column,) = list(mv.signature["outputs"])
+    np.testing.assert_array_equal(np.asarray(out[column]), logged["models"]["ridge_v1"].predict(frame))
 
 
 # --- bad inputs: before any compute, nothing committed ----------------------------------------------------
@@ -227,7 +276,9 @@ def test_bad_inputs_and_changed_files_fail_before_any_compute(logged, monkeypatc
         r"column 'text' of .* is int64, but model input 'text' expects string",
     )
     # a file changed after logging: the pyfunc's MLmodel and the native model's weights
-    registry.log_model("ridge_t", "v1", "mlflow", "models:/ridge/1", tracking_uri=logged["tracking"], trust_pickle=True)
+    registry.log_model(
+        "ridge_t", "v1", "mlflow", "models:/ridge/1", tracking_uri=logged["tracking"], trust_pickle=True, native=False
+    )
     mlmodel = Path(registry.get("ridge_t", "v1").uri) / "artifact" / "MLmodel"
     mlmodel.write_text(mlmodel.read_text() + "\n# edited\n")
     fails(

@@ -5,7 +5,7 @@ URI means *now*, downloads exactly that version's files (never the alias again),
 an immutable version whose manifest records the URI, the resolved version and where it came from.
 A job then pins those bytes by sha256: moving the alias in MLflow later changes nothing for it.
 
-Which flavor runs the copy: the native one where this provider has it (``MLMODEL_NATIVE``), so a
+Which flavor runs the copy: the native one where this provider has it (``mlflow_native.py``), so a
 transformers model runs as ``transformers_pipeline`` without MLflow on the workers; anything else
 runs as ``mlflow_pyfunc`` (``mlflow.pyfunc.load_model`` on each replica). pyfunc loaders unpickle
 (cloudpickled Python models, pickled estimators; MLflow itself refuses them unless
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from airflow_provider_batchinfer.registry.mlflow_native import MLMODEL_NATIVE, TABULAR_NATIVE, tabular_source
 from airflow_provider_batchinfer.registry.pipelines import (
     PIPELINE_FLAVOR,
     canonical_task,
@@ -40,17 +41,6 @@ if TYPE_CHECKING:
 
 PYFUNC_FLAVOR = "mlflow_pyfunc"
 MLMODEL_DIR = "artifact"  # the MLflow model directory, as downloaded, inside the version
-
-# MLflow flavor -> this provider's native flavor. An entry is used only when that flavor is in
-# FLAVORS (registry/versions.py) and its ``options`` builder is given; the rest run as mlflow_pyfunc.
-# The tabular flavors (#15, branch wt-tabular) slot in at merge: see docs/models-hf.md.
-MLMODEL_NATIVE: dict[str, str] = {
-    "transformers": PIPELINE_FLAVOR,
-    # "sklearn": "sklearn",      # MLflow's skops format only; pickle/cloudpickle needs trust_pickle=True
-    # "xgboost": "xgboost",      # model.xgb / .ubj / .json (native formats), never the pickled sklearn API
-    # "lightgbm": "lightgbm",    # model.lgb (Booster text); MLflow pickles the sklearn API: pyfunc
-    # "onnx": "onnx",            # model.onnx
-}
 
 # MLflow column types -> signature dtypes
 _MLFLOW_TYPES = {
@@ -197,18 +187,47 @@ def _transformers_options(model_dir: Path, conf: dict[str, Any], task: str | Non
     return options
 
 
-def choose_flavor(mlmodel: dict[str, Any], native: bool) -> str:
+def choose_flavor(mlmodel: dict[str, Any], native: bool) -> tuple[str, str | None]:
+    """(this provider's flavor, the MLflow flavor it reads, or None for pyfunc)."""
     flavors = mlmodel.get("flavors") or {}
     if native:
         for mlflow_flavor, ours in MLMODEL_NATIVE.items():
             if mlflow_flavor in flavors and ours in FLAVORS:
-                return ours
+                return ours, mlflow_flavor
     if "python_function" not in flavors:
         raise RegistryError(
             f"this MLflow model has no python_function flavor and none this provider runs natively "
             f"(its flavors: {sorted(flavors)})"
         )
-    return PYFUNC_FLAVOR
+    return PYFUNC_FLAVOR, None
+
+
+def _stage_tabular_copy(
+    staging: Path,
+    flavor: str,
+    conf: dict[str, Any],
+    signature: dict[str, Any] | None,
+    trust_pickle: bool,
+    trusted_types: list[str] | None,
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Stage an MLflow tabular model for its native flavor: the MLflow directory moves to
+    ``mlflow/`` (kept and hashed: its MLmodel is the provenance) and ``registry/tabular.py``
+    writes ``artifact/`` from the model file in it. None: not readable natively, use pyfunc."""
+    from airflow_provider_batchinfer.registry.tabular import stage_tabular  # type: ignore[import-not-found,unused-ignore]
+
+    mlflow_dir = staging / "mlflow"
+    os.replace(staging / MLMODEL_DIR, mlflow_dir)
+    scratch = staging.parent / "scratch"
+    scratch.mkdir(exist_ok=True)
+    found = tabular_source(
+        flavor, mlflow_dir, conf, {"trust_pickle": trust_pickle, "trusted_types": trusted_types}, scratch
+    )
+    if found is None:
+        os.replace(mlflow_dir, staging / MLMODEL_DIR)
+        return None
+    path, settings = found
+    options, sig = stage_tabular(staging / MLMODEL_DIR, flavor, str(path), signature, settings)
+    return {**options, "mlflow_dir": "mlflow"}, sig
 
 
 def import_mlflow_model(
@@ -225,11 +244,13 @@ def import_mlflow_model(
     trust_pickle: bool = False,
     native: bool = True,
     task: str | None = None,
+    trusted_types: list[str] | None = None,
 ) -> ModelVersion:
     """Copy the MLflow model at ``uri`` into ``registry`` as ``name``/``version`` (see the module doc).
 
     ``native=False`` runs it as ``mlflow_pyfunc`` even where a native flavor exists; ``task``
-    overrides the task an MLflow transformers model records."""
+    overrides the task an MLflow transformers model records; ``trusted_types`` names the types of
+    an MLflow skops file that its native ``sklearn`` copy may load."""
     if not isinstance(uri, str):
         raise RegistryError(
             f"an MLflow model is given by its URI (models:/<name>/<version>, ...), got {type(uri).__name__}"
@@ -248,8 +269,17 @@ def import_mlflow_model(
         os.replace(downloaded, staging / MLMODEL_DIR)
         model_dir = staging / MLMODEL_DIR
         mlmodel = read_mlmodel(model_dir)
-        flavor = choose_flavor(mlmodel, native)
-        if flavor == PIPELINE_FLAVOR:
+        flavor, source = choose_flavor(mlmodel, native)
+        staged = None
+        if flavor in TABULAR_NATIVE and source is not None:
+            staged = _stage_tabular_copy(
+                staging, flavor, mlmodel["flavors"][source], signature, trust_pickle, trusted_types
+            )
+            if staged is None:
+                flavor = PYFUNC_FLAVOR
+        if staged is not None:
+            options, sig = staged
+        elif flavor == PIPELINE_FLAVOR:
             options = _transformers_options(model_dir, mlmodel["flavors"]["transformers"], task)
             sig = pipeline_signature(options["task"], signature)
         else:
@@ -280,4 +310,4 @@ def import_mlflow_model(
         )
 
 
-__all__ = ["MLMODEL_NATIVE", "PYFUNC_FLAVOR", "import_mlflow_model", "mlflow_signature", "resolve_mlflow_uri"]
+__all__ = ["PYFUNC_FLAVOR", "import_mlflow_model", "mlflow_signature", "resolve_mlflow_uri"]
