@@ -212,6 +212,24 @@ def test_the_hook_reads_the_tracking_uri_from_the_connection(logged, monkeypatch
     )
 
 
+def test_mlflow_signatures_and_tracking_uris_as_recorded():
+    from airflow_provider_batchinfer.registry.mlflow_import import _redact, mlflow_signature
+
+    cols = json.dumps(
+        [{"type": "long", "name": "n"}, {"type": "string", "name": "s"}, {"type": "boolean", "name": "b"}]
+    )
+    outs = json.dumps([{"type": "float", "name": "p"}, {"type": "tensor", "tensor-spec": {}, "name": "t"}])
+    assert mlflow_signature({"signature": {"inputs": cols, "outputs": outs}}) == {
+        "inputs": {"n": "int64", "s": "string", "b": "bool"},
+        "outputs": {"p": "float32", "t": "any"},
+    }
+    tensor = json.dumps([{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, 4]}}])
+    assert mlflow_signature({"signature": {"inputs": tensor}}) is None  # the author must give one
+    assert mlflow_signature({}) is None
+    assert _redact("https://bob:s3cret@mlflow.example.com:5000/x") == "https://mlflow.example.com:5000/x"
+    assert _redact("databricks") == "databricks"
+
+
 # --- MLflow's tabular flavors on the native ones (registry/mlflow_native.py) -------------------------------
 
 
