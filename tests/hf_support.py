@@ -79,7 +79,7 @@ def texts(rows: int, seed: int = 0) -> list[str]:
 def bert_tokenizer():
     from transformers import BertTokenizer
 
-    return BertTokenizer(vocab={w: i for i, w in enumerate([*SPECIALS, *WORDS])})
+    return BertTokenizer(vocab={w: i for i, w in enumerate([*SPECIALS, *WORDS])}, model_max_length=128)
 
 
 def _bert_config(tokenizer, **kwargs):

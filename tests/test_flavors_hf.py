@@ -133,6 +133,13 @@ def test_feature_extraction_and_summarization_match_the_models_own_output(hf_hom
         assert len(got) == len(ref)
         np.testing.assert_allclose(got, ref, atol=ATOL, rtol=ATOL)  # padding reorders sums: ~1e-5 relative
 
+    long_text = " ".join(hf.WORDS * 8)  # 300+ tokens, beyond the models' 128 positions: truncated, not failed
+    (vectors,) = _predictor(registry, "feature_extraction")(pa.table({"text": [long_text]}), {})[
+        "embedding"
+    ].to_pylist()
+    assert len(vectors) == 128
+    assert _predictor(registry, "text_classification")(pa.table({"text": [long_text]}), {})["label"].to_pylist()[0]
+
     out = _predictor(registry, "summarization")(table, {"max_new_tokens": 6})
     tok = AutoTokenizer.from_pretrained(str(dirs["summarization"]))
     model = AutoModelForSeq2SeqLM.from_pretrained(str(dirs["summarization"])).eval()

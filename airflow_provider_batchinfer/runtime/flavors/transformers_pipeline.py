@@ -159,6 +159,9 @@ def _pipeline_predictor(
             order = _by_length(values)
         if task == "feature-extraction":
             kwargs.setdefault("return_tensors", True)
+            kwargs.setdefault("tokenize_kwargs", {"truncation": True})  # a long text: its first max_length tokens
+        if task == "text-classification":
+            kwargs.setdefault("truncation", True)
         results = pipe([values[i] for i in order], batch_size=batch_size, **kwargs) if values else []
         if isinstance(results, dict):
             results = [results]
