@@ -1,5 +1,5 @@
 """DAGs for the transformers_pipeline and MLflow tests (tests/test_flavors_hf.py, tests/test_mlflow_models.py):
-two inference tasks each, every location and model name from params (run_conf)."""
+every input location from params (run_conf)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ with DAG(
     schedule=None,
     start_date=START,
     catchup=False,
-    params={"tabular_input": "", "text_input": ""},
+    params={"tabular_input": ""},
 ) as bi_test_mlflow_models:
     BatchInferenceOperator(
         task_id="score_pyfunc",
@@ -52,13 +52,4 @@ with DAG(
         input_spec=InputSpec(id_column="id"),
         output_spec=OutputSpec(base_stage_location="ridge"),
         job_spec=JobSpec(max_batch_rows=1000, progress_interval_s=2),
-    )
-    BatchInferenceOperator(
-        task_id="classify_native",
-        model="mlflow_tc",
-        version="v1",
-        input="{{ params.text_input }}",
-        input_spec=InputSpec(id_column="id"),
-        output_spec=OutputSpec(base_stage_location="mlflow_labels"),
-        job_spec=JobSpec(max_batch_rows=64, progress_interval_s=2),
     )
