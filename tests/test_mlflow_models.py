@@ -190,6 +190,8 @@ def test_refusals_say_what_to_do_and_log_nothing(logged, tmp_path, monkeypatch):
         registry.log_model("r", "v1", "mlflow", "models:/ridge/2")
     with pytest.raises(RegistryError, match=r"run .* has no model at 'nothing'"):
         registry.log_model("r", "v1", "mlflow", f"runs:/{logged['tc_run']}/nothing", tracking_uri=tracking)
+    with pytest.raises(RegistryError, match=r"is logged from MLflow: flavor='mlflow', artifact='models:/...'"):
+        registry.log_model("r", "v1", "mlflow_pyfunc", "/some/dir")
     assert registry.list_versions("r") == []
 
 

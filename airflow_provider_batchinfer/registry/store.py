@@ -125,6 +125,10 @@ class ModelRegistry:
                 if_exists=if_exists,
                 **flavor_options,
             )
+        if flavor == "mlflow_pyfunc":
+            raise RegistryError(
+                "an mlflow_pyfunc version is logged from MLflow: flavor='mlflow', artifact='models:/...'"
+            )
         if flavor not in FLAVORS:
             raise RegistryError(f"unknown flavor {flavor!r}; supported flavors: {', '.join(FLAVORS)}")
         if if_exists not in ("error", "reuse"):
