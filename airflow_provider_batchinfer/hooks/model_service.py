@@ -137,7 +137,18 @@ class ModelServiceHook(BaseHook):
     def log_model(
         self, name: str, version: str | None, flavor: str, artifact: Any = None, **kwargs: Any
     ) -> ModelVersion:
-        """Log an immutable model version; see :meth:`ModelRegistry.log_model` for the arguments."""
+        """Log an immutable model version; see :meth:`ModelRegistry.log_model` for the arguments.
+
+        ``flavor="mlflow"`` copies the MLflow model ``artifact`` (``models:/<name>/<version>``,
+        ``models:/<name>@<alias>``, ``runs:/<run id>/<path>``) from the tracking server given by
+        ``tracking_uri=``, else the connection extra ``mlflow_tracking_uri`` (and
+        ``mlflow_registry_uri``), else ``MLFLOW_TRACKING_URI``."""
+        if flavor == "mlflow":  # 15 (hfml)
+            conn = self._connection()
+            extra = dict(conn.extra_dejson or {}) if conn is not None else {}
+            for option in ("tracking_uri", "registry_uri"):
+                if kwargs.get(option) is None and extra.get(f"mlflow_{option}"):
+                    kwargs[option] = str(extra[f"mlflow_{option}"])
         mv = self.registry.log_model(name, version, flavor, artifact, **kwargs)
         self.log.info(
             "Model %s/%s (%s) is in the registry at %s, sha256 %s", mv.name, mv.version, mv.flavor, mv.uri, mv.sha256

@@ -13,6 +13,7 @@ from airflow_provider_batchinfer.registry.artifacts import _python_class_source,
 from airflow_provider_batchinfer.registry.fetch import (
     fetch_version,
 )
+from airflow_provider_batchinfer.registry.pipelines import PIPELINE_FLAVOR, pipeline_signature, stage_pipeline
 from airflow_provider_batchinfer.registry.tabular import TABULAR_FLAVORS, stage_tabular
 from airflow_provider_batchinfer.registry.versions import (
     FLAVORS,
@@ -108,56 +109,104 @@ class ModelRegistry:
         different content under an existing version is always refused. ``sklearn``, ``xgboost``,
         ``lightgbm`` and ``onnx`` models take a fitted model or its file and their own settings as
         keywords (``registry/tabular.py``; docs/models.md).
+
+        ``flavor="mlflow"``: ``artifact`` is an MLflow model URI (``models:/<name>/<version>``,
+        ``models:/<name>@<alias>``, ``runs:/<run id>/<path>``), copied and hashed; see
+        ``registry/mlflow_import.py`` for its options. ``transformers_pipeline`` takes ``task=``.
         """
         check_name(name, "name")
+        if flavor == "mlflow":  # 15 (hfml): resolved to a native flavor or mlflow_pyfunc there
+            from airflow_provider_batchinfer.registry.mlflow_import import import_mlflow_model
+
+            return import_mlflow_model(
+                self,
+                name,
+                version,
+                artifact,
+                signature=signature,
+                description=description,
+                if_exists=if_exists,
+                **flavor_options,
+            )
+        if flavor == "mlflow_pyfunc":
+            raise RegistryError(
+                "an mlflow_pyfunc version is logged from MLflow: flavor='mlflow', artifact='models:/...'"
+            )
         if flavor not in FLAVORS:
             raise RegistryError(f"unknown flavor {flavor!r}; supported flavors: {', '.join(FLAVORS)}")
         if if_exists not in ("error", "reuse"):
             raise RegistryError(f"if_exists must be 'error' or 'reuse', got {if_exists!r}")
-        if flavor_options and flavor not in TABULAR_FLAVORS:
-            raise RegistryError(f"log_model got unknown arguments {sorted(flavor_options)} for a {flavor} model")
-        sig = normalize_signature(signature, flavor) if flavor not in TABULAR_FLAVORS else {}
+        if flavor not in TABULAR_FLAVORS:  # tabular flavors check their own settings (registry/tabular.py)
+            unknown = sorted(set(flavor_options) - ({"task"} if flavor == PIPELINE_FLAVOR else set()))
+            if unknown:
+                raise RegistryError(f"log_model got unexpected options {unknown} for flavor {flavor!r}")
+        read_from_model = (*TABULAR_FLAVORS, PIPELINE_FLAVOR)  # signatures inferred from the model or task
+        sig = normalize_signature(signature, flavor) if flavor not in read_from_model else {}
         with tempfile.TemporaryDirectory(prefix="batchinfer-log-") as tmp:
             staging = Path(tmp)
             if flavor in TABULAR_FLAVORS:  # 15: stored in a safe format, signature read from the model
                 options, sig = stage_tabular(staging / "artifact", flavor, artifact, signature, flavor_options)
+            elif flavor == PIPELINE_FLAVOR:  # 15 (hfml): the signature follows from the task
+                options = stage_pipeline(staging / "artifact", artifact, flavor_options.get("task"))
+                sig = pipeline_signature(options["task"], signature)
             else:
                 options = self._stage_artifact(staging, flavor, artifact, python_class, code_paths)
-            files = hash_tree(staging)
-            if not files:
-                raise RegistryError(f"model {name!r}: the artifact holds no files")
-            digest = tree_digest(files)
-            version = version if version is not None else f"sha-{digest[:12]}"
-            check_name(version, "version")
-            manifest = {
-                "format": REGISTRY_FORMAT,
-                "name": name,
-                "version": version,
-                "flavor": flavor,
-                "signature": sig,
-                "options": options,
-                "files": files,
-                "sha256": digest,
-                "description": description,
-                "created_at": datetime.now(timezone.utc).isoformat(),
-            }
-            target = self._stage(name, version)
-            marker = target.child(MODEL_MANIFEST)
-            if marker.exists():
-                existing = marker.read_json()
-                if if_exists == "reuse" and existing.get("sha256") == digest:
-                    return self.get(name, version)
-                same = " (same content; pass if_exists='reuse' to use it)" if existing.get("sha256") == digest else ""
-                raise ModelVersionExistsError(
-                    f"model {name!r} version {version!r} already exists at {target.location}{same}; versions are "
-                    "immutable: log the new model under a new version"
-                )
-            if target.exists():
-                target.clear_run_directory()  # leftovers of a log that died before its manifest
-            for rel in files:
-                src = staging / rel
-                target.child(*rel.split("/")).write_bytes(src.read_bytes())
-            marker.write_json(manifest)
+            return self.commit_staged(name, version, flavor, sig, options, staging, description, if_exists)
+
+    def commit_staged(
+        self,
+        name: str,
+        version: str | None,
+        flavor: str,
+        sig: dict[str, Any],
+        options: dict[str, Any],
+        staging: Path,
+        description: str = "",
+        if_exists: str = "error",
+        extra: dict[str, Any] | None = None,
+    ) -> ModelVersion:
+        """Hash every file under ``staging`` and write them as version ``version`` (manifest last).
+
+        ``extra``: more manifest sections (an imported model's origin, e.g. ``{"mlflow": {...}}``)."""
+        check_name(name, "name")
+        if if_exists not in ("error", "reuse"):
+            raise RegistryError(f"if_exists must be 'error' or 'reuse', got {if_exists!r}")
+        files = hash_tree(staging)
+        if not files:
+            raise RegistryError(f"model {name!r}: the artifact holds no files")
+        digest = tree_digest(files)
+        version = version if version is not None else f"sha-{digest[:12]}"
+        check_name(version, "version")
+        manifest = {
+            "format": REGISTRY_FORMAT,
+            "name": name,
+            "version": version,
+            "flavor": flavor,
+            "signature": sig,
+            "options": options,
+            "files": files,
+            "sha256": digest,
+            "description": description,
+            "created_at": datetime.now(timezone.utc).isoformat(),
+            **(extra or {}),
+        }
+        target = self._stage(name, version)
+        marker = target.child(MODEL_MANIFEST)
+        if marker.exists():
+            existing = marker.read_json()
+            if if_exists == "reuse" and existing.get("sha256") == digest:
+                return self.get(name, version)
+            same = " (same content; pass if_exists='reuse' to use it)" if existing.get("sha256") == digest else ""
+            raise ModelVersionExistsError(
+                f"model {name!r} version {version!r} already exists at {target.location}{same}; versions are "
+                "immutable: log the new model under a new version"
+            )
+        if target.exists():
+            target.clear_run_directory()  # leftovers of a log that died before its manifest
+        for rel in files:
+            src = staging / rel
+            target.child(*rel.split("/")).write_bytes(src.read_bytes())
+        marker.write_json(manifest)
         return self.get(name, version)
 
     @staticmethod

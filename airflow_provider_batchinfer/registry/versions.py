@@ -24,6 +24,9 @@ FLAVORS = (
     "xgboost",
     "lightgbm",
     "onnx",
+    # 15 (hfml): Hugging Face pipelines and MLflow models
+    "transformers_pipeline",
+    "mlflow_pyfunc",
 )
 # flavors whose artifact is a transformers save_pretrained directory (model + tokenizer/processor)
 PRETRAINED_FLAVORS = ("text_generation", "image_classification")

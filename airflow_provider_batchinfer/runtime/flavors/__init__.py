@@ -32,6 +32,9 @@ _MODULES = {
     "xgboost": "airflow_provider_batchinfer.runtime.flavors.xgboost_booster",
     "lightgbm": "airflow_provider_batchinfer.runtime.flavors.lightgbm_booster",
     "onnx": "airflow_provider_batchinfer.runtime.flavors.onnx_model",
+    # 15 (hfml): Hugging Face pipelines and MLflow models
+    "transformers_pipeline": "airflow_provider_batchinfer.runtime.flavors.transformers_pipeline",
+    "mlflow_pyfunc": "airflow_provider_batchinfer.runtime.flavors.mlflow_pyfunc",
 }
 
 
