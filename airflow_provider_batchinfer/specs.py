@@ -235,6 +235,12 @@ class JobSpec:
     (up to ~128 MiB of input) and each becomes one output part, so a preempted attempt loses at most
     the blocks in flight; a smaller value cuts blocks to this many rows (a streaming repartition),
     so ``SaveMode.RESUME`` keeps more of an interrupted run, at the cost of more, smaller files.
+
+    Budget (``docs/usage.md``): ``max_cost`` stops the job, committing nothing, once its running cost
+    estimate (CPUs/GPUs reserved x seconds held, at the connection's ``price_per_cpu_hour`` /
+    ``price_per_gpu_hour``) would exceed it; ``max_output_tokens_total`` does the same for the output
+    tokens of a ``text_generation`` model. The failure is permanent (a retry would spend the same);
+    raise the limit and retry with ``SaveMode.RESUME`` to keep the parts already written.
     """
 
     replicas: int = 1
@@ -251,6 +257,10 @@ class JobSpec:
     max_error_fraction: float | None = None
     max_value_bytes: int | None = 64 << 20
     rows_per_part: int | None = None
+    # 16.2: the budget guard (runtime/usage.py): stop, commit nothing, once the running estimate of the
+    # cost (at the connection's prices) or of the output tokens (text generation) would exceed these
+    max_cost: float | None = None
+    max_output_tokens_total: int | None = None
 
     @property
     def error_fraction_limit(self) -> float:
@@ -324,12 +334,33 @@ class JobSpec:
                 f"JobSpec.max_value_bytes must be a whole number of bytes > 0 or None, got {self.max_value_bytes!r}."
             )
 
+        _check_budget(self)  # 16.2
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         return cls(**_known_fields(cls, data))
+
+
+def _check_budget(job: JobSpec) -> None:
+    """16.2: ``max_cost`` (currency units, priced by the connection's ``price_per_cpu_hour`` /
+    ``price_per_gpu_hour``) and ``max_output_tokens_total`` (text generation) are positive limits."""
+    cost = job.max_cost
+    if cost is not None and (
+        isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 < cost < float("inf")
+    ):
+        raise SpecError(
+            f"JobSpec.max_cost is the most a run may cost at the connection's prices (a number > 0, e.g. "
+            f"JobSpec(max_cost=2.5)), got {cost!r}."
+        )
+    tokens = job.max_output_tokens_total
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise SpecError(
+            f"JobSpec.max_output_tokens_total is the most output tokens a text generation run may produce (a whole "
+            f"number >= 1, e.g. JobSpec(max_output_tokens_total=2_000_000)), got {tokens!r}."
+        )
 
 
 def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
