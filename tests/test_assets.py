@@ -122,3 +122,17 @@ def test_a_commit_emits_an_asset_event_with_the_manifest_summary(batchinfer_home
     # the same run's XCom carries the usage section; without prices it has no cost
     usage = xcom_value("bi_test_asset_producer", run_id, "infer")["usage"]
     assert usage == manifest["usage"] and usage["cpu_seconds"] > 0 and usage["cost"] is None
+
+
+def test_the_example_publish_dag_is_scheduled_on_the_example_inference_dags_asset():
+    """Parse only: the pair in example_dags/ agrees on the asset without sharing a run id."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tests.conftest import REPO
+
+    bag = DagBag(dag_folder=str(REPO / "example_dags" / "batchinfer_scores_asset.py"))
+    assert not bag.import_errors, bag.import_errors
+    score = bag.dags["batchinfer_risk_scores"].get_task("score_customers")
+    publish = bag.dags["batchinfer_publish_risk_scores"]
+    assert score.outlets == [score.output_asset] == [stage_asset("scores/risk")]
+    assert list(publish.timetable.asset_condition.objects) == [score.output_asset]

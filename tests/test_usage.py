@@ -147,6 +147,28 @@ def test_percentiles_tokens_and_cost_arithmetic():
     assert counter.budget_view() == (30, 6)
 
 
+def test_a_text_generation_batch_reports_its_tokens(registry, tmp_path):
+    """What the metered replica reports for a real tiny Llama's batch (built in-process): the prompt
+    and completion tokens of the model's ``usage`` column."""
+    from airflow_provider_batchinfer.chat import text_to_messages
+    from airflow_provider_batchinfer.demo_models import build_tiny_chat_model
+    from airflow_provider_batchinfer.runtime.flavors import load_predictor
+
+    registry.log_model("chat", "v1", "text_generation", str(build_tiny_chat_model(tmp_path / "chat")))
+    model_dir = registry.local_copy("chat", "v1")
+    predict = load_predictor(model_dir, json.loads((model_dir / "MODEL.json").read_text()), "cpu", 1)
+    messages = text_to_messages(pa.table({"text": ["billing fails", "login slow", "export"]}), "{text}")
+    out = pa.table(predict(messages.select(["messages"]), {"max_tokens": 6, "temperature": 0}))
+    usage = out.column("usage").to_pylist()
+    tokens = batch_tokens(out)
+    assert tokens == (sum(u["prompt_tokens"] for u in usage), sum(u["completion_tokens"] for u in usage))
+    assert tokens[0] > 0 and 0 < tokens[1] <= 18
+    counter = UsageCounter()
+    counter.add(3)
+    counter.batch(3, 0.5, tokens)
+    assert counter.budget_view() == (3, tokens[1]) and counter.summary()["input_tokens"] == tokens[0]
+
+
 def _meter(tmp_path, registry, model, **spec) -> Meter:
     import dataclasses
 

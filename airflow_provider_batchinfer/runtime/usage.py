@@ -170,7 +170,7 @@ class Meter:
         self.prices: Mapping[str, float] = dict(job.prices)
         self.started = self.ended = 0.0
         self.reason: str | None = None  # why the guard stopped the job
-        self._inside = False
+        self._inside = self._installed = False
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -194,8 +194,11 @@ class Meter:
     def __enter__(self) -> Meter:
         self.started = time.monotonic()
         if self.guarded:
-            self._previous = signal.signal(signal.SIGINT, self._on_signal)
-            self._inside = True
+            # signal handlers live in the main thread; elsewhere (the driver run from a thread) the
+            # watcher only records the reason and check() fails the job once the write has ended
+            if threading.current_thread() is threading.main_thread():
+                self._previous = signal.signal(signal.SIGINT, self._on_signal)
+                self._installed = self._inside = True
             self._thread = threading.Thread(target=self._watch, name="batchinfer-budget", daemon=True)
             self._thread.start()
         return self
@@ -203,11 +206,13 @@ class Meter:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         with self._lock:
             self._inside = False
-        self.ended = time.monotonic()
+            self.ended = time.monotonic()
         self._done.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._installed:
             signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
         # our own stop: swallowed here, raised by check() outside any handler (a clean message)
         return exc_type is not None and issubclass(exc_type, _BudgetStop)
 
@@ -231,10 +236,11 @@ class Meter:
             if reason is None:
                 continue
             with self._lock:
-                if self._inside and self.reason is None:
+                if self.reason is None and self.ended == 0.0:
                     self.reason = reason
                     print(f"[batchinfer] budget: {reason}; stopping the job", flush=True)
-                    os.kill(os.getpid(), signal.SIGINT)
+                    if self._inside:
+                        os.kill(os.getpid(), signal.SIGINT)
             return
 
     def over_budget(self, seen: tuple[int, int | None], lookahead: float = 0.0, now: float | None = None) -> str | None:
