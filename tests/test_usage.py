@@ -317,16 +317,18 @@ def _settled(out: Path, quiet_s: float = 2.0, timeout: float = 30) -> None:
 
 @pytest.mark.slow
 def test_the_budget_guard_stops_the_job_and_a_resume_with_a_higher_budget_completes(priced, tmp_path):
-    """The first 300 tickets score at once; the rest take 2 s a batch while the gate file exists, so
-    the running cost estimate (2 CPUs x 1 unit per CPU-second) passes ``max_cost`` mid-job: the task
-    fails permanently, saying how far it got, and commits nothing. With the gate gone and a higher
-    budget, a RESUME retry keeps the complete parts and scores only the rest."""
-    rows, fast = 900, 300
-    inputs = write_tickets(tmp_path / "in", rows=rows, files=9)  # one block, one part per file
+    """The replica scores its first 6 batches at once and then 2 s a batch while the gate file
+    exists, so the running cost estimate (2 CPUs x 1 unit per CPU-second) passes ``max_cost`` mid-job:
+    the task fails permanently, saying how far it got, and commits nothing. With the gate gone and a
+    higher budget, a RESUME retry keeps the complete parts and scores only the rest."""
+    rows = 900
+    # 18 files of 50 rows: a block, a batch and a part each (rows_per_part keeps Ray Data from
+    # bundling blocks into one write task), so the first 6 parts complete while the rest wait
+    inputs = write_tickets(tmp_path / "in", rows=rows, files=18)
     out, gate = tmp_path / "out", tmp_path / "gate"
     gate.write_text("closed")
-    params = {"gate": str(gate), "slow_from": fast, "delay": 2.0}
-    job = {"max_batch_rows": 50}
+    params = {"gate": str(gate), "fast_batches": 6, "delay": 2.0}
+    job = {"max_batch_rows": 50, "rows_per_part": 50}
     first = _operator(inputs, out, "gated_length", SaveMode.RESUME, params, max_cost=30.0, **job)
     with pytest.raises(AirflowFailException) as caught:  # permanent: a retry would spend the same
         first.execute({"ti": TaskInstanceStandIn(try_number=1)})
