@@ -68,6 +68,7 @@ def _run_facet_class() -> type:
             job: dict[str, Any] = attr.field(factory=dict)
             counts: dict[str, Any] = attr.field(factory=dict)
             timings: dict[str, Any] = attr.field(factory=dict)
+            usage: dict[str, Any] = attr.field(factory=dict)  # 16.2: held, rows/s, latency, tokens, cost
 
             @staticmethod
             def _get_schema() -> str:
@@ -232,6 +233,7 @@ def operator_lineage(
         job=manifest.job.to_dict() if manifest else {},
         counts=manifest.counts.to_dict() if manifest else {},
         timings=dict(manifest.timings) if manifest else {},
+        usage=manifest.usage.to_dict() if manifest and manifest.usage else {},
     )
     return OperatorLineage(
         inputs=inputs,

@@ -237,6 +237,12 @@ class JobSpec:
     (up to ~128 MiB of input) and each becomes one output part, so a preempted attempt loses at most
     the blocks in flight; a smaller value cuts blocks to this many rows (a streaming repartition),
     so ``SaveMode.RESUME`` keeps more of an interrupted run, at the cost of more, smaller files.
+
+    Budget (``docs/usage.md``): ``max_cost`` stops the job, committing nothing, once its running cost
+    estimate (CPUs/GPUs reserved x seconds held, at the connection's ``price_per_cpu_hour`` /
+    ``price_per_gpu_hour``) would exceed it; ``max_output_tokens_total`` does the same for the output
+    tokens of a ``text_generation`` model. The failure is permanent (a retry would spend the same);
+    raise the limit and retry with ``SaveMode.RESUME`` to keep the parts already written.
     """
 
     replicas: int = 1
@@ -256,6 +262,10 @@ class JobSpec:
     # #18: the optimized backend for sentence-transformers models and its accuracy guard
     backend: str | None = None
     backend_min_cosine: float = 0.99
+    # 16.2: the budget guard (runtime/usage.py): stop, commit nothing, once the running estimate of the
+    # cost (at the connection's prices) or of the output tokens (text generation) would exceed these
+    max_cost: float | None = None
+    max_output_tokens_total: int | None = None
 
     @property
     def error_fraction_limit(self) -> float:
@@ -330,6 +340,8 @@ class JobSpec:
             )
         _check_backend(self.backend, self.backend_min_cosine)  # #18
 
+        _check_budget(self)  # 16.2
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -350,6 +362,25 @@ def _check_backend(backend: str | None, min_cosine: float) -> None:
         raise SpecError(
             f"JobSpec.backend_min_cosine is the least mean cosine similarity between the optimized backend's "
             f"embeddings and PyTorch's on a sample, in (0, 1]; got {min_cosine!r}. Write e.g. 0.99."
+        )
+
+
+def _check_budget(job: JobSpec) -> None:
+    """16.2: ``max_cost`` (currency units, priced by the connection's ``price_per_cpu_hour`` /
+    ``price_per_gpu_hour``) and ``max_output_tokens_total`` (text generation) are positive limits."""
+    cost = job.max_cost
+    if cost is not None and (
+        isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 < cost < float("inf")
+    ):
+        raise SpecError(
+            f"JobSpec.max_cost is the most a run may cost at the connection's prices (a number > 0, e.g. "
+            f"JobSpec(max_cost=2.5)), got {cost!r}."
+        )
+    tokens = job.max_output_tokens_total
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise SpecError(
+            f"JobSpec.max_output_tokens_total is the most output tokens a text generation run may produce (a whole "
+            f"number >= 1, e.g. JobSpec(max_output_tokens_total=2_000_000)), got {tokens!r}."
         )
 
 

@@ -434,3 +434,76 @@ def test_deferred_inference_and_sensor_are_resumed_by_the_triggerer(world, tmp_p
     commit(location)
     assert s.wait_for_run("bi_svc_sensor_wait", run_id) == "success"
     TIMINGS["deferred inference + sensor via triggerer"] = time.monotonic() - t0
+
+
+# --- 16.3: a publish DAG scheduled on the inference DAG's asset, through the real scheduler ----------
+@pytest.fixture(scope="module")
+def asset_services(tmp_path_factory, ray_cluster):
+    """Services for the asset pair alone (``tests/dags/assets/``): asset-triggered runs are created by
+    the scheduler only with ``use_job_schedule`` on, which the services above turn off so that no
+    clock-scheduled run competes with their scenarios; this bundle holds no clock-scheduled DAG."""
+    from airflow_provider_batchinfer.registry import ModelRegistry
+    from tests.conftest import REPO
+
+    root = tmp_path_factory.mktemp("asset-services")
+    home, bi_home = root / "airflow", root / "batchinfer"
+    home.mkdir()
+    sig = {"inputs": {"text": "string"}, "outputs": {"length": "int64"}}
+    ModelRegistry(str(bi_home / "registry")).log_model(
+        "text_length", "v1", "python", python_class=TextLength, signature=sig
+    )
+    bundles = [
+        {
+            "name": "asset_dags",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(REPO / "tests" / "dags" / "assets"), "refresh_interval": 0},
+        }
+    ]
+    port = _free_port()
+    env = services_env(
+        home, port, bundles, {"BATCHINFER_HOME": str(bi_home), "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "True"}
+    )
+    services = AirflowServices(home, port, env)
+    t0 = time.monotonic()
+    services.start()
+    try:
+        for dag_id in ("bi_test_asset_producer", "bi_test_asset_publisher"):
+            services.wait_for_dag(dag_id)
+        TIMINGS["asset services: start and parse"] = time.monotonic() - t0
+        yield {"services": services, "root": root, "stage": bi_home / "stage"}
+    finally:
+        services.stop()
+
+
+def test_a_publish_dag_runs_on_the_inference_dags_asset(asset_services, tmp_path):
+    """The inference DAG commits; its Asset event triggers the publish DAG, which finds the run
+    directory in its triggering event (it is never told the upstream run id) and publishes exactly
+    the committed rows."""
+    s = asset_services["services"]
+    t0 = time.monotonic()
+    inputs = write_tickets(tmp_path / "in", rows=400, files=2)
+    run_id = s.trigger("bi_test_asset_producer", {"input": str(inputs)})
+    assert s.wait_for_run("bi_test_asset_producer", run_id) == "success", s.task_states(
+        "bi_test_asset_producer", run_id
+    )
+    deadline = time.monotonic() + 120
+    while not s.runs("bi_test_asset_publisher"):
+        assert time.monotonic() < deadline, "the publish DAG was not triggered by the asset event"
+        time.sleep(1)
+    (publish,) = s.runs("bi_test_asset_publisher")
+    assert publish["run_type"] == "asset_triggered" and not publish["conf"]  # nothing handed over but the event
+    assert s.wait_for_run("bi_test_asset_publisher", publish["dag_run_id"]) == "success", s.task_states(
+        "bi_test_asset_publisher", publish["dag_run_id"]
+    )
+    run_dir = asset_services["stage"] / "svc" / "assets" / sanitize_run_key(run_id)
+    manifest = committed_manifest(str(run_dir))
+    committed = pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]])
+    published = pq.read_table(asset_services["stage"] / "svc" / "published" / f"{sanitize_run_key(run_id)}.parquet")
+    assert committed.num_rows == 400 and published.sort_by("ticket_id").equals(committed.sort_by("ticket_id"))
+    # the event that triggered the publish run, as the REST API (and the UI) shows it
+    (event,) = s.api("GET", f"/dags/bi_test_asset_publisher/dagRuns/{publish['dag_run_id']}/upstreamAssetEvents")[
+        "asset_events"
+    ]
+    assert event["source_run_id"] == run_id and event["extra"]["run_dir"] == str(run_dir)
+    assert event["extra"]["rows"] == 400 and event["extra"]["sha256"] == manifest["model"]["sha256"]
+    TIMINGS["asset-triggered publish after a commit"] = time.monotonic() - t0

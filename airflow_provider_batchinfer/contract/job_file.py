@@ -10,6 +10,7 @@ from typing import Any
 from airflow_provider_batchinfer.contract._fields import _get, _opt, _strings
 from airflow_provider_batchinfer.contract.layout import JOB_FORMAT, JOB_SPEC_FILE, ContractError
 from airflow_provider_batchinfer.contract.records import ModelRef, RunOwner
+from airflow_provider_batchinfer.contract.usage import check_prices
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 
 
@@ -44,6 +45,8 @@ class JobFile:
     submission_id: str | None = None
     identity: str | None = None
     format: str = JOB_FORMAT
+    # 16.2: the connection's prices per CPU/GPU hour (contract/usage.py): the usage's cost, the budget guard
+    prices: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +68,7 @@ class JobFile:
             "resume": self.resume,
             "submission_id": self.submission_id,
             "identity": self.identity,
+            "prices": dict(self.prices),  # 16.2
         }
 
     def to_json(self) -> str:
@@ -106,6 +110,7 @@ class JobFile:
             resume=bool(_opt(data, "resume", bool, where, err, False)),
             submission_id=_opt(data, "submission_id", str, where, err),
             identity=_opt(data, "identity", str, where, err),
+            prices=check_prices(_opt(data, "prices", dict, where, err, {}), f"{where}.prices", err),  # 16.2
         )
 
     @classmethod

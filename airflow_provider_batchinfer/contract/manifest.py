@@ -16,6 +16,7 @@ from airflow_provider_batchinfer.contract.layout import (
     ManifestError,
 )
 from airflow_provider_batchinfer.contract.records import ModelRef, RunOwner
+from airflow_provider_batchinfer.contract.usage import Usage
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,8 @@ class Manifest:
     finished_at: str = ""
     timings: Mapping[str, float | None] = field(default_factory=dict)
     format: str = MANIFEST_FORMAT
+    # 16.2: what the attempt held and cost (contract/usage.py); None in manifests written before it
+    usage: Usage | None = None
 
     @property
     def file_names(self) -> list[str]:
@@ -211,6 +214,7 @@ class Manifest:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "timings": dict(self.timings),
+            **({"usage": self.usage.to_dict()} if self.usage is not None else {}),  # 16.2
         }
 
     def to_json(self) -> str:
@@ -279,6 +283,7 @@ class Manifest:
             started_at=_opt(data, "started_at", str, where, err, ""),
             finished_at=_opt(data, "finished_at", str, where, err, ""),
             timings=_opt(data, "timings", dict, where, err, {}),
+            usage=Usage.from_dict(data["usage"], f"{where}.usage") if data.get("usage") else None,  # 16.2
         )
         manifest.check_counts(where)
         return manifest

@@ -98,6 +98,16 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "job is started only when this expiry is known and later than its job_timeout (+5 min).",
         format="date-time",
     ),
+    # 16.2: prices for the manifest's usage section (estimated cost) and JobSpec(max_cost=...)
+    "price_per_cpu_hour": _field(
+        "Price per CPU hour",
+        "What one reserved CPU costs per hour (any currency, e.g. 0.048): the manifest's usage then holds an "
+        "estimated cost and cost per million rows, and JobSpec(max_cost=...) can stop a job before it overspends.",
+    ),
+    "price_per_gpu_hour": _field(
+        "Price per GPU hour",
+        "What one reserved GPU costs per hour, in the same currency (e.g. 2.5). Empty: GPUs are not priced.",
+    ),
     "launcher": _field(
         "Launcher",
         "'local' runs the job as a subprocess of the task with a local or attached Ray; "

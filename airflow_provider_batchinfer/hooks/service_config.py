@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_batchinfer.contract.usage import check_prices
 from airflow_provider_batchinfer.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES, launcher_class
 from airflow_provider_batchinfer.s3 import public_options
 
@@ -101,6 +102,8 @@ class ServiceConfig:
     ray_headers: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
     #: when the session token in ``storage_options`` expires (None: no token, or not known)
     credential_expiry: datetime | None = field(default=None, compare=False)
+    # 16.2: extras price_per_cpu_hour / price_per_gpu_hour (currency units per hour): the usage's cost
+    prices: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -114,6 +117,7 @@ class ServiceConfig:
             "allowed_roots": list(self.allowed_roots),
             "llm_engine": self.llm_engine,
             "local_ray_idle_s": self.local_ray_idle_s,
+            "prices": dict(self.prices),  # 16.2
         }
 
     @property
@@ -187,4 +191,5 @@ class ServiceConfig:
             storage_options=storage_options,
             ray_headers=headers,
             credential_expiry=expiry,
+            prices=check_prices(extra, f"connection {conn_id!r}", ValueError),  # 16.2
         )

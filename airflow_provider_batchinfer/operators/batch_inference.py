@@ -39,6 +39,7 @@ from airflow_provider_batchinfer.inputs import InputError, list_input_files
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
 from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
+from airflow_provider_batchinfer.operators import assets
 from airflow_provider_batchinfer.operators.errors import airflow_error, check_arguments, fail_on_s3_errors
 from airflow_provider_batchinfer.operators.finalize import committed_result
 from airflow_provider_batchinfer.operators.materialize import materialize_sql
@@ -49,7 +50,7 @@ from airflow_provider_batchinfer.stage import Stage, join, sanitize_run_key
 from airflow_provider_batchinfer.triggers.base import WatchStatus, event_log_offset, validate_event
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.sdk import Asset, Context
 
     from airflow_provider_batchinfer.launchers.base import JobHandle, Launcher, Outcome
     from airflow_provider_batchinfer.registry import ModelVersion
@@ -71,6 +72,9 @@ class BatchInferenceOperator(BaseOperator):
         so it always waits in the worker.
     :param poll_interval: seconds between job status checks (``ray_jobs``).
     :param job_timeout: seconds the job may run; past it the job is stopped and the task fails.
+    :param output_asset: the Asset whose event announces each commit (``docs/usage.md``): ``True``
+        (default) names it after the output location (``operators.assets.stage_asset``), or give an
+        ``Asset`` / asset name; ``False`` emits none.
 
     Returns (and pushes as separate XCom keys) ``output_location``, ``manifest_location``,
     ``rows``, ``input_rows``, ``error_rows``, ``files``, ``model``, ``model_version``, ``sha256``,
@@ -108,6 +112,7 @@ class BatchInferenceOperator(BaseOperator):
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 10.0,
         job_timeout: float | None = None,
+        output_asset: Asset | str | bool | None = True,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("multiple_outputs", True)
@@ -142,6 +147,8 @@ class BatchInferenceOperator(BaseOperator):
         self.job_timeout = job_timeout
         self._launcher: Launcher | None = None
         self._handle: JobHandle | None = None
+        # 16.3: an outlet Asset whose event carries the committed run's summary (operators/assets.py)
+        self.output_asset = assets.attach_output_asset(self, output_spec, output_asset, model_service_conn_id)
 
     @cached_property
     def hook(self) -> ModelServiceHook:
@@ -207,6 +214,7 @@ class BatchInferenceOperator(BaseOperator):
         return locations
 
     # --- the flow --------------------------------------------------------------------------------------
+    @assets.emits_asset_event
     @fail_on_s3_errors
     def execute(self, context: Context) -> dict[str, Any]:
         owner = self._owner(context)
@@ -339,6 +347,7 @@ class BatchInferenceOperator(BaseOperator):
             resume=resume,
             submission_id=launcher.job_name(owner, attempt, identity),
             identity=identity,
+            prices=dict(config.prices),  # 16.2: the usage's cost and JobSpec(max_cost=...)
         )
 
     def _defer(self, launcher: Launcher, handle: JobHandle) -> NoReturn:
@@ -352,6 +361,7 @@ class BatchInferenceOperator(BaseOperator):
             timeout=None if self.job_timeout is None else self.job_timeout + 10 * self.poll_interval + 60,
         )
 
+    @assets.emits_asset_event
     @fail_on_s3_errors
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
         event = validate_event(event, "job_id", "job_status")

@@ -59,4 +59,5 @@ def committed_result(location: str, attempt: str, storage_options: dict[str, Any
         "sha256": manifest.model.sha256,
         "job_id": manifest.job.id,
         "attempt": attempt,
+        **({"usage": manifest.usage.to_dict()} if manifest.usage is not None else {}),  # 16.2
     }

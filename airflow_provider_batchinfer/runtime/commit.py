@@ -23,6 +23,7 @@ from airflow_provider_batchinfer.contract.manifest import NodeReplicas, PoolReco
 from airflow_provider_batchinfer.runtime.errors import JobError
 
 if TYPE_CHECKING:
+    from airflow_provider_batchinfer.contract.usage import Usage
     from airflow_provider_batchinfer.runtime.plan import ActorPool, ColumnPlan
     from airflow_provider_batchinfer.runtime.resume import KeptParts
     from airflow_provider_batchinfer.specs import JobSpec
@@ -95,6 +96,7 @@ def build_manifest(
     timings: Mapping[str, float | None],
     placements: Sequence[Mapping[str, Any]] = (),
     waited_s: float = 0.0,
+    usage: Usage | None = None,  # 16.2
 ) -> Manifest:
     """Reconcile the counts, apply the error policy, and describe the run directory as committed
     (with the pool the job ran and ``placements``: replicas per node, ``io.replicas_per_node``)."""
@@ -136,6 +138,7 @@ def build_manifest(
         started_at=started_at.isoformat(),
         finished_at=finished_at.isoformat(),
         timings=dict(timings),
+        usage=usage,
     )
 
 

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract import JobFile, Manifest
 from airflow_provider_batchinfer.inputs import inspect_input, list_input_files
 from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV, ModelRegistry, verify_local_copy
-from airflow_provider_batchinfer.runtime import commit, llm, resources
+from airflow_provider_batchinfer.runtime import commit, llm, resources, usage
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
 from airflow_provider_batchinfer.runtime.flavors import allows_missing, preflight, transfer_rows
-from airflow_provider_batchinfer.runtime.io import ProgressCounter, make_datasink, replicas_per_node, row_bytes
+from airflow_provider_batchinfer.runtime.io import make_datasink, replicas_per_node, row_bytes
 from airflow_provider_batchinfer.runtime.plan import (
     ActorPool,
     ColumnPlan,
@@ -80,6 +80,7 @@ class PipelineRun:
     steady_rows_per_s: float | None
     placements: list[dict[str, Any]]  # replicas per node (io.replicas_per_node)
     waited_s: float  # for the reservation
+    meter: usage.Meter  # 16.2: what the reservation held, for the manifest's usage
 
 
 def read_job_file(location: str) -> JobFile:
@@ -131,6 +132,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     )
     check_backend(job)
     engine = llm.resolve_engine(model.flavor, job.job_spec, job.llm_engine)
+    usage.check_budget(job, model.flavor)  # 16.2: a budget needs prices (or a text generation model)
     if engine == "vllm":
         llm.check_vllm_job(job.job_spec)  # no vllm or no GPUs asked for: fail before Ray starts
     print(
@@ -227,7 +229,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
     reservation (``resources.py``)."""
     import ray.data
 
-    from airflow_provider_batchinfer.runtime.replica import ModelReplica
+    from airflow_provider_batchinfer.runtime.usage import MeteredReplica as ModelReplica  # 16.2: times batches
 
     job, spec, plan, storage = checked.job, checked.job.job_spec, checked.plan, checked.storage
     input_spec, model = job.input_spec, job.model
@@ -298,13 +300,14 @@ class _Streamed:
     pipeline_s: float
     steady_rows_per_s: float | None
     placements: list[dict[str, Any]]
+    meter: usage.Meter
 
 
 def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
     """Stream the input through the model into parts, logging progress; where the replicas ran."""
     import ray
 
-    counter = ray.remote(num_cpus=0)(ProgressCounter).remote()
+    counter = ray.remote(num_cpus=0)(usage.UsageCounter).remote()  # 16.2: a ProgressCounter + latencies
     progress = ProgressLog(counter, checked.todo_rows, checked.job.job_spec.progress_interval_s)
     ds = build_dataset(checked, pool, counter)
     sink = make_datasink(
@@ -313,8 +316,10 @@ def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
     progress.start()
     t_map = time.monotonic()
     replica_error = None
+    meter = usage.Meter(checked.job, pool, counter, checked.todo_rows)  # 16.2: time held, the budget guard
     try:
-        ds.write_datasink(sink, ray_remote_args={"num_cpus": pool["io_cpus"]})
+        with meter:
+            ds.write_datasink(sink, ray_remote_args={"num_cpus": pool["io_cpus"]})
     except Exception as exc:  # a replica that could not start says why in text only: restore our error
         replica_error = replica_init_error(exc)
         if replica_error is None:
@@ -324,11 +329,12 @@ def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
         progress.stop()
     if replica_error is not None:  # raised outside the handler: its message, not Ray's wrapper, is reported
         raise replica_error
+    meter.check(checked.run_dir.location)  # 16.2: over budget: fail here, nothing committed
     t_done = time.monotonic()
     placements = replicas_per_node(ray.get(counter.placements.remote(), timeout=30))
     log_placements(placements)
     written = sum(p.rows for p in [*sink.parts, *sink.error_parts])
-    return _Streamed(sink, t_done - t_map, progress.steady_rate(t_done, written), placements)
+    return _Streamed(sink, t_done - t_map, progress.steady_rate(t_done, written), placements, meter)
 
 
 def run_pipeline(checked: CheckedJob) -> PipelineRun:
@@ -363,6 +369,7 @@ def run_pipeline(checked: CheckedJob) -> PipelineRun:
         steady_rows_per_s=streamed.steady_rows_per_s,
         placements=streamed.placements,
         waited_s=waited_s,
+        meter=streamed.meter,
     )
 
 
@@ -393,6 +400,7 @@ def run(spec_location: str) -> Manifest:
             "rows_per_s": round(processed / pipeline.pipeline_s, 2) if pipeline.pipeline_s > 0 else None,
             "steady_rows_per_s": pipeline.steady_rows_per_s,
         },
+        usage=pipeline.meter.usage(time.monotonic() - t0, processed),  # 16.2
     )
     commit.commit(checked.run_dir, manifest)
     return manifest
