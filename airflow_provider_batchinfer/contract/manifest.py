@@ -16,6 +16,7 @@ from airflow_provider_batchinfer.contract.layout import (
     ManifestError,
 )
 from airflow_provider_batchinfer.contract.records import ModelRef, RunOwner
+from airflow_provider_batchinfer.contract.tables import TableInput, TableOutput
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,10 @@ class Manifest:
     finished_at: str = ""
     timings: Mapping[str, float | None] = field(default_factory=dict)
     format: str = MANIFEST_FORMAT
+    # 17: Iceberg tables: the table the run committed into (snapshot_id: the snapshot that did,
+    # filled in when read back from the table) and the table snapshot it read
+    table: TableOutput | None = None
+    table_input: TableInput | None = None
 
     @property
     def file_names(self) -> list[str]:
@@ -211,6 +216,8 @@ class Manifest:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "timings": dict(self.timings),
+            **({"table": self.table.to_dict()} if self.table else {}),
+            **({"table_input": self.table_input.to_dict()} if self.table_input else {}),
         }
 
     def to_json(self) -> str:
@@ -279,6 +286,8 @@ class Manifest:
             started_at=_opt(data, "started_at", str, where, err, ""),
             finished_at=_opt(data, "finished_at", str, where, err, ""),
             timings=_opt(data, "timings", dict, where, err, {}),
+            table=_table_section(data, "table", TableOutput, where),
+            table_input=_table_section(data, "table_input", TableInput, where),
         )
         manifest.check_counts(where)
         return manifest
@@ -306,3 +315,16 @@ class Manifest:
             raise ManifestError(
                 f"{where}: input_rows {c.input_rows} != output_rows {c.output_rows} + error_rows {c.error_rows}"
             )
+
+
+def _table_section(data: Mapping[str, Any], key: str, kind: Any, where: str) -> Any:
+    """An optional table section; a malformed one is a ManifestError naming the key."""
+    from airflow_provider_batchinfer.contract.layout import ContractError
+
+    section = _opt(data, key, dict, where, ManifestError)
+    if section is None:
+        return None
+    try:
+        return kind.from_dict(section, f"{where}.{key}")
+    except ContractError as exc:
+        raise ManifestError(str(exc)) from exc
