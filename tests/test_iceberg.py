@@ -8,7 +8,11 @@ other run key still holds.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -115,7 +119,8 @@ def test_a_run_commits_one_snapshot_that_every_reader_sees(world):
     from airflow_provider_batchinfer.markers import read_valid_manifest
     from airflow_provider_batchinfer.operators.table_io import read_options
 
-    xcom = operator(TABLE, world["inputs"]).execute({"ti": ti("run1")})
+    op = operator(TABLE, world["inputs"])
+    xcom = op.execute({"ti": ti("run1")})
     props, catalog = _catalog(world)
     table = catalog.load_table(TABLE)
     snapshots = table.metadata.snapshots
@@ -150,6 +155,13 @@ def test_a_run_commits_one_snapshot_that_every_reader_sees(world):
     seen = read_in_fresh_process(props, TABLE, "run1", xcom["snapshot_id"])
     assert seen["rows"] == 300 and seen["ids"] == list(range(300)) and seen["sum_length"] == sum(expected.values())
 
+    # lineage: the table by its location (naming spec), the catalog's name for it as a symlink
+    lineage = op.get_openlineage_facets_on_complete(ti("run1"))
+    out = lineage.outputs[0]
+    assert (out.namespace, out.name) == ("file", table.location().removeprefix("file://"))
+    assert [(i.name, i.type) for i in out.facets["symlinks"].identifiers] == [(TABLE, "TABLE")]
+    assert out.outputFacets["outputStatistics"].rowCount == 300
+
     # SaveMode.ERROR with the same run key: refused before anything is written
     attempts = set(os.listdir(Path(table.location().removeprefix("file://")) / "data" / "batchinfer_run_key=run1"))
     with pytest.raises(AirflowFailException, match=r"already holds 300 row\(s\) of run key run1 .* SaveMode.ERROR"):
@@ -159,3 +171,142 @@ def test_a_run_commits_one_snapshot_that_every_reader_sees(world):
     assert (
         set(os.listdir(Path(table.location().removeprefix("file://")) / "data" / "batchinfer_run_key=run1")) == attempts
     )
+
+
+def _file_digests(table, run_key: str) -> dict[str, str]:
+    return {
+        path: hashlib.sha256(Path(path.removeprefix("file://")).read_bytes()).hexdigest()
+        for path, key in data_files(table).items()
+        if key == run_key
+    }
+
+
+@slow
+def test_overwrite_replaces_exactly_one_run_key(world):
+    operator(TABLE, world["inputs"]).execute({"ti": ti("run2")})
+    _, catalog = _catalog(world)
+    table = catalog.load_table(TABLE)
+    run2_files, run2_rows = _file_digests(table, "run2"), _rows(table, "run2")
+    assert run2_files and run2_rows.num_rows == 300
+    before = len(table.metadata.snapshots)
+
+    xcom = operator(TABLE, world["inputs"], mode=SaveMode.OVERWRITE).execute({"ti": ti("run1", try_number=3)})
+    table = catalog.load_table(TABLE)
+    snapshot = table.current_snapshot()
+    assert len(table.metadata.snapshots) == before + 1 and snapshot.snapshot_id == xcom["snapshot_id"]
+    assert snapshot.summary["operation"].value == "overwrite"
+    assert (snapshot.summary["deleted-records"], snapshot.summary["added-records"]) == ("300", "300")
+    assert _file_digests(table, "run2") == run2_files  # the other run key: the very same files, same bytes
+    assert _rows(table, "run2").equals(run2_rows)
+    run1 = {Path(p).parent.name for p, k in data_files(table).items() if k == "run1"}
+    assert run1 == {xcom["attempt"]}  # run1 is exactly the new attempt's rows
+    assert table.scan().to_arrow().num_rows == 600
+
+
+def _rows(table, run_key: str):
+    from pyiceberg.expressions import EqualTo
+
+    return table.scan(row_filter=EqualTo("batchinfer_run_key", run_key)).to_arrow().sort_by("ticket_id")
+
+
+def _complete_parts(directory: Path) -> list[Path]:
+    done = []
+    for part in sorted(directory.glob("*/part-*.parquet")) if directory.exists() else []:
+        try:
+            pq.read_metadata(part)
+            done.append(part)
+        except Exception:
+            pass
+    return done
+
+
+@slow
+def test_a_run_killed_mid_write_leaves_the_table_as_it_was(world):
+    _, catalog = _catalog(world)
+    table = catalog.load_table(TABLE)
+    current = table.current_snapshot().snapshot_id
+    run_dir = Path(table.location().removeprefix("file://")) / "data" / "batchinfer_run_key=run3"
+    op = operator(TABLE, world["inputs"], model="slow_length", max_batch_rows=20, rows_per_part=20)
+    failure: list[BaseException] = []
+
+    def run():
+        try:
+            op.execute({"ti": ti("run3")})
+        except BaseException as exc:  # the killed job fails the try
+            failure.append(exc)
+
+    task = threading.Thread(target=run)
+    task.start()
+    deadline = time.monotonic() + 180
+    while len(_complete_parts(run_dir)) < 2 and time.monotonic() < deadline and task.is_alive():
+        time.sleep(0.1)
+    proc = op._launcher._proc if op._launcher is not None else None
+    assert proc is not None, f"the run ended before it could be killed: {failure}"
+    os.killpg(proc.pid, signal.SIGKILL)  # kill -9: the job gets no chance to clean up
+    task.join(timeout=60)
+    assert failure, "the killed run did not fail its task"
+    time.sleep(2)  # the killed driver's workers are gone: nothing changes the table after this
+    table = catalog.load_table(TABLE)
+    assert table.current_snapshot().snapshot_id == current
+    assert all(key != "run3" for key in data_files(table).values())
+    written = _complete_parts(run_dir)
+    assert written, "the kill came before any data file was written"
+    referenced = set(data_files(table))
+    assert not any(f"file://{p}" in referenced or str(p) in referenced for p in written)
+
+
+def _raw_tickets(catalog, day: str, ids: range) -> int:
+    """Append tickets of ``day`` to the input table ``raw.tickets`` (created on first use); the new snapshot."""
+    import pyarrow as pa
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError
+
+    rows = pa.table(
+        {
+            "ticket_id": pa.array(list(ids), pa.int64()),
+            "text": [f"ticket {i} " + "x" * (i % 11) for i in ids],
+            "day": [day] * len(ids),
+        }
+    )
+    try:
+        catalog.create_namespace("raw")
+    except NamespaceAlreadyExistsError:
+        pass
+    table = catalog.create_table_if_not_exists("raw.tickets", schema=rows.schema)
+    table.append(rows)
+    return table.current_snapshot().snapshot_id
+
+
+@slow
+def test_concurrent_runs_land_and_a_table_input_is_pinned_to_its_snapshot(world):
+    _, catalog = _catalog(world)
+    _raw_tickets(catalog, "d1", range(1000, 1100))
+    pinned = _raw_tickets(catalog, "d2", range(2000, 2050))
+    source = iceberg_input("raw.tickets", row_filter="day = 'd1'")
+    results: dict[str, dict] = {}
+    errors: list[BaseException] = []
+
+    def run(run_id, inputs):
+        try:
+            results[run_id] = operator(TABLE, inputs, task_id=f"infer_{run_id}").execute({"ti": ti(run_id)})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=a) for a in (("run4", world["inputs"]), ("run5", source))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    table = catalog.load_table(TABLE)
+    assert {k: _rows(table, k).num_rows for k in ("run4", "run5")} == {"run4": 300, "run5": 100}
+    first = table.snapshot_by_id(results["run5"]["snapshot_id"])
+    assert first.summary["batchinfer.input.snapshot-id"] == str(pinned)
+    assert sorted(_rows(table, "run5").column("ticket_id").to_pylist()) == list(range(1000, 1100))
+
+    # the input table moves on; a retry of run5 reads the snapshot its first try pinned
+    _raw_tickets(catalog, "d1", range(1100, 1120))
+    xcom = operator(TABLE, source, mode=SaveMode.OVERWRITE, task_id="infer_run5").execute({"ti": ti("run5", 2)})
+    assert xcom["rows"] == 100 and xcom["input_rows"] == 100
+    table = catalog.load_table(TABLE)
+    assert table.snapshot_by_id(xcom["snapshot_id"]).summary["batchinfer.input.snapshot-id"] == str(pinned)
+    assert _rows(table, "run5").num_rows == 100 and _rows(table, "run4").num_rows == 300
