@@ -310,3 +310,17 @@ def test_concurrent_runs_land_and_a_table_input_is_pinned_to_its_snapshot(world)
     table = catalog.load_table(TABLE)
     assert table.snapshot_by_id(xcom["snapshot_id"]).summary["batchinfer.input.snapshot-id"] == str(pinned)
     assert _rows(table, "run5").num_rows == 100 and _rows(table, "run4").num_rows == 300
+
+
+@slow
+def test_the_example_dag_writes_a_table_and_publishes_it_with_duckdb(world):
+    from tests.conftest import run_dag, xcom_value
+
+    state, tasks, run_id = run_dag("batchinfer_iceberg_scores", num_customers=2000)
+    assert state == "success", tasks
+    published = xcom_value("batchinfer_iceberg_scores", run_id, "publish")
+    _, catalog = _catalog(world)
+    table = catalog.load_table("ml.churn_scores")
+    assert published["table"] == "ml.churn_scores" and published["rows"] == 2000
+    assert published["snapshot_id"] == table.current_snapshot().snapshot_id
+    assert 0 < published["at_risk"] < 2000
