@@ -238,11 +238,12 @@ def operator_lineage(
     if "uri" in model:
         namespace, name = dataset_name(model["uri"])
         inputs.append(InputDataset(namespace=namespace, name=name))
-    outputs = [] if location is None else [_output_dataset(location, manifest, signature, storage)]
     if table:  # 17: the table, not the claim directory
         from airflow_provider_batchinfer.lineage_tables import table_dataset
 
         outputs = [table_dataset(operator, str(table), True, manifest)]
+    else:
+        outputs = [] if location is None else [_output_dataset(location, manifest, signature, storage)]
     run_facet = _run_facet_class()(
         model={k: model[k] for k in ("name", "version", "flavor", "sha256") if k in model},
         job=manifest.job.to_dict() if manifest else {},

@@ -83,6 +83,28 @@ def test_table_sections_round_trip_through_the_job_file_and_manifest(tmp_path):
     }
 
 
+def test_the_connection_names_the_catalog_else_the_embedded_sqlite_one():
+    from airflow_provider_batchinfer.tables.catalog import CatalogError, catalog_config
+
+    local = catalog_config({}, "/data/stage", "/home/bi")
+    assert local == {
+        "name": "batchinfer",
+        "type": "sql",
+        "uri": "sqlite:////data/stage/_iceberg/catalog.db",
+        "warehouse": "file:///data/stage/_iceberg/warehouse",
+    }
+    on_s3 = catalog_config({}, "s3://lake/stage", "/home/bi")
+    assert on_s3["uri"] == "sqlite:////home/bi/iceberg/catalog.db"  # SQLite is a local file
+    assert on_s3["warehouse"] == "s3://lake/stage/_iceberg/warehouse"
+    rest = catalog_config({"iceberg_catalog": {"type": "rest", "uri": "https://cat:8181", "token": "t"}}, "/s", "/h")
+    assert rest == {"type": "rest", "uri": "https://cat:8181", "token": "t", "name": "batchinfer"}
+    assert "token" not in public_catalog(rest)
+    with pytest.raises(CatalogError, match="iceberg_catalog extra is not a JSON object"):
+        catalog_config({"iceberg_catalog": "{type: rest"}, "/s", "/h")
+    with pytest.raises(CatalogError, match="must be an object of pyiceberg catalog properties with a type"):
+        catalog_config({"iceberg_catalog": {"warehouse": "s3://x"}}, "/s", "/h")
+
+
 # --- runs on the session's Ray ----------------------------------------------------------------------------
 
 
