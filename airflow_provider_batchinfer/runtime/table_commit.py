@@ -67,7 +67,8 @@ def add_provenance(batch: pa.Table, run_key: str, model_version: str) -> pa.Tabl
             batch = batch.set_column(batch.column_names.index(name), name, column)
         else:
             batch = batch.append_column(name, column)
-    return batch
+    # no field ids from an Iceberg input on the way out: the table maps the parts' columns by name
+    return pa.Table.from_arrays(batch.columns, schema=pa.schema([f.remove_metadata() for f in batch.schema]))
 
 
 def with_provenance(ds: Any, job: JobFile, io_cpus: float) -> Any:

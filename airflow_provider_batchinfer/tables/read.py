@@ -196,8 +196,9 @@ def _plain_types(table: Any) -> Any:
             return pa.list_(plain(t.value_type))
         return t
 
-    schema = pa.schema([f.with_type(plain(f.type)) for f in table.schema])
-    return table if schema.equals(table.schema) else table.cast(schema)
+    # and without the Iceberg field ids: the copy is plain Parquet, its columns known by name
+    schema = pa.schema([f.with_type(plain(f.type)).remove_metadata() for f in table.schema])
+    return pa.Table.from_arrays(table.cast(schema).columns, schema=schema)
 
 
 def _write_part(dest: Stage, index: int, table: Any, pq: Any) -> int:
