@@ -28,6 +28,7 @@ from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.s3 import is_s3, split_uri
 from airflow_provider_batchinfer.stage import Stage, join
+from airflow_provider_batchinfer.tables.names import is_table_input, parse_table_input
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
@@ -155,6 +156,10 @@ def _input_datasets(operator: BatchInferenceOperator, manifest: Manifest | None)
         return []
     hook = operator.hook
     raw = [operator.input] if isinstance(operator.input, str) else list(operator.input)
+    if is_table_input(operator.input):  # 17
+        from airflow_provider_batchinfer.lineage_tables import table_dataset
+
+        return [table_dataset(operator, parse_table_input(str(operator.input)).identifier, False, None)]
     locations = [hook.resolve_location(loc) for loc in raw]
     input_files = list(manifest.input_files) if manifest else []
     datasets = []
@@ -218,7 +223,14 @@ def operator_lineage(
         location = operator.resolve_run_directory({"ti": task_instance})
     elif operator.stage_location:
         location = hook.resolve_location(operator.stage_location)
-    manifest = read_valid_manifest(location, storage) if location and committed and task_instance is not None else None
+    table = getattr(operator, "table", None)  # 17: an Iceberg table output (lineage_tables.py)
+    if table and committed and task_instance is not None:
+        from airflow_provider_batchinfer.lineage_tables import table_manifest
+
+        manifest = table_manifest(operator, task_instance)
+    else:
+        read = committed and task_instance is not None and not table
+        manifest = read_valid_manifest(location, storage) if location and read else None
     model = _model_record(operator, manifest)
     signature = model.pop("signature", None) or {}
 
@@ -227,7 +239,12 @@ def operator_lineage(
     if "uri" in model:
         namespace, name = dataset_name(model["uri"])
         inputs.append(InputDataset(namespace=namespace, name=name))
-    outputs = [] if location is None else [_output_dataset(location, manifest, signature, storage)]
+    if table:  # 17: the table, not the claim directory
+        from airflow_provider_batchinfer.lineage_tables import table_dataset
+
+        outputs = [table_dataset(operator, str(table), True, manifest)]
+    else:
+        outputs = [] if location is None else [_output_dataset(location, manifest, signature, storage)]
     run_facet = _run_facet_class()(
         model={k: model[k] for k in ("name", "version", "flavor", "sha256") if k in model},
         job=manifest.job.to_dict() if manifest else {},

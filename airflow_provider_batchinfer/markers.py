@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER, FileEntry, Manifest, ManifestError
+from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
 from airflow_provider_batchinfer.stage import Stage, check_relative_path, join
 
 if TYPE_CHECKING:
@@ -133,7 +134,12 @@ def validate_manifest(run_dir: Stage, manifest: ManifestLike, *, verify_checksum
 def read_valid_manifest(
     location: str, storage_options: dict[str, Any] | None = None, *, verify_checksums: bool = False
 ) -> Manifest | None:
-    """The validated manifest of a run directory, or None while it has no marker."""
+    """The validated manifest of a run directory, or None while it has no marker. An
+    ``iceberg://<table>/<run key>`` location: the run's snapshot in the table (its manifest)."""
+    if location.startswith(TABLE_SCHEME):  # 17
+        from airflow_provider_batchinfer.tables.read import read_table_manifest
+
+        return read_table_manifest(location, storage_options, verify_checksums=verify_checksums)
     run_dir = Stage.open(location, storage_options)
     marker = run_dir.child(SUCCESS_MARKER)
     if not marker.exists():
@@ -172,6 +178,10 @@ def read_committed(
     import pyarrow.parquet as pq
 
     m = as_manifest(manifest)
+    if m.table is not None:  # 17: the run's rows in the snapshot that committed them
+        from airflow_provider_batchinfer.tables.read import read_run_rows
+
+        return read_run_rows(m, storage_options, columns)
     run_dir = Stage.open(m.run_dir, storage_options)
     if not m.files:
         raise ManifestError(f"{run_dir.location}/{SUCCESS_MARKER} commits no files; there is nothing to read")

@@ -169,14 +169,25 @@ class OutputSpec:
     ``base_stage_location`` (the task writes to ``<base>/<sanitized run_id>/``, so every run,
     backfill and manual trigger lands in its own directory). A relative location is resolved under
     the connection's stage root.
+
+    Or give ``table="<namespace>.<table>"``: the rows are committed into that Iceberg table as one
+    snapshot per run (``SaveMode.ERROR`` or ``OVERWRITE`` of this run's rows; see docs/iceberg.md);
+    ``base_stage_location`` then optionally names where the run's claim (``_job.json``) lives.
     """
 
     stage_location: str | None = None
     base_stage_location: str | None = None
     mode: SaveMode = SaveMode.ERROR
+    # 17: an Iceberg table "<namespace>.<table>" to commit the predictions into (docs/iceberg.md)
+    table: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", _parse_save_mode(self.mode))
+        if self.table is not None:  # 17
+            from airflow_provider_batchinfer.tables.names import check_table_output_spec
+
+            check_table_output_spec(self)
+            return
         given = [n for n in ("stage_location", "base_stage_location") if getattr(self, n)]
         if len(given) != 1:
             raise SpecError(
@@ -194,6 +205,7 @@ class OutputSpec:
             "stage_location": self.stage_location,
             "base_stage_location": self.base_stage_location,
             "mode": self.mode.value,
+            **({"table": self.table} if self.table is not None else {}),
         }
 
     @classmethod

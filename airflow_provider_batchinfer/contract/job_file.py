@@ -10,6 +10,7 @@ from typing import Any
 from airflow_provider_batchinfer.contract._fields import _get, _opt, _strings
 from airflow_provider_batchinfer.contract.layout import JOB_FORMAT, JOB_SPEC_FILE, ContractError
 from airflow_provider_batchinfer.contract.records import ModelRef, RunOwner
+from airflow_provider_batchinfer.contract.tables import TableInput, TableOutput
 from airflow_provider_batchinfer.contract.usage import check_prices
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 
@@ -47,6 +48,10 @@ class JobFile:
     format: str = JOB_FORMAT
     # 16.2: the connection's prices per CPU/GPU hour (contract/usage.py): the usage's cost, the budget guard
     prices: Mapping[str, float] = field(default_factory=dict)
+    # 17: Iceberg tables: the table this run commits into (run_dir is then this attempt's data
+    # directory under the table's location) and the table snapshot it reads
+    table_output: TableOutput | None = None
+    table_input: TableInput | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +74,8 @@ class JobFile:
             "submission_id": self.submission_id,
             "identity": self.identity,
             "prices": dict(self.prices),  # 16.2
+            **({"table_output": self.table_output.to_dict()} if self.table_output else {}),
+            **({"table_input": self.table_input.to_dict()} if self.table_input else {}),
         }
 
     def to_json(self) -> str:
@@ -111,6 +118,8 @@ class JobFile:
             submission_id=_opt(data, "submission_id", str, where, err),
             identity=_opt(data, "identity", str, where, err),
             prices=check_prices(_opt(data, "prices", dict, where, err, {}), f"{where}.prices", err),  # 16.2
+            table_output=_table(data, "table_output", TableOutput, where),
+            table_input=_table(data, "table_input", TableInput, where),
         )
 
     @classmethod
@@ -120,3 +129,9 @@ class JobFile:
         except (ValueError, UnicodeDecodeError) as exc:
             raise ContractError(f"{where} is not valid JSON: {exc}") from exc
         return cls.from_dict(data, where)
+
+
+def _table(data: Mapping[str, Any], key: str, kind: Any, where: str) -> Any:
+    """An optional table section (``TableOutput`` / ``TableInput``); None when absent."""
+    section = _opt(data, key, dict, where, ContractError)
+    return None if section is None else kind.from_dict(section, f"{where}.{key}")

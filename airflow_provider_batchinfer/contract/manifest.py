@@ -16,6 +16,7 @@ from airflow_provider_batchinfer.contract.layout import (
     ManifestError,
 )
 from airflow_provider_batchinfer.contract.records import ModelRef, RunOwner
+from airflow_provider_batchinfer.contract.tables import TableInput, TableOutput
 from airflow_provider_batchinfer.contract.usage import Usage
 
 
@@ -188,6 +189,10 @@ class Manifest:
     format: str = MANIFEST_FORMAT
     # 16.2: what the attempt held and cost (contract/usage.py); None in manifests written before it
     usage: Usage | None = None
+    # 17: Iceberg tables: the table the run committed into (snapshot_id: the snapshot that did,
+    # filled in when read back from the table) and the table snapshot it read
+    table: TableOutput | None = None
+    table_input: TableInput | None = None
 
     @property
     def file_names(self) -> list[str]:
@@ -215,6 +220,8 @@ class Manifest:
             "finished_at": self.finished_at,
             "timings": dict(self.timings),
             **({"usage": self.usage.to_dict()} if self.usage is not None else {}),  # 16.2
+            **({"table": self.table.to_dict()} if self.table else {}),
+            **({"table_input": self.table_input.to_dict()} if self.table_input else {}),
         }
 
     def to_json(self) -> str:
@@ -284,6 +291,8 @@ class Manifest:
             finished_at=_opt(data, "finished_at", str, where, err, ""),
             timings=_opt(data, "timings", dict, where, err, {}),
             usage=Usage.from_dict(data["usage"], f"{where}.usage") if data.get("usage") else None,  # 16.2
+            table=_table_section(data, "table", TableOutput, where),
+            table_input=_table_section(data, "table_input", TableInput, where),
         )
         manifest.check_counts(where)
         return manifest
@@ -311,3 +320,16 @@ class Manifest:
             raise ManifestError(
                 f"{where}: input_rows {c.input_rows} != output_rows {c.output_rows} + error_rows {c.error_rows}"
             )
+
+
+def _table_section(data: Mapping[str, Any], key: str, kind: Any, where: str) -> Any:
+    """An optional table section; a malformed one is a ManifestError naming the key."""
+    from airflow_provider_batchinfer.contract.layout import ContractError
+
+    section = _opt(data, key, dict, where, ManifestError)
+    if section is None:
+        return None
+    try:
+        return kind.from_dict(section, f"{where}.{key}")
+    except ContractError as exc:
+        raise ManifestError(str(exc)) from exc

@@ -126,7 +126,12 @@ class ModelServiceHook(BaseHook):
 
     def read_committed(self, manifest: dict[str, Any], columns: list[str] | None = None) -> Any:
         """What a ``publish`` task should read: only the files ``manifest`` (a ``_SUCCESS``, e.g. the
-        sensor's XCom) commits, as a ``pyarrow.Table``, with this connection's S3 settings."""
+        sensor's XCom) commits, as a ``pyarrow.Table``, with this connection's S3 settings. For a run
+        committed into an Iceberg table: exactly its rows, in the snapshot that committed them."""
+        if manifest.get("table") if isinstance(manifest, dict) else getattr(manifest, "table", None):  # 17
+            from airflow_provider_batchinfer.operators.table_io import read_options
+
+            return read_committed(manifest, read_options(self), columns)
         return read_committed(manifest, self.storage_options, columns)
 
     @cached_property

@@ -78,7 +78,13 @@ def attach_output_asset(
     if output_asset is None or output_asset is False:
         return None
     if output_asset is True:
-        location = output_spec.base_stage_location or output_spec.stage_location or ""
+        table = getattr(output_spec, "table", None)  # 17: an Iceberg table output is named after the table
+        location = (
+            (f"iceberg://{table}" if table else "")
+            or output_spec.base_stage_location
+            or output_spec.stage_location
+            or ""
+        )
         if "{{" in location:  # only known at run time: no default name (see the module docstring)
             return None
         asset = stage_asset(location, conn_id)

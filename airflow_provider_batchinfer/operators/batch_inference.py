@@ -39,7 +39,7 @@ from airflow_provider_batchinfer.inputs import InputError, list_input_files
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
 from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
-from airflow_provider_batchinfer.operators import assets
+from airflow_provider_batchinfer.operators import assets, table_io
 from airflow_provider_batchinfer.operators.errors import airflow_error, check_arguments, fail_on_s3_errors
 from airflow_provider_batchinfer.operators.finalize import committed_result
 from airflow_provider_batchinfer.operators.materialize import materialize_sql
@@ -47,6 +47,7 @@ from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.s3 import check_bucket, is_s3
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec
 from airflow_provider_batchinfer.stage import Stage, join, sanitize_run_key
+from airflow_provider_batchinfer.tables.names import is_table_input
 from airflow_provider_batchinfer.triggers.base import WatchStatus, event_log_offset, validate_event
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class BatchInferenceOperator(BaseOperator):
         "stage_location",
         "base_stage_location",
         "model_service_conn_id",
+        "table",
     )
     template_ext: Sequence[str] = (".sql",)
     template_fields_renderers: ClassVar[dict[str, str]] = {"sql": "sql"}
@@ -139,6 +141,7 @@ class BatchInferenceOperator(BaseOperator):
         self.stage_location = output_spec.stage_location
         self.base_stage_location = output_spec.base_stage_location
         self.save_mode = output_spec.mode
+        self.table = output_spec.table  # 17: an Iceberg table (operators/table_io.py)
         self.job_spec = job_spec or JobSpec()
         self.model_service_conn_id = model_service_conn_id
         self.materialize_chunk_rows = materialize_chunk_rows
@@ -158,6 +161,8 @@ class BatchInferenceOperator(BaseOperator):
     def resolve_run_directory(self, context: Context) -> str:
         """``stage_location`` as given, or ``<base>/<sanitized run_id>[/map-<i>]``: stable across tries
         of one run (so retries overwrite), distinct across runs, backfills and manual triggers."""
+        if self.table:  # 17
+            return table_io.claim_directory(self, context["ti"])
         spec = OutputSpec(
             stage_location=self.stage_location, base_stage_location=self.base_stage_location, mode=self.save_mode
         )
@@ -203,7 +208,7 @@ class BatchInferenceOperator(BaseOperator):
 
     def _input_locations(self) -> list[str] | None:
         """The Parquet input, resolved and checked (None: a SQL input, materialized later)."""
-        if self.input is None:
+        if self.input is None or is_table_input(self.input):  # 17: a table is materialized later
             return None
         raw = [self.input] if isinstance(self.input, str) else list(self.input)
         locations = [self.hook.resolve_location(loc) for loc in raw]
@@ -249,7 +254,9 @@ class BatchInferenceOperator(BaseOperator):
         identity = job_identity(
             owner,
             run_dir=run_dir.location,
-            input_fingerprint=input_fingerprint(input_locations, self.sql, self.conn_id, self.hook.storage_options),
+            input_fingerprint=input_fingerprint(  # 17: an iceberg:// input counts by its URI
+                input_locations, self.sql or str(self.input), self.conn_id, self.hook.storage_options
+            ),
             model=f"{mv.name}/{mv.version}",
             model_sha256=mv.sha256,
             input_spec=self.input_spec,
@@ -291,21 +298,23 @@ class BatchInferenceOperator(BaseOperator):
         identity: str,
     ) -> JobFile:
         """Everything before the launch: save mode, the job file, SQL materialization."""
+        pinned = table_io.pinned_input(self, run_dir)  # 17: read before the claim is cleared
         try:
             prep = rundir.prepare(
                 run_dir,
                 owner,
-                self.save_mode,
+                table_io.claim_mode(self, run_dir),  # 17: ERROR on a table is checked against the table
                 model_sha256=mv.sha256,
                 input_locations=input_locations,
                 id_column=self.input_spec.id_column,
-                materialized_input=self.sql is not None,
+                materialized_input=self.sql is not None or is_table_input(self.input),
             )
         except rundir.RunDirectoryError as exc:
             raise airflow_error(exc, exc.permanent) from exc
         for message in prep.messages:
             self.log.info("%s", message)
         job = self._job_file(launcher, owner, mv, run_dir, input_locations, prep.resume, identity)
+        job = table_io.bind(self, job, run_dir, pinned)  # 17: table input snapshot, table output
         # claimed before anything else is written into it (so a retry recognizes whatever this
         # attempt leaves behind as its own) and before the submit (so a retry finds the job even
         # when this worker dies right after submitting it)
@@ -313,6 +322,7 @@ class BatchInferenceOperator(BaseOperator):
         self.log.info("Job %s: spec at %s", job.job_id, run_dir.child(JOB_SPEC_FILE).location)
         if self.sql is not None and self.conn_id:
             materialize_sql(self.conn_id, self.sql, run_dir.child(INPUT_DIR), self.materialize_chunk_rows, self.log)
+        table_io.materialize_input(self, job, run_dir)  # 17
         return job
 
     def _job_file(
@@ -399,7 +409,8 @@ class BatchInferenceOperator(BaseOperator):
         return self._finalize(location, attempt)
 
     def _finalize(self, location: str, attempt: str) -> dict[str, Any]:
-        return committed_result(location, attempt, self.hook.storage_options, self.log)
+        location, options = table_io.result_source(self, location)  # 17: iceberg://<table>/<run key>
+        return committed_result(location, attempt, options, self.log)
 
     def on_kill(self) -> None:
         launcher, handle = self._launcher, self._handle

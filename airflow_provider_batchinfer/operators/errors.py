@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_provider_batchinfer.contract import ContractError
 from airflow_provider_batchinfer.s3 import S3StageError
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
+from airflow_provider_batchinfer.tables.names import check_table_input_argument
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
@@ -70,6 +72,10 @@ def check_arguments(
         raise SpecError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
     if job_timeout is not None and job_timeout <= 0:
         raise SpecError(f"job_timeout must be > 0 seconds, got {job_timeout!r}")
+    try:  # 17: iceberg://<table>?snapshot_id=..&row_filter=.. (unless templated)
+        check_table_input_argument(input)
+    except ContractError as exc:
+        raise SpecError(f"{task_id}: {exc}") from None
     if output_spec.mode is SaveMode.RESUME and (input_spec is None or not input_spec.id_column):
         raise SpecError(
             f"{task_id}: SaveMode.RESUME needs InputSpec(id_column=<a unique id column>) to know "

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER, ContractError, Manifest
+from airflow_provider_batchinfer.contract.tables import TABLE_MANIFEST_FILE
 from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.stage import StageError, join
 
@@ -46,9 +47,11 @@ def committed_result(location: str, attempt: str, storage_options: dict[str, Any
         len(manifest.files),
         location,
     )
+    table = manifest.table  # 17: a run committed into an Iceberg table
     return {
+        **({"table": table.identifier, "snapshot_id": table.snapshot_id, "run_key": table.run_key} if table else {}),
         "output_location": location,
-        "manifest_location": join(location, SUCCESS_MARKER),
+        "manifest_location": join(manifest.run_dir, TABLE_MANIFEST_FILE) if table else join(location, SUCCESS_MARKER),
         "rows": counts.output_rows,
         "input_rows": counts.input_rows,
         "error_rows": counts.error_rows,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract import JobFile, Manifest
 from airflow_provider_batchinfer.inputs import inspect_input, list_input_files
 from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV, ModelRegistry, verify_local_copy
-from airflow_provider_batchinfer.runtime import commit, llm, resources, usage
+from airflow_provider_batchinfer.runtime import commit, llm, resources, table_commit, usage
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
 from airflow_provider_batchinfer.runtime.flavors import allows_missing, preflight, transfer_rows
@@ -309,7 +309,7 @@ def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
 
     counter = ray.remote(num_cpus=0)(usage.UsageCounter).remote()  # 16.2: a ProgressCounter + latencies
     progress = ProgressLog(counter, checked.todo_rows, checked.job.job_spec.progress_interval_s)
-    ds = build_dataset(checked, pool, counter)
+    ds = table_commit.with_provenance(build_dataset(checked, pool, counter), checked.job, pool["io_cpus"])  # 17
     sink = make_datasink(
         checked.run_dir.location, checked.job.attempt, checked.storage, error_columns=checked.plan["passthrough"]
     )
@@ -402,5 +402,7 @@ def run(spec_location: str) -> Manifest:
         },
         usage=pipeline.meter.usage(time.monotonic() - t0, processed),  # 16.2
     )
+    if checked.job.table_output is not None:  # 17: one Iceberg snapshot instead of _SUCCESS
+        return table_commit.commit_table(checked.job, checked.run_dir, manifest)
     commit.commit(checked.run_dir, manifest)
     return manifest

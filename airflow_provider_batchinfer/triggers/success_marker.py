@@ -14,6 +14,7 @@ from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
+from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
 from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.s3 import is_s3
 from airflow_provider_batchinfer.stage import ManifestError, StageError
@@ -21,7 +22,13 @@ from airflow_provider_batchinfer.triggers.base import WatchStatus, WatchTrigger,
 
 
 def storage_options_for(location: str, model_service_conn_id: str) -> dict[str, Any]:
-    """The connection's S3 settings for an ``s3://`` location; nothing (no lookup) for local paths."""
+    """The connection's S3 settings for an ``s3://`` location; nothing (no lookup) for local paths;
+    for an Iceberg run (``iceberg://<table>/<run key>``) also its catalog."""
+    if location.startswith(TABLE_SCHEME):  # 17
+        from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
+        from airflow_provider_batchinfer.operators.table_io import read_options
+
+        return read_options(ModelServiceHook(model_service_conn_id))
     if not is_s3(location):
         return {}
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook

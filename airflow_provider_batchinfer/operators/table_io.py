@@ -1,0 +1,165 @@
+"""The operator's Iceberg steps (issue 17), called with a line each from ``batch_inference.py``.
+
+For ``OutputSpec(table=...)`` the run still has a run directory, the *claim directory*
+(``<base_stage_location or <stage root>/_tables/<table>>/<run key>``): it holds ``_job.json``, which
+fences zombie attempts, and a materialized table input. The rows go into the table: the job file's
+``run_dir`` is this attempt's data directory under the table's location, and the runtime commits
+them as one snapshot (``runtime/table_commit.py``). ``SaveMode.ERROR`` is checked against the table
+here, before anything is written.
+
+For ``input="iceberg://..."`` the snapshot is pinned (the one given; else the one an earlier try of
+the same run pinned, read from the claim it left; else the current one), recorded in the job file
+and materialized to Parquet under the claim directory's ``_input/`` before the launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_provider_batchinfer import rundir
+from airflow_provider_batchinfer.contract import INPUT_DIR, ContractError, JobFile
+from airflow_provider_batchinfer.contract.tables import RUN_KEY_COLUMN, TableInput, TableOutput
+from airflow_provider_batchinfer.specs import SaveMode
+from airflow_provider_batchinfer.stage import Stage, join, sanitize_run_key
+from airflow_provider_batchinfer.tables.catalog import CatalogError, catalog_config, open_catalog, public_catalog
+from airflow_provider_batchinfer.tables.names import is_table_input, parse_table_input, run_location
+from airflow_provider_batchinfer.tables.read import CATALOG_OPTION, load_table, pin_input, run_files, write_snapshot
+
+if TYPE_CHECKING:
+    from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
+    from airflow_provider_batchinfer.operators.batch_inference import BatchInferenceOperator
+
+
+def _fail(exc: Exception) -> AirflowException:
+    permanent = getattr(exc, "permanent", True)
+    return (AirflowFailException if permanent else AirflowException)(str(exc))
+
+
+def catalog_properties(hook: ModelServiceHook) -> dict[str, str]:
+    """The connection's catalog (extra ``iceberg_catalog``), else the embedded SQLite one."""
+    from airflow_provider_batchinfer.hooks.service_config import embedded_home
+
+    conn = hook._connection()
+    extra = dict(conn.extra_dejson or {}) if conn is not None else {}
+    try:
+        return catalog_config(extra, hook.config.stage_root, embedded_home())
+    except CatalogError as exc:
+        raise _fail(exc) from exc
+
+
+def read_options(hook: ModelServiceHook) -> dict[str, Any]:
+    """What readers of ``iceberg://`` locations take: the S3 settings plus the catalog."""
+    return {**hook.storage_options, CATALOG_OPTION: catalog_properties(hook)}
+
+
+def run_key(ti: Any) -> str:
+    """The value of the run-key column: the sanitized run id (``-map-<i>`` for a mapped task)."""
+    key = sanitize_run_key(ti.run_id)
+    map_index = getattr(ti, "map_index", -1)
+    return f"{key}-map-{map_index}" if map_index is not None and map_index >= 0 else key
+
+
+def claim_directory(op: BatchInferenceOperator, ti: Any) -> str:
+    """The run's claim directory: ``<base_stage_location>/<run key>``, by default under
+    ``<stage root>/_tables/<table>/``."""
+    base = op.base_stage_location or f"_tables/{op.table}"
+    return join(op.hook.resolve_location(base), run_key(ti))
+
+
+def claim_mode(op: BatchInferenceOperator, run_dir: Stage) -> SaveMode:
+    """The save mode for ``rundir.prepare``: a table's claim directory holds only bookkeeping, so it
+    is cleared (OVERWRITE); ``SaveMode.ERROR`` is checked against the table itself, before anything
+    is written."""
+    if not op.table:
+        return op.save_mode
+    if op.save_mode is SaveMode.ERROR:
+        key = posixpath.basename(run_dir.location.rstrip("/"))
+        try:
+            table = load_table(open_catalog(catalog_properties(op.hook), op.hook.storage_options), op.table)
+            rows = sum(f.record_count for f in run_files(table, key)) if table is not None else 0
+        except CatalogError as exc:
+            raise _fail(exc) from exc
+        if rows:
+            raise AirflowFailException(
+                f"Iceberg table {op.table} already holds {rows:,} row(s) of run key {key} ({RUN_KEY_COLUMN}) and the "
+                "save mode is SaveMode.ERROR; nothing was written. Use OutputSpec(table=..., "
+                "mode=SaveMode.OVERWRITE) to replace exactly this run's rows"
+            )
+    return SaveMode.OVERWRITE
+
+
+def pinned_input(op: BatchInferenceOperator, run_dir: Stage) -> TableInput | None:
+    """The snapshot an earlier try of this run pinned (from the claim it left), before it is cleared."""
+    if not is_table_input(op.input):
+        return None
+    try:
+        claim = rundir.read_claim(run_dir)
+    except ContractError:
+        return None
+    return None if claim is None else claim.table_input
+
+
+def bind(op: BatchInferenceOperator, job: JobFile, run_dir: Stage, pinned: TableInput | None) -> JobFile:
+    """The job file with its table sections: the pinned input snapshot, and for a table output the
+    target and this attempt's data directory as ``run_dir``."""
+    if not op.table and not is_table_input(op.input):
+        return job
+    props = catalog_properties(op.hook)
+    public = public_catalog(props)
+    changes: dict[str, Any] = {}
+    try:
+        catalog = open_catalog(props, op.hook.storage_options)
+        if is_table_input(op.input):
+            ref = parse_table_input(str(op.input))
+            wanted = TableInput(ref.identifier, public, ref.snapshot_id, ref.row_filter)
+            changes["table_input"] = pin_input(catalog, wanted, pinned)
+        if op.table:
+            changes.update(_output(op, catalog, public, run_dir, job.attempt))
+    except (CatalogError, ContractError) as exc:
+        raise _fail(exc) from exc
+    return dataclasses.replace(job, **changes)
+
+
+def _output(op: BatchInferenceOperator, catalog: Any, public: dict[str, str], run_dir: Stage, attempt: str) -> dict:
+    from airflow_provider_batchinfer.tables.catalog import planned_location
+
+    table = load_table(catalog, str(op.table))
+    location = table.location() if table is not None else planned_location(public, str(op.table))
+    key = posixpath.basename(run_dir.location.rstrip("/"))
+    # files of an attempt go under the table (or, for a catalog that picks locations itself and a
+    # table it has not created yet, beside the claims); never into the claim directory, which a
+    # retry clears
+    data_root = join(location, "data") if location else join(posixpath.dirname(run_dir.location), "_data")
+    mode = "overwrite" if op.save_mode is SaveMode.OVERWRITE else "error"
+    target = TableOutput(str(op.table), public, key, mode, run_dir.location, location or "")
+    return {"table_output": target, "run_dir": join(data_root, f"{RUN_KEY_COLUMN}={key}", attempt)}
+
+
+def materialize_input(op: BatchInferenceOperator, job: JobFile, run_dir: Stage) -> None:
+    """Write the pinned snapshot (filtered) as Parquet under the claim directory's ``_input/``."""
+    ref = job.table_input
+    if ref is None:
+        return
+    try:
+        catalog = open_catalog(catalog_properties(op.hook), op.hook.storage_options)
+        rows = write_snapshot(catalog, ref, run_dir.child(INPUT_DIR))
+    except CatalogError as exc:
+        raise _fail(exc) from exc
+    op.log.info(
+        "Input: %s rows of Iceberg table %s at snapshot %s%s",
+        f"{rows:,}",
+        ref.identifier,
+        ref.snapshot_id,
+        f" where {ref.row_filter}" if ref.row_filter else "",
+    )
+
+
+def result_source(op: BatchInferenceOperator, location: str) -> tuple[str, dict[str, Any]]:
+    """Where the operator's result is read from: the run directory, or ``iceberg://<table>/<run key>``."""
+    if not op.table:
+        return location, op.hook.storage_options
+    return run_location(str(op.table), posixpath.basename(location.rstrip("/"))), read_options(op.hook)

@@ -1,0 +1,209 @@
+"""Reading tables: a committed run (the sensor, ``read_committed``) and a pinned input snapshot.
+
+A run is committed when the table's history (the current snapshot and its ancestors) holds a
+snapshot whose summary names its run key; that snapshot points at the run's manifest, which is
+checked against the data files it lists (names, sizes, Parquet footers; checksums when asked) and
+against the snapshot (files and rows added). Storage layer: imports neither Airflow nor Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_batchinfer.contract import Manifest, ManifestError
+from airflow_provider_batchinfer.contract.tables import RUN_KEY_COLUMN, SUMMARY_PREFIX, TableInput
+from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.tables.catalog import CatalogError, open_catalog
+from airflow_provider_batchinfer.tables.names import parse_run_location
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+    from pyiceberg.table.snapshots import Snapshot
+
+#: the key under which options for ``iceberg://`` locations carry the catalog's properties
+CATALOG_OPTION = "iceberg_catalog"
+
+
+def split_options(options: Mapping[str, Any] | None) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """``(catalog properties, S3 storage options)`` out of the options a reader was given."""
+    options = dict(options or {})
+    catalog = options.pop(CATALOG_OPTION, None)
+    if not catalog:
+        raise CatalogError(f"reading an iceberg:// location needs the catalog's properties under {CATALOG_OPTION!r}")
+    return dict(catalog), options or None
+
+
+def load_table(catalog: Catalog, identifier: str) -> Table | None:
+    """The table, or None when it does not exist (yet)."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    try:
+        return catalog.load_table(identifier)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+
+
+def run_snapshot(table: Table, run_key: str) -> Snapshot | None:
+    """The newest snapshot in the table's current history that committed ``run_key``."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        if snapshot.summary is not None and snapshot.summary.get(SUMMARY_PREFIX + "run-key") == run_key:
+            return snapshot
+    return None
+
+
+def run_files(table: Table, run_key: str) -> list[Any]:
+    """The data files of ``run_key`` in the table's current snapshot (whole files: the run key is the
+    table's partition)."""
+    from pyiceberg.expressions import EqualTo
+
+    if table.current_snapshot() is None:
+        return []
+    return [task.file for task in table.scan(row_filter=EqualTo(RUN_KEY_COLUMN, run_key)).plan_files()]
+
+
+def _check_against_snapshot(manifest: Manifest, snapshot: Snapshot, where: str) -> None:
+    summary = snapshot.summary
+    if summary is None:
+        raise ManifestError(f"{where}: the snapshot has no summary")
+    attempt = summary.get(SUMMARY_PREFIX + "attempt")
+    if attempt != manifest.job.attempt:
+        raise ManifestError(
+            f"{where}: the snapshot was committed by attempt {attempt}, the manifest by {manifest.job.attempt}"
+        )
+    added = (int(summary.get("added-data-files", "0")), int(summary.get("added-records", "0")))
+    expected = (len(manifest.files), manifest.counts.output_rows)
+    if added != expected:
+        raise ManifestError(
+            f"{where}: snapshot {snapshot.snapshot_id} added {added[0]} file(s) and {added[1]} row(s), but the "
+            f"run's manifest lists {expected[0]} and {expected[1]}"
+        )
+
+
+def read_table_manifest(
+    location: str, options: Mapping[str, Any] | None, *, verify_checksums: bool = False
+) -> Manifest | None:
+    """The validated manifest of a committed run (``iceberg://<table>/<run key>``), with the
+    snapshot that committed it; None while the table or the run's snapshot does not exist."""
+    from airflow_provider_batchinfer.markers import validate_manifest
+
+    identifier, run_key = parse_run_location(location)
+    catalog_props, storage = split_options(options)
+    table = load_table(open_catalog(catalog_props, storage), identifier)
+    snapshot = None if table is None else run_snapshot(table, run_key)
+    if table is None or snapshot is None:
+        return None
+    where = f"{location} (snapshot {snapshot.snapshot_id})"
+    manifest_location = (snapshot.summary or {}).get(SUMMARY_PREFIX + "manifest")
+    if not manifest_location:
+        raise ManifestError(f"{where}: the snapshot names no batchinfer manifest")
+    marker = Stage.open(manifest_location, storage)
+    manifest = Manifest.from_json(marker.read_bytes(), marker.location)
+    if manifest.table is None or (manifest.table.identifier, manifest.table.run_key) != (identifier, run_key):
+        raise ManifestError(f"{where}: {manifest_location} is not the manifest of this table and run key")
+    _check_against_snapshot(manifest, snapshot, where)
+    validate_manifest(Stage.open(manifest.run_dir, storage), manifest, verify_checksums=verify_checksums)
+    return dataclasses.replace(manifest, table=manifest.table.with_snapshot(snapshot.snapshot_id))
+
+
+def read_run_rows(manifest: Manifest, options: Mapping[str, Any] | None, columns: list[str] | None = None) -> pa.Table:
+    """Exactly the rows ``manifest``'s run committed: its run key in the snapshot that committed it."""
+    from pyiceberg.expressions import EqualTo
+
+    target = manifest.table
+    if target is None or target.snapshot_id is None:
+        raise ManifestError(
+            "this manifest names no committed table snapshot; read it from the sensor's XCom or the operator's "
+            "output (read_table_manifest fills it in)"
+        )
+    catalog_props, storage = split_options(options)
+    table = load_table(open_catalog(catalog_props, storage), target.identifier)
+    if table is None:
+        raise ManifestError(f"table {target.identifier} no longer exists")
+    scan = table.scan(
+        row_filter=EqualTo(RUN_KEY_COLUMN, target.run_key),
+        snapshot_id=target.snapshot_id,
+        selected_fields=tuple(columns) if columns else ("*",),
+    )
+    return scan.to_arrow()
+
+
+def pin_input(catalog: Catalog, ref: TableInput, pinned: TableInput | None) -> TableInput:
+    """The snapshot a run reads: the one given, else the one an earlier try of the run pinned (same
+    table and filter), else the table's current snapshot."""
+    if ref.snapshot_id is not None:
+        snapshot_id: int | None = ref.snapshot_id
+    elif pinned is not None and (pinned.identifier, pinned.row_filter) == (ref.identifier, ref.row_filter):
+        snapshot_id = pinned.snapshot_id
+    else:
+        table = load_table(catalog, ref.identifier)
+        if table is None:
+            raise CatalogError(f"input table {ref.identifier} does not exist in the catalog")
+        current = table.current_snapshot()
+        if current is None:
+            raise CatalogError(f"input table {ref.identifier} has no snapshot (no rows were ever committed)")
+        snapshot_id = current.snapshot_id
+    return dataclasses.replace(ref, snapshot_id=snapshot_id)
+
+
+def write_snapshot(catalog: Catalog, ref: TableInput, dest: Stage, rows_per_file: int = 1_000_000) -> int:
+    """Materialize the pinned snapshot (filtered) as Parquet files ``part-NNNNN.parquet`` in ``dest``;
+    the rows written. Streams record batches: memory stays at about one file's worth."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyiceberg.expressions import AlwaysTrue
+    from pyiceberg.expressions.parser import parse
+
+    table = load_table(catalog, ref.identifier)
+    if table is None:
+        raise CatalogError(f"input table {ref.identifier} does not exist in the catalog")
+    if ref.snapshot_id is not None and table.snapshot_by_id(ref.snapshot_id) is None:
+        raise CatalogError(
+            f"input table {ref.identifier} has no snapshot {ref.snapshot_id} (expired, or from another table); "
+            "nothing was read"
+        )
+    row_filter = parse(ref.row_filter) if ref.row_filter else AlwaysTrue()
+    reader = table.scan(row_filter=row_filter, snapshot_id=ref.snapshot_id).to_arrow_batch_reader()
+    dest.fs.create_dir(dest.path, recursive=True)
+    rows, index, buffered, pending = 0, 0, 0, []
+    for batch in reader:
+        pending.append(batch)
+        buffered += batch.num_rows
+        if buffered >= rows_per_file:
+            rows += _write_part(dest, index, pa.Table.from_batches(pending, reader.schema), pq)
+            index, buffered, pending = index + 1, 0, []
+    if pending or index == 0:
+        rows += _write_part(dest, index, pa.Table.from_batches(pending, reader.schema), pq)
+    return rows
+
+
+def _plain_types(table: Any) -> Any:
+    """pyiceberg reads strings as ``large_string`` (and lists as ``large_list``); the model signature
+    checks speak ``string``: cast back."""
+    import pyarrow as pa
+
+    def plain(t: Any) -> Any:
+        if pa.types.is_large_string(t):
+            return pa.string()
+        if pa.types.is_large_binary(t):
+            return pa.binary()
+        if pa.types.is_large_list(t):
+            return pa.list_(plain(t.value_type))
+        return t
+
+    # and without the Iceberg field ids: the copy is plain Parquet, its columns known by name
+    schema = pa.schema([f.with_type(plain(f.type)).remove_metadata() for f in table.schema])
+    return pa.Table.from_arrays(table.cast(schema).columns, schema=schema)
+
+
+def _write_part(dest: Stage, index: int, table: Any, pq: Any) -> int:
+    table = _plain_types(table)
+    part = dest.child(f"part-{index:05d}.parquet")
+    with part._io("write"), part.fs.open_output_stream(part.path) as f:
+        pq.write_table(table, f, compression="zstd")
+    return int(table.num_rows)
