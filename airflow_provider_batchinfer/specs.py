@@ -202,6 +202,7 @@ class OutputSpec:
 
 
 LLM_ENGINES = ("vllm", "transformers")
+REUSE_MODES = (None, "unchanged")  # JobSpec.reuse
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,11 @@ class JobSpec:
     (up to ~128 MiB of input) and each becomes one output part, so a preempted attempt loses at most
     the blocks in flight; a smaller value cuts blocks to this many rows (a streaming repartition),
     so ``SaveMode.RESUME`` keeps more of an interrupted run, at the cost of more, smaller files.
+
+    ``reuse``: ``"unchanged"`` turns on incremental scoring (``docs/incremental.md``): a row whose
+    model-input content, model sha256, params and output schema equal a row of the newest earlier
+    committed run under the same ``base_stage_location`` gets that row's predictions copied instead
+    of being scored again; ``None`` (default) scores every row.
     """
 
     replicas: int = 1
@@ -251,6 +257,8 @@ class JobSpec:
     max_error_fraction: float | None = None
     max_value_bytes: int | None = 64 << 20
     rows_per_part: int | None = None
+    # #16 incremental scoring: copy the predictions of unchanged rows from the newest earlier run
+    reuse: str | None = None
 
     @property
     def error_fraction_limit(self) -> float:
@@ -322,6 +330,11 @@ class JobSpec:
         ):
             raise SpecError(
                 f"JobSpec.max_value_bytes must be a whole number of bytes > 0 or None, got {self.max_value_bytes!r}."
+            )
+        if self.reuse not in REUSE_MODES:
+            raise SpecError(
+                f"JobSpec.reuse={self.reuse!r}: write JobSpec(reuse='unchanged') to copy the predictions of rows "
+                "that did not change since the last committed run, or leave it None to score every row."
             )
 
     def to_dict(self) -> dict[str, Any]:

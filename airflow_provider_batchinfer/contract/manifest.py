@@ -16,6 +16,7 @@ from airflow_provider_batchinfer.contract.layout import (
     ManifestError,
 )
 from airflow_provider_batchinfer.contract.records import ModelRef, RunOwner
+from airflow_provider_batchinfer.contract.reuse import ReuseInfo
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,8 @@ class Manifest:
     finished_at: str = ""
     timings: Mapping[str, float | None] = field(default_factory=dict)
     format: str = MANIFEST_FORMAT
+    # #16 incremental scoring: rows reused / scored and the key index (None: reuse was off)
+    reuse: ReuseInfo | None = None
 
     @property
     def file_names(self) -> list[str]:
@@ -211,6 +214,7 @@ class Manifest:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "timings": dict(self.timings),
+            **({"reuse": self.reuse.to_dict()} if self.reuse is not None else {}),  # #16
         }
 
     def to_json(self) -> str:
@@ -279,6 +283,7 @@ class Manifest:
             started_at=_opt(data, "started_at", str, where, err, ""),
             finished_at=_opt(data, "finished_at", str, where, err, ""),
             timings=_opt(data, "timings", dict, where, err, {}),
+            reuse=ReuseInfo.from_dict(data["reuse"], f"{where}.reuse") if data.get("reuse") else None,  # #16
         )
         manifest.check_counts(where)
         return manifest
@@ -306,3 +311,5 @@ class Manifest:
             raise ManifestError(
                 f"{where}: input_rows {c.input_rows} != output_rows {c.output_rows} + error_rows {c.error_rows}"
             )
+        if self.reuse is not None:  # #16: the key files describe listed parts, reused + scored == input
+            self.reuse.check({f.name: f.rows for f in self.files}, c.input_rows, f"{where}.reuse")
