@@ -10,7 +10,8 @@ from pathlib import Path
 
 class TextFingerprint:
     """A plain Python model whose outputs depend on every character of the text (a length and a
-    CRC-32 with ``salt``), so a row reused by mistake shows in a row-for-row comparison. With
+    CRC-32 with ``salt``), so a row reused by mistake shows in a row-for-row comparison; the text
+    ``boom`` makes its batch raise (for dead-lettering). With
     ``tally`` (a directory), each call leaves a file holding how many rows it scored: the rows that
     really reached the model, counted outside the provider."""
 
@@ -22,6 +23,8 @@ class TextFingerprint:
         import numpy as np
 
         texts = batch["text"].tolist()
+        if "boom" in texts:
+            raise ValueError(f"cannot score text 'boom' (row {texts.index('boom')} of the batch)")
         if tally:
             Path(tally, uuid.uuid4().hex).write_text(str(len(texts)))
         return {

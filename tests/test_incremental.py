@@ -144,6 +144,55 @@ def test_a_key_shard_finds_each_key_once_and_misses_new_ones(tmp_path):
         KeyShard(0, 1).load(files, None)
 
 
+def test_the_gatherer_copies_predictions_from_the_row_groups_that_hold_them(tmp_path):
+    import numpy as np
+
+    from airflow_provider_batchinfer.runtime.reuse import Gatherer
+    from airflow_provider_batchinfer.runtime.reuse_source import Source
+
+    for n in range(2):  # two earlier parts, written one row group per batch as the datasink does
+        with pq.ParquetWriter(
+            tmp_path / f"part-{n}.parquet", pa.schema([("id", pa.int64()), ("y", pa.float64())])
+        ) as w:
+            for start in range(0, 100, 30):
+                ids = np.arange(start, min(start + 30, 100)) + 1000 * n
+                w.write_table(pa.table({"id": ids, "y": ids * 0.5}))
+    source = Source(str(tmp_path), ("part-0.parquet", "part-1.parquet"), (), ("id",), "")
+    parts = np.array([1, 0, 0, 1, 0], np.int32)
+    rows = np.array([99, 0, 61, 30, 29], np.int64)
+    got = Gatherer(source, None).take(parts, rows)
+    assert got.column_names == ["y"]  # passthrough columns come from today's input, never from the old part
+    assert got.column("y").to_pylist() == [0.5 * (1000 * p + r) for p, r in zip(parts, rows, strict=True)]
+
+
+def test_resume_keeps_the_key_files_of_kept_parts_and_drops_broken_ones(tmp_path):
+    from airflow_provider_batchinfer.runtime.resume import nothing_kept
+    from airflow_provider_batchinfer.runtime.reuse import section
+    from airflow_provider_batchinfer.runtime.reuse_source import ReusePlan
+    from tests.runs import write_part
+
+    run = tmp_path / "run"
+    kept = nothing_kept()
+    for n, reused in ((0, [True, False, True]), (1, None), (2, [True])):  # part 1: key file lost
+        part = write_part(run, f"part-{n:05d}-t01a.parquet", [n * 10 + i for i in range(3)])
+        kept["files"].append(part)
+        if reused is not None:
+            path = run / key_file_name(part.name)
+            path.parent.mkdir(exist_ok=True)
+            keys = pa.array([bytes(16)] * len(reused), pa.binary(16))
+            pq.write_table(pa.table({"key": keys, "reused": reused}), path)
+    kept["rows"] = 9
+    plan = ReusePlan(mode="unchanged", context=CONTEXT, columns=("text",), source=None)
+    info = section(plan, Stage.open(str(run)), kept, [], input_rows=9)
+    assert info is not None
+    # part 2's key file holds 1 key for 3 rows: not trusted; part 1 has none: both scored next time
+    assert [e.part for e in info.index] == ["part-00000-t01a.parquet"]
+    assert (info.reused_rows, info.scored_rows) == (2, 7)
+    entry = info.index[0]
+    data = (run / entry.name).read_bytes()
+    assert (entry.size, entry.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+
+
 # --- the manifest section ------------------------------------------------------------------------------
 
 
@@ -472,3 +521,79 @@ def test_a_damaged_key_index_falls_back_to_scoring_every_row(scenario):
         for n in reuse["notes"]
     )
     assert _read(manifest).equals(_read(scenario["FULL"][1]))
+
+
+# --- an s3:// stage, through dag.test(), with a dead-lettered row ------------------------------------------
+
+
+def _expected(texts: dict[int, str]) -> pa.Table:
+    """What a full re-score gives, computed in-process with the model itself (ids sorted)."""
+    import pandas as pd
+
+    ids = sorted(texts)
+    out = TextFingerprint().predict(pd.DataFrame({"text": [texts[i] for i in ids]}))
+    return pa.table({"product_id": pa.array(ids, pa.int64()), "length": out["length"], "crc": out["crc"]})
+
+
+@pytest.mark.slow
+def test_an_s3_stage_through_dag_test_reuses_and_dead_letters(
+    airflow_db, ray_cluster, s3_server, s3_bucket, monkeypatch, tmp_path
+):
+    from airflow_provider_batchinfer import BatchInferenceOperator
+    from airflow_provider_batchinfer.markers import read_committed, read_valid_manifest
+    from airflow_provider_batchinfer.registry import ModelRegistry
+    from tests.conftest import run_dag, xcom_value
+    from tests.test_s3 import KEY_ID, SECRET, options
+
+    storage = options(s3_server)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_BATCHINFER_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "batchinfer",
+                "login": KEY_ID,
+                "password": SECRET,
+                "extra": {
+                    "endpoint_url": s3_server,
+                    "region_name": "us-east-1",
+                    "stage_root": f"s3://{s3_bucket}/stage",
+                    "registry_root": f"s3://{s3_bucket}/registry",
+                },
+            }
+        ),
+    )
+    monkeypatch.setenv("BATCHINFER_MODEL_CACHE", str(tmp_path / "model-cache"))
+    ModelRegistry(f"s3://{s3_bucket}/registry", storage).log_model(
+        "products", "v1", "python", python_class=TextFingerprint, signature=SIGNATURE
+    )
+    base = f"s3://{s3_bucket}/stage/products"
+    day1 = product_texts(2_000)
+    day2 = product_texts(2_000, changed_every=10)  # 200 new texts
+    day2[5] = "boom"  # unchanged id, new text the model raises on: dead-lettered
+    del day2[3], day2[7]
+    day2.update({2_000: "new product a", 2_001: "new product b"})
+    first = BatchInferenceOperator(
+        task_id="embed",
+        model="products",
+        version="v1",
+        input=str(write_products(tmp_path / "day1", day1)),
+        input_spec=InputSpec(id_column="product_id"),
+        output_spec=OutputSpec(base_stage_location=base, mode=SaveMode.OVERWRITE),
+        job_spec=JobSpec(reuse="unchanged", max_batch_rows=200, progress_interval_s=5),
+    ).execute({"ti": TaskInstanceStandIn(dag_id="bi_test_incremental", task_id="embed", run_id="scheduled__day1")})
+    assert first["scored_rows"] == 2_000 and first["output_location"] == f"{base}/scheduled__day1"
+
+    state, tasks, run_id = run_dag("bi_test_incremental", input=str(write_products(tmp_path / "day2", day2)), base=base)
+    assert state == "success", tasks
+    xcom = xcom_value("bi_test_incremental", run_id, "embed")
+    # 200 changed + 1 "boom" + 2 new rows scored (the boom row dead-lettered); 2,000 - 2 deleted - 201 copied
+    assert (xcom["reused_rows"], xcom["scored_rows"], xcom["error_rows"]) == (1_797, 203, 1)
+    assert xcom["reused_from"] == first["output_location"] and xcom["rows"] == 2_000 - 1
+    manifest = read_valid_manifest(xcom["output_location"], storage, verify_checksums=True)
+    assert manifest is not None and manifest.reuse is not None
+    assert manifest.reuse.indexed_rows == manifest.counts.output_rows  # dead-lettered rows get no key
+    present = dict(Stage.open(xcom["output_location"], storage).list_files())
+    assert all(present[e.name] == e.size for e in manifest.reuse.index)
+    del day2[5]
+    got = read_committed(manifest, storage).select(["product_id", "length", "crc"]).sort_by("product_id")
+    assert got.equals(_expected(day2))
