@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "incremental.json"))
     args = parser.parse_args(argv)
     only = set(args.only or ["text", "mlp"])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still stops the embedded Ray below
     work = Path(tempfile.mkdtemp(prefix="batchinfer-incr-"))
     ray_dir = tempfile.mkdtemp(prefix="bir-i-", dir="/tmp")
     os.environ.pop("RAY_ADDRESS", None)
