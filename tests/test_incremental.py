@@ -246,6 +246,35 @@ def test_a_reuse_section_that_does_not_add_up_is_refused(tmp_path, edit, match):
         Manifest.from_dict(data)
 
 
+def test_xcom_and_the_lineage_run_facet_carry_the_reuse_counts(text_length_model, tmp_path):
+    from airflow_provider_batchinfer import BatchInferenceOperator
+    from airflow_provider_batchinfer.lineage import RUN_FACET
+    from airflow_provider_batchinfer.operators.finalize import committed_result
+
+    run = tmp_path / "base" / "run1"
+    manifest = _reuse_manifest(run)
+    (run / SUCCESS_MARKER).write_text(manifest.to_json())
+    op = BatchInferenceOperator(
+        task_id="infer",
+        model="text_length",
+        version="v1",
+        input=str(tmp_path / "in"),
+        output_spec=OutputSpec(base_stage_location=str(tmp_path / "base")),
+        job_spec=JobSpec(reuse="unchanged"),
+    )
+    counts = op.get_openlineage_facets_on_complete(TaskInstanceStandIn(run_id="run1")).run_facets[RUN_FACET].counts
+    assert counts == {
+        "input_rows": 3,
+        "output_rows": 3,
+        "error_rows": 0,
+        "reused_rows": 1,
+        "scored_rows": 2,
+        "reused_from": None,
+    }
+    xcom = committed_result(str(run), manifest.job.attempt, {}, op.log)
+    assert (xcom["reused_rows"], xcom["scored_rows"], xcom["reused_from"]) == (1, 2, None)
+
+
 # --- choosing the earlier run ---------------------------------------------------------------------------
 
 

@@ -59,7 +59,6 @@ def committed_result(location: str, attempt: str, storage_options: dict[str, Any
         "sha256": manifest.model.sha256,
         "job_id": manifest.job.id,
         "attempt": attempt,
-        **(
-            manifest.reuse.summary() if manifest.reuse is not None else {}
-        ),  # #16: reused_rows, scored_rows, reused_from
+        # #16 incremental scoring: reused_rows, scored_rows, reused_from
+        **(manifest.reuse.summary() if manifest.reuse is not None else {}),
     }
