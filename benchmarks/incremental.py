@@ -57,6 +57,7 @@ def _changed_texts(src: Path, dst: Path) -> Path:
 def _changed_features(src: Path, dst: Path) -> Path:
     """Day 2 of the tabular workload: every 50th row gets a new first feature."""
     import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     dst.mkdir(parents=True, exist_ok=True)
@@ -65,7 +66,8 @@ def _changed_features(src: Path, dst: Path) -> Path:
         ids = t.column("id").to_numpy()
         first = t.column(FEATURES[0]).to_numpy().copy()
         first[ids % CHANGED_EVERY == 0] += np.float32(1.0)
-        pq.write_table(t.set_column(t.schema.get_field_index(FEATURES[0]), FEATURES[0], first), dst / f.name)
+        column = pa.array(first)
+        pq.write_table(t.set_column(t.schema.get_field_index(FEATURES[0]), FEATURES[0], column), dst / f.name)
     return dst
 
 
