@@ -248,7 +248,9 @@ def operator_lineage(
     run_facet = _run_facet_class()(
         model={k: model[k] for k in ("name", "version", "flavor", "sha256") if k in model},
         job=manifest.job.to_dict() if manifest else {},
-        counts=manifest.counts.to_dict() if manifest else {},
+        counts={**manifest.counts.to_dict(), **(manifest.reuse.summary() if manifest.reuse else {})}
+        if manifest
+        else {},
         timings=dict(manifest.timings) if manifest else {},
         usage=manifest.usage.to_dict() if manifest and manifest.usage else {},
     )

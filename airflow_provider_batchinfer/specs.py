@@ -216,6 +216,7 @@ class OutputSpec:
 LLM_ENGINES = ("vllm", "transformers")
 # #18: how a sentence-transformers model runs: PyTorch, or exported once to ONNX Runtime (fp32 or dynamic INT8)
 MODEL_BACKENDS = ("torch", "onnx", "onnx_int8")
+REUSE_MODES = (None, "unchanged")  # JobSpec.reuse
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,11 @@ class JobSpec:
     ``price_per_gpu_hour``) would exceed it; ``max_output_tokens_total`` does the same for the output
     tokens of a ``text_generation`` model. The failure is permanent (a retry would spend the same);
     raise the limit and retry with ``SaveMode.RESUME`` to keep the parts already written.
+
+    ``reuse``: ``"unchanged"`` turns on incremental scoring (``docs/incremental.md``): a row whose
+    model-input content, model sha256, params and output schema equal a row of the newest earlier
+    committed run under the same ``base_stage_location`` gets that row's predictions copied instead
+    of being scored again; ``None`` (default) scores every row.
     """
 
     replicas: int = 1
@@ -278,6 +284,8 @@ class JobSpec:
     # cost (at the connection's prices) or of the output tokens (text generation) would exceed these
     max_cost: float | None = None
     max_output_tokens_total: int | None = None
+    # #16 incremental scoring: copy the predictions of unchanged rows from the newest earlier run
+    reuse: str | None = None
 
     @property
     def error_fraction_limit(self) -> float:
@@ -353,6 +361,11 @@ class JobSpec:
         _check_backend(self.backend, self.backend_min_cosine)  # #18
 
         _check_budget(self)  # 16.2
+        if self.reuse not in REUSE_MODES:
+            raise SpecError(
+                f"JobSpec.reuse={self.reuse!r}: write JobSpec(reuse='unchanged') to copy the predictions of rows "
+                "that did not change since the last committed run, or leave it None to score every row."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

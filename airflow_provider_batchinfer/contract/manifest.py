@@ -16,6 +16,7 @@ from airflow_provider_batchinfer.contract.layout import (
     ManifestError,
 )
 from airflow_provider_batchinfer.contract.records import ModelRef, RunOwner
+from airflow_provider_batchinfer.contract.reuse import ReuseInfo
 from airflow_provider_batchinfer.contract.tables import TableInput, TableOutput
 from airflow_provider_batchinfer.contract.usage import Usage
 
@@ -193,6 +194,8 @@ class Manifest:
     # filled in when read back from the table) and the table snapshot it read
     table: TableOutput | None = None
     table_input: TableInput | None = None
+    # #16 incremental scoring: rows reused / scored and the key index (None: reuse was off)
+    reuse: ReuseInfo | None = None
 
     @property
     def file_names(self) -> list[str]:
@@ -222,6 +225,7 @@ class Manifest:
             **({"usage": self.usage.to_dict()} if self.usage is not None else {}),  # 16.2
             **({"table": self.table.to_dict()} if self.table else {}),
             **({"table_input": self.table_input.to_dict()} if self.table_input else {}),
+            **({"reuse": self.reuse.to_dict()} if self.reuse is not None else {}),  # #16
         }
 
     def to_json(self) -> str:
@@ -293,6 +297,7 @@ class Manifest:
             usage=Usage.from_dict(data["usage"], f"{where}.usage") if data.get("usage") else None,  # 16.2
             table=_table_section(data, "table", TableOutput, where),
             table_input=_table_section(data, "table_input", TableInput, where),
+            reuse=ReuseInfo.from_dict(data["reuse"], f"{where}.reuse") if data.get("reuse") else None,  # #16
         )
         manifest.check_counts(where)
         return manifest
@@ -320,6 +325,8 @@ class Manifest:
             raise ManifestError(
                 f"{where}: input_rows {c.input_rows} != output_rows {c.output_rows} + error_rows {c.error_rows}"
             )
+        if self.reuse is not None:  # #16: the key files describe listed parts, reused + scored == input
+            self.reuse.check({f.name: f.rows for f in self.files}, c.input_rows, f"{where}.reuse")
 
 
 def _table_section(data: Mapping[str, Any], key: str, kind: Any, where: str) -> Any:

@@ -72,6 +72,8 @@ def check_arguments(
         raise SpecError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
     if job_timeout is not None and job_timeout <= 0:
         raise SpecError(f"job_timeout must be > 0 seconds, got {job_timeout!r}")
+    if job_spec is not None and job_spec.reuse:  # #16 incremental scoring
+        check_reuse(task_id, input_spec, output_spec)
     try:  # 17: iceberg://<table>?snapshot_id=..&row_filter=.. (unless templated)
         check_table_input_argument(input)
     except ContractError as exc:
@@ -80,4 +82,19 @@ def check_arguments(
         raise SpecError(
             f"{task_id}: SaveMode.RESUME needs InputSpec(id_column=<a unique id column>) to know "
             "which rows an earlier attempt already scored"
+        )
+
+
+def check_reuse(task_id: str | None, input_spec: InputSpec | None, output_spec: OutputSpec) -> None:
+    """``JobSpec(reuse=...)`` reuses rows of earlier runs under ``base_stage_location``: a fixed
+    ``stage_location`` has none, and a file column's key would not see the file's content."""
+    if not output_spec.base_stage_location:
+        raise SpecError(
+            f"{task_id}: JobSpec(reuse='unchanged') reuses rows of earlier runs under a base location; give "
+            "OutputSpec(base_stage_location=...) instead of stage_location"
+        )
+    if input_spec is not None and input_spec.column_handling:
+        raise SpecError(
+            f"{task_id}: JobSpec(reuse='unchanged') cannot be combined with InputSpec.column_handling: a row's key "
+            "covers the file location, not the file's content. Drop one of them"
         )

@@ -63,4 +63,6 @@ def committed_result(location: str, attempt: str, storage_options: dict[str, Any
         "job_id": manifest.job.id,
         "attempt": attempt,
         **({"usage": manifest.usage.to_dict()} if manifest.usage is not None else {}),  # 16.2
+        # #16 incremental scoring: reused_rows, scored_rows, reused_from
+        **(manifest.reuse.summary() if manifest.reuse is not None else {}),
     }

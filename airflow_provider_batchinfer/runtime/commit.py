@@ -20,6 +20,7 @@ from airflow_provider_batchinfer.contract import (
     ResumeInfo,
 )
 from airflow_provider_batchinfer.contract.manifest import NodeReplicas, PoolRecord
+from airflow_provider_batchinfer.contract.reuse import ReuseInfo
 from airflow_provider_batchinfer.runtime.errors import JobError
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ class Written:
 
     parts: Sequence[FileEntry]
     error_parts: Sequence[FileEntry]
+    # #16 incremental scoring: the key file written beside each part (contract.reuse.IndexFile)
+    index: Sequence[Any] = ()
 
     @property
     def rows(self) -> int:
@@ -97,6 +100,7 @@ def build_manifest(
     placements: Sequence[Mapping[str, Any]] = (),
     waited_s: float = 0.0,
     usage: Usage | None = None,  # 16.2
+    reuse: ReuseInfo | None = None,  # #16
 ) -> Manifest:
     """Reconcile the counts, apply the error policy, and describe the run directory as committed
     (with the pool the job ran and ``placements``: replicas per node, ``io.replicas_per_node``)."""
@@ -139,6 +143,7 @@ def build_manifest(
         finished_at=finished_at.isoformat(),
         timings=dict(timings),
         usage=usage,
+        reuse=reuse,
     )
 
 

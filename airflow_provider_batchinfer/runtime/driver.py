@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract import JobFile, Manifest
 from airflow_provider_batchinfer.inputs import inspect_input, list_input_files
 from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV, ModelRegistry, verify_local_copy
-from airflow_provider_batchinfer.runtime import commit, llm, resources, table_commit, usage
+from airflow_provider_batchinfer.runtime import commit, llm, resources, reuse, table_commit, usage
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
 from airflow_provider_batchinfer.runtime.flavors import allows_missing, preflight, transfer_rows
@@ -40,6 +40,7 @@ from airflow_provider_batchinfer.runtime.plan import (
 from airflow_provider_batchinfer.runtime.progress import ProgressLog
 from airflow_provider_batchinfer.runtime.replica import DRIVER_CACHE_ENV, replica_init_error
 from airflow_provider_batchinfer.runtime.resume import KeptParts, resume_state
+from airflow_provider_batchinfer.runtime.reuse_source import ReusePlan, plan_reuse
 from airflow_provider_batchinfer.s3 import worker_env
 from airflow_provider_batchinfer.stage import Stage
 
@@ -63,6 +64,8 @@ class CheckedJob:
     kept: KeptParts
     batch_rows: int
     engine: str | None
+    # #16 incremental scoring: the key context and the earlier run to copy from (None: reuse off)
+    reuse: ReusePlan | None = None
 
     @property
     def todo_rows(self) -> int:
@@ -135,6 +138,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     usage.check_budget(job, model.flavor)  # 16.2: a budget needs prices (or a text generation model)
     if engine == "vllm":
         llm.check_vllm_job(job.job_spec)  # no vllm or no GPUs asked for: fail before Ray starts
+    reuse_plan = plan_reuse(job, plan, schema, engine)  # #16: None unless JobSpec.reuse
     print(
         f"[batchinfer] input: {input_rows:,} rows in {len(files)} file(s); model reads {plan['sources']}, "
         f"passes through {plan['passthrough']}",
@@ -151,6 +155,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
         kept=kept,
         batch_rows=batch_rows,
         engine=engine,
+        reuse=reuse_plan,
     )
 
 
@@ -229,8 +234,6 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
     reservation (``resources.py``)."""
     import ray.data
 
-    from airflow_provider_batchinfer.runtime.usage import MeteredReplica as ModelReplica  # 16.2: times batches
-
     job, spec, plan, storage = checked.job, checked.job.job_spec, checked.plan, checked.storage
     input_spec, model = job.input_spec, job.model
     io = {"num_cpus": pool["io_cpus"]}
@@ -246,6 +249,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
             batch_format="pyarrow",
             **io,
         )
+    ds = reuse.with_keys(ds, checked.reuse, storage, io)  # #16: row keys + where an earlier run has them
     if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
         ds = ds.repartition(target_num_rows_per_block=spec.rows_per_part)
     if checked.engine == "vllm":  # ray.data.llm runs its own stages and engine actors
@@ -264,7 +268,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
             counter,
         )
     return ds.map_batches(
-        ModelReplica,
+        reuse.replica_class(checked.reuse, storage, base=usage.MeteredReplica),  # + reuse (#16), timed (16.2)
         fn_constructor_kwargs={
             "model_uri": model.uri,
             "sha256": model.sha256,
@@ -310,7 +314,7 @@ def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
     counter = ray.remote(num_cpus=0)(usage.UsageCounter).remote()  # 16.2: a ProgressCounter + latencies
     progress = ProgressLog(counter, checked.todo_rows, checked.job.job_spec.progress_interval_s)
     ds = table_commit.with_provenance(build_dataset(checked, pool, counter), checked.job, pool["io_cpus"])  # 17
-    sink = make_datasink(
+    sink = (reuse.make_keyed_datasink if checked.reuse else make_datasink)(  # #16: + key files
         checked.run_dir.location, checked.job.attempt, checked.storage, error_columns=checked.plan["passthrough"]
     )
     progress.start()
@@ -360,7 +364,9 @@ def run_pipeline(checked: CheckedJob) -> PipelineRun:
                 streamed, waited_s = stream(checked, pool), held.waited_s
     finally:
         ray.shutdown()
-    written = commit.Written(parts=streamed.sink.parts, error_parts=streamed.sink.error_parts)
+    written = commit.Written(
+        parts=streamed.sink.parts, error_parts=streamed.sink.error_parts, index=getattr(streamed.sink, "index", ())
+    )
     return PipelineRun(
         written=written,
         pool=pool,
@@ -401,6 +407,9 @@ def run(spec_location: str) -> Manifest:
             "steady_rows_per_s": pipeline.steady_rows_per_s,
         },
         usage=pipeline.meter.usage(time.monotonic() - t0, processed),  # 16.2
+        reuse=reuse.section(  # #16
+            checked.reuse, checked.run_dir, checked.kept, pipeline.written.index, checked.input_rows
+        ),
     )
     if checked.job.table_output is not None:  # 17: one Iceberg snapshot instead of _SUCCESS
         return table_commit.commit_table(checked.job, checked.run_dir, manifest)
