@@ -15,7 +15,7 @@ EXTRAS := examples,openlineage
 # pip >= 25.1 installs PEP 735 dependency groups (--group)
 PIP_MIN := pip>=25.1
 
-.PHONY: demo test test-fast lint smoke-lowest constraints bench bench-quick screenshot clean
+.PHONY: demo test test-fast lint smoke-lowest constraints bench bench-quick bench-gpu screenshot clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -78,3 +78,7 @@ screenshot: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) .venv-lowest .venv-constraints .airflow .batchinfer
+
+# on a machine with an NVIDIA GPU: installs the CUDA stack and runs the GPU benchmark (benchmarks/gpu.sh)
+bench-gpu:
+	bash benchmarks/gpu.sh
