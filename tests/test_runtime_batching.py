@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_batchinfer.runtime.driver import ray_init_kwargs
+from airflow_provider_batchinfer.runtime.attach import ray_init_kwargs
 from airflow_provider_batchinfer.runtime.flavors import torchscript, transfer_rows
 from airflow_provider_batchinfer.runtime.io import row_bytes
 

@@ -29,9 +29,7 @@ from airflow_provider_batchinfer.contract import (
     JOB_SPEC_FILE,
     ContractError,
     JobFile,
-    ModelRef,
     RunOwner,
-    new_attempt_id,
 )
 from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
 from airflow_provider_batchinfer.identity import input_fingerprint, job_identity
@@ -42,6 +40,7 @@ from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
 from airflow_provider_batchinfer.operators import assets, table_io
 from airflow_provider_batchinfer.operators.errors import airflow_error, check_arguments, fail_on_s3_errors
 from airflow_provider_batchinfer.operators.finalize import committed_result
+from airflow_provider_batchinfer.operators.job_file import build_job_file
 from airflow_provider_batchinfer.operators.materialize import materialize_sql
 from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.s3 import check_bucket, is_s3
@@ -313,7 +312,7 @@ class BatchInferenceOperator(BaseOperator):
             raise airflow_error(exc, exc.permanent) from exc
         for message in prep.messages:
             self.log.info("%s", message)
-        job = self._job_file(launcher, owner, mv, run_dir, input_locations, prep.resume, identity)
+        job = build_job_file(self, launcher, owner, mv, run_dir, input_locations, prep.resume, identity)
         job = table_io.bind(self, job, run_dir, pinned)  # 17: table input snapshot, table output
         # claimed before anything else is written into it (so a retry recognizes whatever this
         # attempt leaves behind as its own) and before the submit (so a retry finds the job even
@@ -324,41 +323,6 @@ class BatchInferenceOperator(BaseOperator):
             materialize_sql(self.conn_id, self.sql, run_dir.child(INPUT_DIR), self.materialize_chunk_rows, self.log)
         table_io.materialize_input(self, job, run_dir)  # 17
         return job
-
-    def _job_file(
-        self,
-        launcher: Launcher,
-        owner: RunOwner,
-        mv: ModelVersion,
-        run_dir: Stage,
-        input_locations: list[str] | None,
-        resume: bool,
-        identity: str,
-    ) -> JobFile:
-        attempt = new_attempt_id(owner.try_number)
-        config = self.hook.config
-        return JobFile(
-            job_id=f"batchinfer-{sanitize_run_key(owner.dag_id)}-{sanitize_run_key(owner.task_id)}-{attempt}",
-            attempt=attempt,
-            launcher=launcher.name,
-            run_dir=run_dir.location,
-            input_locations=tuple(input_locations or [run_dir.child(INPUT_DIR).location]),
-            input_spec=self.input_spec,
-            job_spec=self.job_spec,
-            model=ModelRef(
-                name=mv.name, version=mv.version, flavor=mv.flavor, sha256=mv.sha256, uri=mv.uri, signature=mv.signature
-            ),
-            registry_root=config.registry_root,
-            airflow=owner,
-            file_roots=tuple(config.file_roots),  # InputSpec.column_handling reads only below these
-            llm_engine=config.llm_engine,
-            ray_address=launcher.job_ray_address,  # a Jobs API driver finds its cluster by itself
-            storage_options=self.hook.runtime_storage_options(),  # no credentials: see runtime_env()
-            resume=resume,
-            submission_id=launcher.job_name(owner, attempt, identity),
-            identity=identity,
-            prices=dict(config.prices),  # 16.2: the usage's cost and JobSpec(max_cost=...)
-        )
 
     def _defer(self, launcher: Launcher, handle: JobHandle) -> NoReturn:
         deadline = None if self.job_timeout is None else time.time() + self.job_timeout

@@ -14,17 +14,16 @@ Everything the job needs is in the job file the operator wrote; nothing here imp
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import JobFile, Manifest
 from airflow_provider_batchinfer.inputs import inspect_input, list_input_files
-from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV, ModelRegistry, verify_local_copy
+from airflow_provider_batchinfer.registry import ModelRegistry, verify_local_copy
 from airflow_provider_batchinfer.runtime import commit, llm, resources, reuse, table_commit, usage
+from airflow_provider_batchinfer.runtime.attach import init_ray
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
 from airflow_provider_batchinfer.runtime.flavors import allows_missing, preflight, transfer_rows
@@ -38,10 +37,9 @@ from airflow_provider_batchinfer.runtime.plan import (
     with_id_column,
 )
 from airflow_provider_batchinfer.runtime.progress import ProgressLog
-from airflow_provider_batchinfer.runtime.replica import DRIVER_CACHE_ENV, replica_init_error
+from airflow_provider_batchinfer.runtime.replica import replica_init_error
 from airflow_provider_batchinfer.runtime.resume import KeptParts, resume_state
 from airflow_provider_batchinfer.runtime.reuse_source import ReusePlan, plan_reuse
-from airflow_provider_batchinfer.s3 import worker_env
 from airflow_provider_batchinfer.stage import Stage
 
 if TYPE_CHECKING:
@@ -169,41 +167,6 @@ def check_backend(job: JobFile) -> None:
             f"JobSpec.backend={backend!r} applies to sentence_transformers models; {job.model.name}/"
             f"{job.model.version} is {job.model.flavor!r}. Leave JobSpec.backend unset for it"
         )
-
-
-def ray_init_kwargs(address: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
-    """``ray.init`` arguments: the configured cluster, else a fresh local Ray for this job.
-
-    ``ray.init()`` with no address attaches to whatever cluster ``ray start`` last recorded in
-    ``/tmp/ray/ray_current_cluster`` (someone else's, or a dead one it then waits on forever), so
-    "no address" must say ``"local"`` explicitly."""
-    address = address or environ.get("RAY_ADDRESS")
-    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
-    if address:
-        kwargs["address"] = address
-    else:
-        kwargs.update(address="local", include_dashboard=False)
-    return kwargs
-
-
-def init_ray(job: JobFile) -> None:
-    """Start (or attach to) Ray; S3 credentials reach the workers from this process's environment,
-    never a file. The driver's model cache directory goes as a fallback only
-    (``BATCHINFER_DRIVER_MODEL_CACHE``): a node started with its own ``BATCHINFER_MODEL_CACHE`` keeps
-    it (a runtime_env variable would override the node's value on every worker)."""
-    import ray
-    import ray.data
-
-    init_kwargs = ray_init_kwargs(job.ray_address, os.environ)
-    env_vars = dict(worker_env())
-    if os.environ.get(MODEL_CACHE_ENV):
-        env_vars[DRIVER_CACHE_ENV] = os.environ[MODEL_CACHE_ENV]
-    if env_vars:
-        init_kwargs["runtime_env"] = {"env_vars": env_vars}
-    ray.init(**init_kwargs)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.print_on_execution_start = False
 
 
 def log_pool(pool: ActorPool, checked: CheckedJob) -> None:
