@@ -108,6 +108,24 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "Price per GPU hour",
         "What one reserved GPU costs per hour, in the same currency (e.g. 2.5). Empty: GPUs are not priced.",
     ),
+    # 15: where log_model(..., "mlflow", "models:/...") finds MLflow models
+    "mlflow_tracking_uri": _field(
+        "MLflow tracking URI",
+        "Where log_model(name, version, 'mlflow', 'models:/<name>@<alias>') looks models up, e.g. "
+        "http://mlflow:5000. Empty: MLFLOW_TRACKING_URI.",
+    ),
+    "mlflow_registry_uri": _field(
+        "MLflow registry URI",
+        "The MLflow model registry when it is not the tracking server. Empty: the tracking URI.",
+    ),
+    # 17: the Iceberg catalog of OutputSpec(table=...) and iceberg:// inputs
+    "iceberg_catalog": {
+        "label": "Iceberg catalog",
+        "description": 'pyiceberg catalog properties, e.g. {"type": "rest", "uri": "https://catalog:8181"} or '
+        '{"type": "sql", "uri": "postgresql+psycopg2://user@db/iceberg", "warehouse": "s3://lake/wh"}. '
+        "Empty: a SQL catalog on SQLite under the stage root.",
+        "schema": {"type": ["object", "null"]},
+    },
     "launcher": _field(
         "Launcher",
         "'local' runs the job as a subprocess of the task with a local or attached Ray; "
