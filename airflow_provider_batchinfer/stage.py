@@ -217,7 +217,8 @@ class Stage:
         return json.loads(self.read_bytes().decode("utf-8"))
 
     def write_json(self, obj: Any) -> None:
-        self.write_bytes(json.dumps(obj, indent=2, sort_keys=True, default=str).encode("utf-8"))
+        # insertion order, not sorted keys: a model signature's column order is its feature order
+        self.write_bytes(json.dumps(obj, indent=2, default=str).encode("utf-8"))
 
     def delete(self) -> None:
         import pyarrow.fs as pafs

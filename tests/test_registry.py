@@ -82,3 +82,39 @@ def test_unknown_models_and_bad_names_say_what_exists(registry):
         registry.log_model("m", "v1", "keras", "x")
     with pytest.raises(RegistryError, match="flavor .torchscript. needs a signature"):
         registry.log_model("m", "v1", "torchscript", tiny_mlp())
+
+
+def test_a_signature_keeps_the_feature_order_the_model_was_fitted_in(registry, tmp_path):
+    """A torchscript model stacks its inputs in signature order: f10 must stay after f9, in the
+    registry's MODEL.json and through the job file the runtime reads (both were once written with
+    sorted keys, which put f10 before f2 and silently fed the model the wrong columns)."""
+    from airflow_provider_batchinfer.contract import JobFile, RunOwner
+    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+
+    features = [f"f{i}" for i in range(12)]
+    mv = registry.log_model(
+        "mlp12",
+        "v1",
+        "torchscript",
+        tiny_mlp(12),
+        signature={"inputs": {name: "float32" for name in features}, "outputs": {"score": "float32"}},
+    )
+    assert list(registry.read_manifest("mlp12", "v1")["signature"]["inputs"]) == features
+    assert list(registry.get("mlp12", "v1").signature["inputs"]) == features
+    from airflow_provider_batchinfer.contract import ModelRef
+
+    job = JobFile(
+        job_id="j",
+        attempt="t01abc",
+        launcher="local",
+        run_dir=str(tmp_path / "run"),
+        input_locations=(str(tmp_path / "in"),),
+        input_spec=InputSpec(),
+        job_spec=JobSpec(),
+        model=ModelRef(
+            name=mv.name, version=mv.version, flavor=mv.flavor, sha256=mv.sha256, uri=mv.uri, signature=mv.signature
+        ),
+        registry_root=str(registry.root),
+        airflow=RunOwner(dag_id="d", task_id="t", run_id="r", try_number=1, map_index=-1),
+    )
+    assert list(JobFile.from_json(job.to_json()).model.signature["inputs"]) == features

@@ -79,7 +79,8 @@ class JobFile:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        # insertion order, not sorted keys: the model signature's column order is its feature order
+        return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = JOB_SPEC_FILE) -> JobFile:
