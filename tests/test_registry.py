@@ -88,7 +88,7 @@ def test_a_signature_keeps_the_feature_order_the_model_was_fitted_in(registry, t
     """A torchscript model stacks its inputs in signature order: f10 must stay after f9, in the
     registry's MODEL.json and through the job file the runtime reads (both were once written with
     sorted keys, which put f10 before f2 and silently fed the model the wrong columns)."""
-    from airflow_provider_batchinfer.contract import JobFile, RunOwner
+    from airflow_provider_batchinfer.contract import JobFile, ModelRef, RunOwner
     from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 
     features = [f"f{i}" for i in range(12)]
@@ -97,12 +97,10 @@ def test_a_signature_keeps_the_feature_order_the_model_was_fitted_in(registry, t
         "v1",
         "torchscript",
         tiny_mlp(12),
-        signature={"inputs": {name: "float32" for name in features}, "outputs": {"score": "float32"}},
+        signature={"inputs": dict.fromkeys(features, "float32"), "outputs": {"score": "float32"}},
     )
     assert list(registry.read_manifest("mlp12", "v1")["signature"]["inputs"]) == features
     assert list(registry.get("mlp12", "v1").signature["inputs"]) == features
-    from airflow_provider_batchinfer.contract import ModelRef
-
     job = JobFile(
         job_id="j",
         attempt="t01abc",
