@@ -124,20 +124,23 @@ def make_texts(directory: Path, rows: int, files: int = 4) -> Path:
     return directory
 
 
-def make_features(directory: Path, rows: int) -> Path:
+def make_features(
+    directory: Path, rows: int, features: list[str] = FEATURES, seed: int = 11, prefix: str = "features"
+) -> Path:
+    """Random float32 feature columns plus an int64 ``id``, in files of 250k rows (64k-row row groups)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     directory.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(11)
+    rng = np.random.default_rng(seed)
     per_file = 250_000
     for n, start in enumerate(range(0, rows, per_file)):
         count = min(per_file, rows - start)
-        x = rng.standard_normal((count, len(FEATURES)), dtype=np.float32)
+        x = rng.standard_normal((count, len(features)), dtype=np.float32)
         cols = {"id": pa.array(np.arange(start, start + count, dtype=np.int64))}
-        cols.update({name: x[:, i] for i, name in enumerate(FEATURES)})
-        pq.write_table(pa.table(cols), directory / f"features-{n:03d}.parquet", row_group_size=65536)
+        cols.update({name: x[:, i] for i, name in enumerate(features)})
+        pq.write_table(pa.table(cols), directory / f"{prefix}-{n:03d}.parquet", row_group_size=65536)
     return directory
 
 

@@ -45,20 +45,10 @@ def _emit(**result) -> None:
 
 # --- data and models ------------------------------------------------------------------------------------
 def make_data(directory: Path, rows: int) -> Path:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """1M-style input: the MLP benchmark's feature files, with this benchmark's 32 features."""
+    from benchmarks.run import make_features
 
-    directory.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(3)
-    per_file = 250_000
-    for n, start in enumerate(range(0, rows, per_file)):
-        count = min(per_file, rows - start)
-        x = rng.standard_normal((count, len(FEATURES)), dtype=np.float32)
-        cols = {"id": pa.array(np.arange(start, start + count, dtype=np.int64))}
-        cols.update({name: x[:, i] for i, name in enumerate(FEATURES)})
-        pq.write_table(pa.table(cols), directory / f"part-{n:03d}.parquet", row_group_size=65536)
-    return directory
+    return make_features(directory, rows, FEATURES, seed=3, prefix="part")
 
 
 def _train_set(rows: int = 100_000):
