@@ -161,7 +161,8 @@ def test_jobs_share_one_warm_ray_until_it_idles_out(ray_dir, monkeypatch, text_l
     assert len(_starts(ray_dir)) == 1 and first.idle_s == 20.0, history
     assert not list((ray_dir / "leases").iterdir())  # both jobs gave their lease back
     assert _gone(first.head_pid, first.head_started, 90), "the embedded Ray did not stop after its idle timeout"
-    assert embedded_ray.read_state(ray_dir) is None and not Path(first.temp_dir).exists()
+    with embedded_ray.locked(ray_dir):  # the keeper holds the lock until it has forgotten the stopped Ray
+        assert embedded_ray.read_state(ray_dir) is None and not Path(first.temp_dir).exists()
     assert "idle for 20s" in (ray_dir / "history.log").read_text()
     state, tasks, _ = run_dag("bi_test_error_mode", input=str(data), out=str(tmp_path / "out2"))
     assert state == "success", tasks
