@@ -130,6 +130,7 @@ def test_the_manifest_records_the_pool_and_where_its_replicas_ran(tmp_path):
         "reserved": {"cpus": 5.0, "gpus": 0.0},
         "waited_s": 12.346,
         "nodes": placements,
+        "in_driver": False,
     }
     assert "pool" not in manifest_for(tmp_path, ()).to_dict()["job"]  # older runtimes: the key is absent
     with pytest.raises(Exception, match=r"_SUCCESS.job.pool.nodes\[0\] has no 'replicas'"):

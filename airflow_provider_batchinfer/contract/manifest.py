@@ -105,6 +105,8 @@ class PoolRecord:
     reserved_gpus: float = 0.0
     waited_s: float = 0.0
     nodes: tuple[NodeReplicas, ...] = ()
+    # #18: a small job scored in the driver process, without an actor pool (runtime/in_driver.py)
+    in_driver: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -114,6 +116,7 @@ class PoolRecord:
             "reserved": {"cpus": self.reserved_cpus, "gpus": self.reserved_gpus},
             "waited_s": self.waited_s,
             "nodes": [n.to_dict() for n in self.nodes],
+            "in_driver": self.in_driver,
         }
 
     @classmethod
@@ -136,6 +139,7 @@ class PoolRecord:
                 )
                 for i, n in enumerate(nodes)
             ),
+            in_driver=_opt(data, "in_driver", bool, where, err, False),
         )
 
 

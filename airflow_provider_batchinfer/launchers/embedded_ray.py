@@ -44,7 +44,7 @@ from pathlib import Path
 
 from airflow_provider_batchinfer.launchers.base import LaunchError, TaskLog
 from airflow_provider_batchinfer.launchers.procs import (
-    free_port,
+    free_ports,
     group_cmdlines,
     port_open,
     proc_alive,
@@ -125,6 +125,7 @@ class EmbeddedRay:
         # loopback: without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 a driver looks for its raylet on the
         # machine's outward IP and waits forever for a node registered as 127.0.0.1
         env = {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": self.auth_mode, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        env["BATCHINFER_EMBEDDED_RAY"] = "1"  # the driver shares the only node's machine (runtime/in_driver.py)
         if self.token_path:
             env["RAY_AUTH_TOKEN_PATH"] = self.token_path
         return env
@@ -271,18 +272,18 @@ def _auth(directory: Path, environ: Mapping[str, str]) -> tuple[str, str | None]
 
 
 def _start(directory: Path, idle_s: float, ray_version: str, environ: Mapping[str, str], log: TaskLog) -> EmbeddedRay:
-    port = free_port()
+    ports = ["ray-client-server", "dashboard", "dashboard-agent-listen", "dashboard-agent-grpc", "metrics-export"]
+    ports += ["runtime-env-agent", "node-manager", "object-manager"]
+    port, *picked = free_ports(1 + len(ports))  # distinct: Ray refuses to start when two components share one
     temp_dir = tempfile.mkdtemp(prefix="bir-", dir="/tmp")  # short: Ray's unix sockets live below it
     auth_mode, token_path = _auth(directory, environ)
     env = {k: v for k, v in environ.items() if k not in _NOT_INHERITED}
     env.update(RAY_AUTH_MODE=auth_mode, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     if token_path:
         env["RAY_AUTH_TOKEN_PATH"] = token_path
-    ports = ["ray-client-server", "dashboard", "dashboard-agent-listen", "dashboard-agent-grpc", "metrics-export"]
-    ports += ["runtime-env-agent", "node-manager", "object-manager"]
     cmd = [_ray_command(), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1"]
     cmd += [f"--temp-dir={temp_dir}", "--include-dashboard=false", "--disable-usage-stats"]
-    cmd += [f"--{name}-port={free_port()}" for name in ports]  # never collide with another Ray here
+    cmd += [f"--{name}-port={p}" for name, p in zip(ports, picked)]  # never collide with another Ray here
     log.info("Starting the embedded Ray (state in %s, idle timeout %gs): %s", directory, idle_s, " ".join(cmd))
     with open(directory / "head.log", "w") as out:
         head = subprocess.Popen(

@@ -101,6 +101,7 @@ def build_manifest(
     waited_s: float = 0.0,
     usage: Usage | None = None,  # 16.2
     reuse: ReuseInfo | None = None,  # #16
+    in_driver: bool = False,  # #18
 ) -> Manifest:
     """Reconcile the counts, apply the error policy, and describe the run directory as committed
     (with the pool the job ran and ``placements``: replicas per node, ``io.replicas_per_node``)."""
@@ -136,7 +137,7 @@ def build_manifest(
             launcher=job.launcher,
             replicas=pool["replicas"],
             device=pool["device"],
-            pool=pool_record(pool, placements, waited_s),
+            pool=pool_record(pool, placements, waited_s, in_driver),
         ),
         airflow=job.airflow,
         started_at=started_at.isoformat(),
@@ -147,7 +148,9 @@ def build_manifest(
     )
 
 
-def pool_record(pool: ActorPool, placements: Sequence[Mapping[str, Any]], waited_s: float) -> PoolRecord:
+def pool_record(
+    pool: ActorPool, placements: Sequence[Mapping[str, Any]], waited_s: float, in_driver: bool = False
+) -> PoolRecord:
     """The manifest's ``job.pool``: the pool's bounds, what it reserved and where its replicas ran."""
     return PoolRecord(
         min_replicas=pool["min_replicas"],
@@ -157,6 +160,7 @@ def pool_record(pool: ActorPool, placements: Sequence[Mapping[str, Any]], waited
         reserved_gpus=pool["reserved_gpus"],
         waited_s=round(waited_s, 3),
         nodes=tuple(NodeReplicas(str(p["node_id"]), str(p["node_ip"]), int(p["replicas"])) for p in placements),
+        in_driver=in_driver,
     )
 
 

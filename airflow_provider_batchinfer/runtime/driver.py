@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract import JobFile, Manifest
 from airflow_provider_batchinfer.inputs import inspect_input, list_input_files
 from airflow_provider_batchinfer.registry import ModelRegistry, verify_local_copy
-from airflow_provider_batchinfer.runtime import commit, llm, resources, reuse, table_commit, usage
+from airflow_provider_batchinfer.runtime import commit, in_driver, llm, resources, reuse, table_commit, usage
 from airflow_provider_batchinfer.runtime.attach import init_ray
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
@@ -347,7 +347,8 @@ def run(spec_location: str) -> Manifest:
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
     checked = check_before_ray(read_job_file(spec_location))
-    pipeline = run_pipeline(checked)
+    on_pool_because = in_driver.why_not(checked)  # #18: None: a small job, scored in this process
+    pipeline = run_pipeline(checked) if on_pool_because else in_driver.run(checked)
     processed = pipeline.written.rows + pipeline.written.error_rows
     manifest = commit.build_manifest(
         checked.job,
@@ -364,7 +365,7 @@ def run(spec_location: str) -> Manifest:
         finished_at=datetime.now(timezone.utc),
         timings={
             "total_s": round(time.monotonic() - t0, 3),
-            "ray_init_s": round(pipeline.ray_ready_at - t0, 3),  # from the job's start: checks + ray.init
+            "ray_init_s": round(pipeline.ray_ready_at - t0, 3),  # from the job's start: checks + ray.init (if any)
             "pipeline_s": round(pipeline.pipeline_s, 3),
             "rows_per_s": round(processed / pipeline.pipeline_s, 2) if pipeline.pipeline_s > 0 else None,
             "steady_rows_per_s": pipeline.steady_rows_per_s,
@@ -373,6 +374,7 @@ def run(spec_location: str) -> Manifest:
         reuse=reuse.section(  # #16
             checked.reuse, checked.run_dir, checked.kept, pipeline.written.index, checked.input_rows
         ),
+        in_driver=on_pool_because is None,
     )
     if checked.job.table_output is not None:  # 17: one Iceberg snapshot instead of _SUCCESS
         return table_commit.commit_table(checked.job, checked.run_dir, manifest)

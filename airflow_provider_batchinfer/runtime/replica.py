@@ -211,9 +211,13 @@ class NoCudaError(JobError):
 
 def node_identity() -> tuple[str, str, str]:
     """(this actor's id, its Ray node id, the node's IP) in a Ray worker; placeholders elsewhere."""
+    if "ray" not in sys.modules:  # the driver scoring a small job itself (runtime/in_driver.py)
+        return str(os.getpid()), "driver", "127.0.0.1"
     try:
         import ray
 
+        if not ray.is_initialized():  # get_runtime_context() would start or attach to a Ray
+            return str(os.getpid()), "driver", "127.0.0.1"
         ctx = ray.get_runtime_context()
         # the address the node joined the cluster with (what `ray status` shows), not the host's first IP
         ip = getattr(ray._private.worker.global_worker, "node_ip_address", None) or ray.util.get_node_ip_address()

@@ -55,6 +55,11 @@ class JobSpec:
     model-input content, model sha256, params and output schema equal a row of the newest earlier
     committed run under the same ``base_stage_location`` gets that row's predictions copied instead
     of being scored again; ``None`` (default) scores every row.
+
+    ``in_driver_max_rows``: on the embedded Ray, a job with at most this many rows to score (CPU, no
+    reuse, budget or RESUME) is scored in its driver process instead of an actor pool: a replica's
+    start (a Ray worker importing torch, several seconds) is most of a small job's time. ``None``
+    (default): ``BATCHINFER_IN_DRIVER_MAX_ROWS``, else 1,000; ``0``: always the actor pool.
     """
 
     replicas: int = 1
@@ -80,6 +85,10 @@ class JobSpec:
     max_output_tokens_total: int | None = None
     # #16 incremental scoring: copy the predictions of unchanged rows from the newest earlier run
     reuse: str | None = None
+    # #18: a job with at most this many rows to score on the embedded Ray is scored in the driver
+    # process, without an actor pool (runtime/in_driver.py); None: BATCHINFER_IN_DRIVER_MAX_ROWS or
+    # 1,000; 0: always the actor pool
+    in_driver_max_rows: int | None = None
 
     @property
     def error_fraction_limit(self) -> float:
@@ -155,6 +164,12 @@ class JobSpec:
         _check_backend(self.backend, self.backend_min_cosine)  # #18
 
         _check_budget(self)  # 16.2
+        value = self.in_driver_max_rows
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise SpecError(
+                f"JobSpec.in_driver_max_rows is the most rows a job on the embedded Ray scores in its driver "
+                f"process instead of an actor pool (a whole number >= 0; 0: always the pool), got {value!r}."
+            )
         if self.reuse not in REUSE_MODES:
             raise SpecError(
                 f"JobSpec.reuse={self.reuse!r}: write JobSpec(reuse='unchanged') to copy the predictions of rows "
