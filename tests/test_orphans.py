@@ -51,13 +51,12 @@ def _gone(proc: psutil.Process, wait_s: float) -> bool:
     return True
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("airflow_db")
-def test_kill_9_of_the_task_process_ends_its_job_and_nothing_commits(registry, tmp_path):
-    """On the embedded default (RAY_ADDRESS removed): the task process is SIGKILLed while its job
-    scores; the runtime ends within 30 s and no _SUCCESS appears, even after the job's normal run."""
+def _kill_the_task_process_mid_job(registry, tmp_path, rows: int, scoring: str) -> None:
+    """Run the test DAG's task in its own process on the embedded default (RAY_ADDRESS removed),
+    SIGKILL that process once the job's log shows ``scoring``, and check that the runtime ends
+    within 30 s and no _SUCCESS appears, even after the job's normal run."""
     registry.log_model("slow_length", "v1", "python", python_class=SlowLength, signature=SIGNATURE)
-    data = write_tickets(tmp_path / "in", rows=3000, files=3)  # 30 model calls of 0.5 s: ~15 s of scoring
+    data = write_tickets(tmp_path / "in", rows=rows, files=3)
     out = tmp_path / "out"
     conf = {"input": str(data), "out": str(out), "model": "slow_length"}
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -76,7 +75,7 @@ def test_kill_9_of_the_task_process_ends_its_job_and_nothing_commits(registry, t
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and task.poll() is None:
             runtime = _runtime_of(out) if (out / JOB_SPEC_FILE).exists() else None
-            if runtime is not None and "progress:" in log_path.read_text():  # scoring, not starting
+            if runtime is not None and scoring in log_path.read_text():  # scoring, not starting
                 break
             time.sleep(0.5)
         assert runtime is not None and task.poll() is None, log_path.read_text()[-4000:]
@@ -86,12 +85,26 @@ def test_kill_9_of_the_task_process_ends_its_job_and_nothing_commits(registry, t
         parent.send_signal(signal.SIGKILL)  # the task process: no on_kill, no cleanup
         assert _gone(runtime, 30), "the job outlived its task process by 30 s"
         print(f"runtime ended {time.monotonic() - killed_at:.1f}s after the kill")
-        time.sleep(30)  # past the job's normal duration: a surviving job would have committed by now
+        time.sleep(rows / 100 * 0.5 + 5)  # past the job's normal scoring: a surviving job would have committed
         assert not (out / SUCCESS_MARKER).exists()
     finally:
         if task.poll() is None:
             os.killpg(task.pid, signal.SIGKILL)
         task.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("airflow_db")
+def test_kill_9_of_the_task_process_ends_its_job_and_nothing_commits(registry, tmp_path):
+    """An actor-pool job (3,000 rows: 30 model calls of 0.5 s, ~15 s of scoring)."""
+    _kill_the_task_process_mid_job(registry, tmp_path, rows=3000, scoring="progress:")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("airflow_db")
+def test_kill_9_of_the_task_process_ends_a_job_scored_in_the_driver(registry, tmp_path):
+    """#18: a small job scored in the driver process (1,000 rows: 10 model calls of 0.5 s) dies with it too."""
+    _kill_the_task_process_mid_job(registry, tmp_path, rows=1000, scoring="rows in the driver process")
 
 
 def test_the_watchdog_kills_its_process_group_when_the_parent_goes(tmp_path):

@@ -283,7 +283,7 @@ def _start(directory: Path, idle_s: float, ray_version: str, environ: Mapping[st
         env["RAY_AUTH_TOKEN_PATH"] = token_path
     cmd = [_ray_command(), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1"]
     cmd += [f"--temp-dir={temp_dir}", "--include-dashboard=false", "--disable-usage-stats"]
-    cmd += [f"--{name}-port={p}" for name, p in zip(ports, picked)]  # never collide with another Ray here
+    cmd += [f"--{name}-port={p}" for name, p in zip(ports, picked, strict=True)]  # never collide with another Ray here
     log.info("Starting the embedded Ray (state in %s, idle timeout %gs): %s", directory, idle_s, " ".join(cmd))
     with open(directory / "head.log", "w") as out:
         head = subprocess.Popen(

@@ -1,0 +1,178 @@
+"""#18: small jobs on the embedded Ray are scored in the driver process (runtime/in_driver.py).
+
+The fast tests drive the runtime's ``run`` in this process with Ray refused outright: the in-driver
+path must never start or attach to Ray. The slow one runs the same input through ``dag.test()`` on a
+real embedded Ray both ways and compares the committed outputs row for row."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_batchinfer.runtime import in_driver
+from airflow_provider_batchinfer.runtime.errors import ModelBatchError
+from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SpecError
+from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER
+from tests.conftest import run_dag
+from tests.models import committed_manifest, job_file, write_job_file, write_tickets
+from tests.test_embedded_ray import ray_dir  # noqa: F401  (a fixture: this test's own embedded Ray)
+
+
+# --- the setting ----------------------------------------------------------------------------------
+def test_the_limit_comes_from_the_job_then_the_deployment_then_1000():
+    assert in_driver.max_rows(None, {}) == 1000
+    assert in_driver.max_rows(None, {in_driver.MAX_ROWS_ENV: "50"}) == 50
+    assert in_driver.max_rows(0, {in_driver.MAX_ROWS_ENV: "50"}) == 0  # the job's own value wins
+    assert in_driver.max_rows(5000, {}) == 5000
+    for bad in ("lots", "-3", "1.5"):
+        with pytest.raises(in_driver.InDriverSettingError, match=rf"BATCHINFER_IN_DRIVER_MAX_ROWS='{bad}' is not a"):
+            in_driver.max_rows(None, {in_driver.MAX_ROWS_ENV: bad})
+    assert in_driver.InDriverSettingError.permanent
+
+
+def test_jobspec_takes_a_whole_number_of_rows_or_none():
+    assert JobSpec.from_dict(JobSpec(in_driver_max_rows=0).to_dict()).in_driver_max_rows == 0
+    assert JobSpec().in_driver_max_rows is None
+    for bad in (-1, True, 2.5, "100"):
+        with pytest.raises(SpecError, match=r"JobSpec.in_driver_max_rows is the most rows .* got"):
+            JobSpec(in_driver_max_rows=bad)
+
+
+def _checked(rows=100, engine=None, reuse=None, kept_ids=(), **spec):
+    return SimpleNamespace(
+        job=SimpleNamespace(job_spec=JobSpec(**spec)),
+        todo_rows=rows,
+        engine=engine,
+        reuse=reuse,
+        kept={"ids": list(kept_ids)},
+    )
+
+
+def test_only_plain_cpu_jobs_on_the_embedded_ray_are_scored_in_the_driver():
+    embedded = {in_driver.EMBEDDED_ENV: "1"}
+    assert in_driver.why_not(_checked(), embedded) is None
+    assert in_driver.why_not(_checked(rows=1000), embedded) is None
+    cases = [
+        (_checked(), {}, "not on the embedded Ray"),  # another cluster: its nodes do the work
+        (_checked(rows=1001), embedded, "1,001 rows to score, in_driver_max_rows=1,000"),
+        (_checked(rows=0), embedded, "0 rows to score"),
+        (_checked(in_driver_max_rows=0), embedded, "in_driver_max_rows=0"),
+        (_checked(num_gpus=1), embedded, "GPU replicas"),
+        (_checked(engine="vllm"), embedded, "the vLLM engine"),
+        (_checked(reuse=object()), embedded, "incremental reuse"),
+        (_checked(kept_ids=[1, 2]), embedded, "RESUME keeps earlier parts"),
+        (_checked(max_cost=1.0), embedded, "a budget guard"),
+        (_checked(rows_per_part=10), embedded, "rows_per_part cuts the input"),
+    ]
+    for checked, env, why in cases:
+        assert why in (in_driver.why_not(checked, env) or ""), why
+    assert in_driver.why_not(_checked(rows=50, in_driver_max_rows=10), {**embedded}) is not None
+
+
+# --- the runtime, with Ray refused ----------------------------------------------------------------
+@pytest.fixture
+def in_driver_job(monkeypatch, text_length_model, registry, tmp_path):
+    """``spec(inputs, **job)``: a job file for the runtime, run as the embedded Ray's driver would be."""
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray was started, but a small job on the embedded Ray is scored in the driver")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setenv(in_driver.EMBEDDED_ENV, "1")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # nothing listens there: attaching would fail
+
+    def spec(inputs, **job):
+        run_dir = tmp_path / "out"
+        run_dir.mkdir(exist_ok=True)
+        job_spec = JobSpec(**{"max_batch_rows": 40, **job})
+        return run_dir, write_job_file(
+            job_file(
+                run_dir,
+                text_length_model,
+                registry.root,
+                [str(inputs)],
+                input_spec=InputSpec(id_column="ticket_id"),
+                job_spec=job_spec,
+            )
+        )
+
+    return spec
+
+
+def test_a_small_job_is_scored_in_the_driver_and_committed_as_the_pool_would(in_driver_job, tmp_path, capsys):
+    from airflow_provider_batchinfer.runtime.driver import run
+
+    data = write_tickets(tmp_path / "in", rows=300, files=3)
+    run_dir, spec = in_driver_job(data)
+    manifest = run(spec)
+    assert "scoring 300 rows in the driver process, no actor pool" in capsys.readouterr().out
+    assert manifest.job.pool.in_driver and [n.node_id for n in manifest.job.pool.nodes] == ["driver"]
+    assert manifest.counts.output_rows == 300 and manifest.counts.error_rows == 0
+    assert [f.name for f in manifest.files] == ["part-00000-t01test.parquet"]
+    assert manifest.usage.batches == 8 and manifest.usage.rows == 300  # 300 rows in model calls of 40
+    committed = committed_manifest(str(run_dir))  # re-read: every part's size and sha256 check out
+    assert committed is not None and committed["job"]["pool"]["in_driver"] is True
+    out = pq.read_table(run_dir / manifest.files[0].name).sort_by("ticket_id")
+    source = pq.read_table(data).sort_by("ticket_id")
+    assert out.column_names == ["ticket_id", "length"]
+    assert out["ticket_id"].to_pylist() == list(range(300))
+    assert out["length"].to_pylist() == [len(t) for t in source["text"].to_pylist()]
+
+
+def test_a_model_error_in_the_driver_fails_the_job_and_writes_nothing(in_driver_job, tmp_path):
+    from airflow_provider_batchinfer.runtime.driver import run
+
+    data = write_tickets(tmp_path / "in", rows=200, files=2, bad_row=123)
+    run_dir, spec = in_driver_job(data)
+    with pytest.raises(ModelBatchError, match=r"ValueError: cannot score text 'boom' .* with ticket_id (\d+)\.\.(\d+)"):
+        run(spec)
+    assert sorted(p.name for p in run_dir.iterdir()) == [JOB_SPEC_FILE]  # no part, no _errors, no marker
+
+
+def test_dead_letter_in_the_driver_commits_the_rest_with_the_bad_row_apart(in_driver_job, tmp_path):
+    from airflow_provider_batchinfer.runtime.driver import run
+
+    data = write_tickets(tmp_path / "in", rows=200, files=2, bad_row=123)
+    run_dir, spec = in_driver_job(data, on_error="dead_letter", max_error_fraction=0.05)
+    manifest = run(spec)
+    assert (manifest.counts.output_rows, manifest.counts.error_rows) == (199, 1)
+    assert [f.name for f in manifest.error_files] == ["_errors/part-00000-t01test.parquet"]
+    errors = pq.read_table(run_dir / manifest.error_files[0].name).to_pylist()
+    assert [e["ticket_id"] for e in errors] == [123] and "cannot score text 'boom'" in errors[0]["error"]
+    assert (run_dir / SUCCESS_MARKER).exists()
+
+
+def test_a_bad_deployment_setting_fails_before_any_scoring(in_driver_job, tmp_path, monkeypatch):
+    from airflow_provider_batchinfer.runtime.driver import run
+
+    monkeypatch.setenv(in_driver.MAX_ROWS_ENV, "many")
+    run_dir, spec = in_driver_job(write_tickets(tmp_path / "in", rows=20, files=1))
+    with pytest.raises(in_driver.InDriverSettingError, match=r"write e.g. BATCHINFER_IN_DRIVER_MAX_ROWS=1000"):
+        run(spec)
+    assert sorted(p.name for p in run_dir.iterdir()) == [JOB_SPEC_FILE]
+
+
+# --- end to end on a real embedded Ray ----------------------------------------------------------------
+@pytest.mark.slow
+def test_on_the_embedded_ray_the_driver_and_the_pool_commit_the_same_rows(
+    ray_dir,  # noqa: F811
+    text_length_model,
+    tmp_path,
+):
+    data = write_tickets(tmp_path / "in", rows=400, files=2)
+    manifests, tables = {}, {}
+    for dag_id in ("bi_test_error_mode", "bi_test_on_pool"):  # the default, then in_driver_max_rows=0
+        out = tmp_path / dag_id
+        state, tasks, _ = run_dag(dag_id, input=str(data), out=str(out))
+        assert state == "success", tasks
+        manifests[dag_id] = committed_manifest(str(out))
+        tables[dag_id] = pq.read_table([str(out / f["name"]) for f in manifests[dag_id]["files"]])
+    in_driver_run, pool_run = manifests["bi_test_error_mode"], manifests["bi_test_on_pool"]
+    assert in_driver_run["job"]["pool"]["in_driver"] is True and pool_run["job"]["pool"]["in_driver"] is False
+    assert pool_run["job"]["pool"]["nodes"][0]["node_id"] != "driver"
+    assert in_driver_run["counts"] == pool_run["counts"] == {"input_rows": 400, "output_rows": 400, "error_rows": 0}
+    ours, theirs = (tables[d].sort_by("ticket_id") for d in ("bi_test_error_mode", "bi_test_on_pool"))
+    assert ours.schema == theirs.schema and ours.equals(theirs)
