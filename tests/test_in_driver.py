@@ -157,6 +157,7 @@ def test_a_bad_deployment_setting_fails_before_any_scoring(in_driver_job, tmp_pa
 
 # --- end to end on a real embedded Ray ----------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.usefixtures("airflow_db")
 def test_on_the_embedded_ray_the_driver_and_the_pool_commit_the_same_rows(
     ray_dir,  # noqa: F811
     text_length_model,
