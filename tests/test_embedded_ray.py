@@ -148,6 +148,7 @@ def test_stale_states_are_replaced(ray_dir):
 @pytest.mark.usefixtures("airflow_db")
 def test_jobs_share_one_warm_ray_until_it_idles_out(ray_dir, monkeypatch, text_length_model, tmp_path):
     monkeypatch.setenv(embedded_ray.IDLE_ENV, "20")  # longer than a dag.test() run's own overhead
+    monkeypatch.setenv("BATCHINFER_IN_DRIVER_MAX_ROWS", "0")  # the jobs' actor pools run on the shared Ray
     data = write_tickets(tmp_path / "in", rows=200, files=2)
     runs = []
     for n in range(2):
@@ -174,10 +175,11 @@ def test_jobs_share_one_warm_ray_until_it_idles_out(ray_dir, monkeypatch, text_l
 
 @pytest.mark.slow
 def test_three_concurrent_runs_on_the_embedded_default_share_one_ray(
-    airflow_db, ray_dir, text_length_model, batchinfer_home, tmp_path
+    airflow_db, ray_dir, text_length_model, batchinfer_home, tmp_path, monkeypatch
 ):
     """Three ``airflow dags test`` processes at once, each with its own AIRFLOW_HOME (SQLite refuses
     concurrent writers) and one shared BATCHINFER_RAY_DIR: one Ray is started, every run commits once."""
+    monkeypatch.setenv("BATCHINFER_IN_DRIVER_MAX_ROWS", "0")  # small inputs, but actor pools on the one Ray
     data = write_tickets(tmp_path / "in", rows=200, files=2)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

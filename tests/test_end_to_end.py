@@ -195,6 +195,7 @@ def test_without_an_address_the_job_starts_its_own_ray_beside_a_running_cluster(
     """The embedded default must not attach to another `ray start` cluster on the machine (here the
     session's, which uses token auth): ray.init(address=None) would, and hang there."""
     monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setenv("BATCHINFER_IN_DRIVER_MAX_ROWS", "0")  # 500 rows, but the driver must attach to a Ray
     monkeypatch.delenv("RAY_AUTH_MODE")
     out = tmp_path / "out"
     state, tasks, _ = run_dag("bi_test_error_mode", input=str(tickets[0]), out=str(out))
