@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_batchinfer.launchers.procs import free_ports
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Fast unit tests first, then end-to-end runs (``slow``), then real Airflow services: a broken
@@ -116,7 +118,9 @@ def airflow_db():
 def ray_cluster():
     """One real local Ray cluster (``ray start --head --block``, dashboard and Jobs API on 127.0.0.1)
     for the session; local-launcher jobs attach to it through RAY_ADDRESS, ray_jobs submit to it."""
-    port, dashboard_port = _free_port(), _free_port()
+    # distinct ports, all held until picked: one at a time the kernel may hand out one twice, and Ray
+    # then refuses to start ("is trying to use a port number ... used by other components")
+    port, dashboard_port, *more = free_ports(9)
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths live below it
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = dict(os.environ, RAY_AUTH_MODE="token")
@@ -137,13 +141,13 @@ def ray_cluster():
             "--disable-usage-stats",
             # every fixed default port picked anew: another Ray on the machine (a developer's, a stale
             # one) holding 52365 leaves the Jobs API without an agent ("No available agent")
-            f"--ray-client-server-port={_free_port()}",
-            f"--dashboard-agent-listen-port={_free_port()}",
-            f"--dashboard-agent-grpc-port={_free_port()}",
-            f"--metrics-export-port={_free_port()}",
-            f"--runtime-env-agent-port={_free_port()}",
-            f"--node-manager-port={_free_port()}",
-            f"--object-manager-port={_free_port()}",
+            f"--ray-client-server-port={more[0]}",
+            f"--dashboard-agent-listen-port={more[1]}",
+            f"--dashboard-agent-grpc-port={more[2]}",
+            f"--metrics-export-port={more[3]}",
+            f"--runtime-env-agent-port={more[4]}",
+            f"--node-manager-port={more[5]}",
+            f"--object-manager-port={more[6]}",
             # its own temp dir: the Jobs API points each driver at the cluster recorded in
             # <temp dir>/ray_current_cluster, and in the shared /tmp/ray another Ray started later on
             # the machine overwrites that record (the driver then waits on the other GCS forever)
