@@ -264,3 +264,13 @@ def test_a_job_that_cannot_get_its_minimum_fails_after_resource_wait_s_naming_wh
     assert "[batchinfer] resources: waiting for 1 replica x 1 CPU + 1 CPU for reading and writing; " in out
     assert not (run_dir / SUCCESS_MARKER).exists()
     assert sorted(p.name for p in run_dir.iterdir()) == [JOB_SPEC_FILE]  # nothing written, nothing committed
+
+
+def test_read_and_write_tasks_run_one_per_replica_and_at_least_two():
+    """#18: Ray would start up to eight read workers per two CPUs at 0.25 CPU each; their start-ups
+    crowd the replicas' own on a small machine."""
+    from airflow_provider_batchinfer.runtime.plan import io_tasks
+
+    for replicas, tasks in ((1, 2), (2, 2), (5, 5)):
+        job = JobSpec(replicas=replicas)
+        assert io_tasks(size_actor_pool(job, reservation(job, replicas))) == tasks

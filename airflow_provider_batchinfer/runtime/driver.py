@@ -32,6 +32,7 @@ from airflow_provider_batchinfer.runtime.plan import (
     ActorPool,
     ColumnPlan,
     batch_rows_for_input,
+    io_tasks,
     plan_columns,
     size_actor_pool,
     with_id_column,
@@ -238,26 +239,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
         )
     return ds.map_batches(
         reuse.replica_class(checked.reuse, storage, base=usage.MeteredReplica),  # + reuse (#16), timed (16.2)
-        fn_constructor_kwargs={
-            "model_uri": model.uri,
-            "sha256": model.sha256,
-            "plan": plan,
-            "params": input_spec.params,
-            "device": pool["device"],
-            "threads": pool["threads"],
-            "counter": counter,
-            "max_rows": spec.max_batch_rows,
-            "policy": {
-                "on_error": spec.on_error,
-                "keep_columns": plan["passthrough"],
-                "id_column": input_spec.id_column,
-                "max_value_bytes": spec.max_value_bytes,
-            },
-            "storage_options": storage,  # no credentials: the workers get those from worker_env()
-            "num_gpus": pool["num_gpus"],
-            "backend": spec.backend,  # #18: ONNX Runtime for sentence-transformers (flavors/optimized_text.py)
-            "min_cosine": spec.backend_min_cosine,
-        },
+        fn_constructor_kwargs=replica_kwargs(checked, pool, counter),
         batch_size=checked.batch_rows,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(min_size=pool["min_replicas"], max_size=pool["replicas"]),
@@ -265,6 +247,31 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
         num_gpus=pool["num_gpus"] or None,
         memory=pool["memory"],  # JobSpec.memory, or the token that keeps each node to its share
     )
+
+
+def replica_kwargs(checked: CheckedJob, pool: ActorPool, counter: Any) -> dict[str, Any]:
+    """The replica's constructor arguments, the same for the actor pool and the driver (``in_driver``)."""
+    job, spec, plan = checked.job, checked.job.job_spec, checked.plan
+    return {
+        "model_uri": job.model.uri,
+        "sha256": job.model.sha256,
+        "plan": plan,
+        "params": job.input_spec.params,
+        "device": pool["device"],
+        "threads": pool["threads"],
+        "counter": counter,
+        "max_rows": spec.max_batch_rows,
+        "policy": {
+            "on_error": spec.on_error,
+            "keep_columns": plan["passthrough"],
+            "id_column": job.input_spec.id_column,
+            "max_value_bytes": spec.max_value_bytes,
+        },
+        "storage_options": checked.storage,  # no credentials: the workers get those from worker_env()
+        "num_gpus": pool["num_gpus"],
+        "backend": spec.backend,  # #18: ONNX Runtime for sentence-transformers (flavors/optimized_text.py)
+        "min_cosine": spec.backend_min_cosine,
+    }
 
 
 @dataclass(frozen=True)
@@ -386,12 +393,3 @@ def run(spec_location: str) -> Manifest:
         return table_commit.commit_table(checked.job, checked.run_dir, manifest)
     commit.commit(checked.run_dir, manifest)
     return manifest
-
-
-def io_tasks(pool: ActorPool) -> int:
-    """#18: how many read (and write) tasks run at once: one per replica, at least two. Each task
-    is a Ray worker process; at ``io_cpus`` (0.25) each, Ray would otherwise start eight per two
-    CPUs at the job's start, and their start-up (Python, Ray, pyarrow: ~1 CPU-second each) competes
-    with the replicas' own (torch's import took 4-6 s instead of 1.5 s beside them). pyarrow reads
-    and writes a block on several threads, so one task per replica keeps up with the model."""
-    return max(2, int(pool["replicas"]))

@@ -27,7 +27,7 @@ from airflow_provider_batchinfer.contract import part_name
 from airflow_provider_batchinfer.runtime import resources, usage
 from airflow_provider_batchinfer.runtime.errors import JobError, split_errors
 from airflow_provider_batchinfer.runtime.io import _PartWriter
-from airflow_provider_batchinfer.runtime.plan import ActorPool, size_actor_pool
+from airflow_provider_batchinfer.runtime.plan import size_actor_pool
 from airflow_provider_batchinfer.stage import Stage
 
 if TYPE_CHECKING:
@@ -108,30 +108,6 @@ def read_input(checked: CheckedJob) -> pa.Table:
     return pa.concat_tables(tables, promote_options="default")
 
 
-def _replica(checked: CheckedJob, pool: ActorPool, counter: Any) -> usage.MeteredReplica:
-    job, spec, plan = checked.job, checked.job.job_spec, checked.plan
-    return usage.MeteredReplica(
-        model_uri=job.model.uri,
-        sha256=job.model.sha256,
-        plan=plan,
-        params=job.input_spec.params,
-        device=pool["device"],
-        threads=pool["threads"],
-        counter=counter,
-        max_rows=spec.max_batch_rows,
-        policy={
-            "on_error": spec.on_error,
-            "keep_columns": plan["passthrough"],
-            "id_column": job.input_spec.id_column,
-            "max_value_bytes": spec.max_value_bytes,
-        },
-        storage_options=checked.storage,
-        num_gpus=0.0,
-        backend=spec.backend,
-        min_cosine=spec.backend_min_cosine,
-    )
-
-
 def _write(checked: CheckedJob, scored: list[pa.Table]) -> tuple[list[Any], list[Any]]:
     """One part (and one dead-letter file when rows failed), named as Ray's write task 0 names its own."""
     from airflow_provider_batchinfer.runtime import table_commit
@@ -160,7 +136,7 @@ def _write(checked: CheckedJob, scored: list[pa.Table]) -> tuple[list[Any], list
 def run(checked: CheckedJob) -> Any:
     """Score the job here and return what :func:`driver.run_pipeline` returns for the pool."""
     from airflow_provider_batchinfer.runtime import commit
-    from airflow_provider_batchinfer.runtime.driver import PipelineRun
+    from airflow_provider_batchinfer.runtime.driver import PipelineRun, replica_kwargs
 
     spec = checked.job.job_spec
     pool = size_actor_pool(spec, resources.reservation(spec, 1))
@@ -175,7 +151,7 @@ def run(checked: CheckedJob) -> Any:
     meter = usage.Meter(checked.job, pool, None, checked.todo_rows)
     started = time.monotonic()
     with meter:
-        replica = _replica(checked, pool, _direct(counter))
+        replica = usage.MeteredReplica(**replica_kwargs(checked, pool, _direct(counter)))
         table = read_input(checked)
         step = max(1, checked.batch_rows)
         scored = [replica(table.slice(start, step)) for start in range(0, table.num_rows, step)]

@@ -219,3 +219,12 @@ def batch_rows_for_input(transfer: int, max_rows: int, input_rows: int, files: i
     is read. (``max_rows`` still bounds each model call; a smaller batch only means a smaller call.)"""
     per_file = -(-input_rows // max(files, 1)) if input_rows else transfer
     return max(1, min(transfer, per_file))
+
+
+def io_tasks(pool: ActorPool) -> int:
+    """#18: how many read (and write) tasks run at once: one per replica, at least two. Each task
+    is a Ray worker process; at ``io_cpus`` (0.25) each, Ray would otherwise start eight per two
+    CPUs at the job's start, and their start-up (Python, Ray, pyarrow: ~1 CPU-second each) competes
+    with the replicas' own (torch's import took 4-6 s instead of 1.5 s beside them). pyarrow reads
+    and writes a block on several threads, so one task per replica keeps up with the model."""
+    return max(2, int(pool["replicas"]))
