@@ -140,7 +140,6 @@ def run(checked: CheckedJob) -> Any:
 
     spec = checked.job.job_spec
     pool = size_actor_pool(spec, resources.reservation(spec, 1))
-    pool["notes"].append(f"{checked.todo_rows:,} rows scored in the driver process (in_driver_max_rows)")
     print(
         f"[batchinfer] scoring {checked.todo_rows:,} rows in the driver process, no actor pool: at most "
         f"in_driver_max_rows={max_rows(spec.in_driver_max_rows):,} rows on the embedded Ray; {pool['threads']} "
