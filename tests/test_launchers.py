@@ -251,3 +251,12 @@ def test_ray_jobs_from_a_connection(tmp_path):
     assert RayJobsLauncher.check_address("head:8265", "c") == "http://head:8265"
     with pytest.raises(ValueError, match="needs the Ray dashboard address"):
         RayJobsLauncher.check_address(None, "c")
+
+
+def test_free_ports_are_distinct_even_when_many_are_asked_for():
+    """The embedded Ray's nine ports: one at a time the kernel can hand out one twice, and Ray then
+    refuses to start; ``free_ports`` holds every socket until all are picked."""
+    from airflow_provider_batchinfer.launchers.procs import free_ports
+
+    ports = free_ports(64)
+    assert len(ports) == len(set(ports)) == 64 and all(1024 < p < 65536 for p in ports)

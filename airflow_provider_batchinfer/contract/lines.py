@@ -8,6 +8,9 @@ from dataclasses import dataclass
 
 RESULT_PREFIX = "BATCHINFER_RESULT "
 ERROR_PREFIX = "BATCHINFER_ERROR "
+#: set by the local launcher in the environment of a runtime it starts on the embedded Ray: the
+#: driver then shares the only Ray node's machine and may score a small job itself (runtime/in_driver.py)
+EMBEDDED_RAY_ENV = "BATCHINFER_EMBEDDED_RAY"
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
 from airflow_provider_batchinfer.launchers.base import LaunchError, TaskLog
 from airflow_provider_batchinfer.launchers.procs import (
     free_ports,
@@ -125,7 +126,7 @@ class EmbeddedRay:
         # loopback: without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 a driver looks for its raylet on the
         # machine's outward IP and waits forever for a node registered as 127.0.0.1
         env = {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": self.auth_mode, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-        env["BATCHINFER_EMBEDDED_RAY"] = "1"  # the driver shares the only node's machine (runtime/in_driver.py)
+        env[EMBEDDED_RAY_ENV] = "1"  # the driver shares the only node's machine (runtime/in_driver.py)
         if self.token_path:
             env["RAY_AUTH_TOKEN_PATH"] = self.token_path
         return env

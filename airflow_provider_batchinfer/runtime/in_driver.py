@@ -24,6 +24,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import part_name
+from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
 from airflow_provider_batchinfer.runtime import resources, usage
 from airflow_provider_batchinfer.runtime.errors import JobError, split_errors
 from airflow_provider_batchinfer.runtime.io import _PartWriter
@@ -35,8 +36,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_batchinfer.runtime.driver import CheckedJob
 
-#: set by the local launcher in the environment of a driver it starts on the embedded Ray
-EMBEDDED_ENV = "BATCHINFER_EMBEDDED_RAY"
+EMBEDDED_ENV = EMBEDDED_RAY_ENV  # set by the local launcher for a driver on the embedded Ray
 #: the deployment's default for ``JobSpec.in_driver_max_rows`` (0 turns the in-driver path off)
 MAX_ROWS_ENV = "BATCHINFER_IN_DRIVER_MAX_ROWS"
 DEFAULT_MAX_ROWS = 1_000
