@@ -256,7 +256,7 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
         # the provider's harness process is the Airflow task, not the job: measure the runtime's tree
         while not stop.is_set():
             try:
-                peak[0] = max(peak[0], _tree_rss(root, include_root=system != "provider"))
+                peak[0] = max(peak[0], _tree_rss(root, include_root=not system.startswith("provider")))
             except Exception:
                 pass
             stop.wait(0.2)
@@ -358,7 +358,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-SYSTEMS = ["raw", "stream", "plain_ray", "provider", "provider_int8"]
+SYSTEMS = ["raw", "stream", "plain_ray", "provider", "provider_pool", "provider_int8"]
 
 
 def _env(workdir: Path) -> dict:
@@ -398,7 +398,7 @@ def _workloads(args, models: dict, base: dict, workdir: Path, env: dict, stage_r
         print(f"== all-MiniLM-L6-v2 embeddings, {text_rows:,} mixed-length texts", flush=True)
         if "provider_int8" in wanted:
             info = export_optimized(st_dir, models["text_sha256"], Path(env["BATCHINFER_MODEL_CACHE"]))
-        systems = [s for s in ("raw", "plain_ray", "provider", "provider_int8") if s in wanted]
+        systems = [s for s in ("raw", "plain_ray", "provider", "provider_pool", "provider_int8") if s in wanted]
         for r in _interleaved(systems, "text", cfg, workdir, env, args.text_repeat):
             if r["system"] == "provider_int8":
                 r.update(cosine_mean=info["cosine_mean"], cosine_min=info["cosine_min"], export_s=info["export_s"])
@@ -415,7 +415,7 @@ def _workloads(args, models: dict, base: dict, workdir: Path, env: dict, stage_r
             if "provider" in wanted:
                 results.extend(overhead_runs(cfg, workdir, env))
             continue
-        systems = [s for s in ("raw", "stream", "plain_ray", "provider") if s in wanted]
+        systems = [s for s in ("raw", "stream", "plain_ray", "provider", "provider_pool") if s in wanted]
         results.extend(_interleaved(systems, "mlp", cfg, workdir, env, args.repeat if rows <= 100_000 else 1))
     return results, info
 

@@ -11,6 +11,8 @@ process tree from outside. Systems:
   write_parquet), on a fresh local Ray;
 - ``provider``: BatchInferenceOperator.execute() as a task runs it: resolve and verify the model,
   write ``_job.json``, launch the runtime with the local launcher, wait for ``_SUCCESS``;
+- ``provider_pool``: the same with ``JobSpec(in_driver_max_rows=0)``: on Ray Data's actor pool, as on
+  a named cluster, instead of in the driver process (what a one-replica job on the embedded Ray gets);
 - ``provider_int8``: the same with ``JobSpec(backend="onnx_int8")`` (text only).
 """
 
@@ -174,7 +176,7 @@ def provider(cfg: dict) -> None:
         input=cfg["input_dir"],
         input_spec=InputSpec(),
         output_spec=OutputSpec(stage_location=cfg["out_dir"], mode=SaveMode.OVERWRITE),
-        job_spec=JobSpec(replicas=1, backend=cfg.get("backend")),
+        job_spec=JobSpec(replicas=1, backend=cfg.get("backend"), in_driver_max_rows=cfg.get("in_driver_max_rows")),
     )
     ti = SimpleNamespace(dag_id="benchmark", task_id="bench", run_id=f"bench-{os.getpid()}", try_number=1, map_index=-1)
     t0 = time.monotonic()
@@ -195,6 +197,9 @@ SYSTEMS = {
     ("plain_ray", "mlp"): plain_ray,
     ("provider", "text"): provider,
     ("provider", "mlp"): provider,
+    # the same job on Ray Data's actor pool instead of the driver process (runtime/in_driver.py)
+    ("provider_pool", "text"): lambda cfg: provider({**cfg, "in_driver_max_rows": 0}),
+    ("provider_pool", "mlp"): lambda cfg: provider({**cfg, "in_driver_max_rows": 0}),
     # the optimized backend (ONNX Runtime, INT8 weights), its export made before the timed run
     ("provider_int8", "text"): lambda cfg: provider({**cfg, "backend": "onnx_int8"}),
 }

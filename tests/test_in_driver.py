@@ -1,4 +1,5 @@
-"""#18: small jobs on the embedded Ray are scored in the driver process (runtime/in_driver.py).
+"""#18: on the embedded Ray, one-replica CPU jobs and small jobs are scored in the driver process
+(runtime/in_driver.py), reading, scoring and writing on three threads (runtime/in_driver_io.py).
 
 The fast tests drive the runtime's ``run`` in this process with Ray refused outright: the in-driver
 path must never start or attach to Ray. The slow one runs the same input through ``dag.test()`` on a
@@ -50,25 +51,36 @@ def _checked(rows=100, engine=None, reuse=None, kept_ids=(), **spec):
     )
 
 
-def test_only_plain_cpu_jobs_on_the_embedded_ray_are_scored_in_the_driver():
+def test_one_replica_and_small_cpu_jobs_on_the_embedded_ray_are_scored_in_the_driver():
     embedded = {in_driver.EMBEDDED_ENV: "1"}
-    assert in_driver.why_not(_checked(), embedded) is None
-    assert in_driver.why_not(_checked(rows=1000), embedded) is None
+    scored_here = [
+        _checked(),
+        _checked(rows=1000, replicas=4),  # small: the pool's start-up would be most of its time
+        _checked(rows=10_000_000),  # one replica: the pool would run it in another process here
+        _checked(rows=5000, kept_ids=[1, 2], rows_per_part=10),  # RESUME and rows_per_part work here too
+    ]
+    for checked in scored_here:
+        assert in_driver.why_not(checked, embedded) is None
+    assert "at most in_driver_max_rows=1,000 rows" in in_driver.why_here(_checked(rows=1000, replicas=4), embedded)
+    assert "one CPU replica" in in_driver.why_here(_checked(rows=10_000_000), embedded)
     cases = [
         (_checked(), {}, "not on the embedded Ray"),  # another cluster: its nodes do the work
-        (_checked(rows=1001), embedded, "1,001 rows to score, in_driver_max_rows=1,000"),
+        (
+            _checked(rows=1001, replicas=2),
+            embedded,
+            "replicas=2 and 1,001 rows to score, more than in_driver_max_rows=1,000",
+        ),
         (_checked(rows=0), embedded, "0 rows to score"),
         (_checked(in_driver_max_rows=0), embedded, "in_driver_max_rows=0"),
+        (_checked(), {**embedded, in_driver.MAX_ROWS_ENV: "0"}, "in_driver_max_rows=0"),
         (_checked(num_gpus=1), embedded, "GPU replicas"),
         (_checked(engine="vllm"), embedded, "the vLLM engine"),
         (_checked(reuse=object()), embedded, "incremental reuse"),
-        (_checked(kept_ids=[1, 2]), embedded, "RESUME keeps earlier parts"),
         (_checked(max_cost=1.0), embedded, "a budget guard"),
-        (_checked(rows_per_part=10), embedded, "rows_per_part cuts the input"),
     ]
     for checked, env, why in cases:
         assert why in (in_driver.why_not(checked, env) or ""), why
-    assert in_driver.why_not(_checked(rows=50, in_driver_max_rows=10), {**embedded}) is not None
+    assert in_driver.why_not(_checked(rows=50, replicas=2, in_driver_max_rows=10), embedded) is not None
 
 
 # --- the runtime, with Ray refused ----------------------------------------------------------------
@@ -84,7 +96,7 @@ def in_driver_job(monkeypatch, text_length_model, registry, tmp_path):
     monkeypatch.setenv(in_driver.EMBEDDED_ENV, "1")
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # nothing listens there: attaching would fail
 
-    def spec(inputs, **job):
+    def spec(inputs, attempt="t01test", resume=False, **job):
         run_dir = tmp_path / "out"
         run_dir.mkdir(exist_ok=True)
         job_spec = JobSpec(**{"max_batch_rows": 40, **job})
@@ -96,6 +108,8 @@ def in_driver_job(monkeypatch, text_length_model, registry, tmp_path):
                 [str(inputs)],
                 input_spec=InputSpec(id_column="ticket_id"),
                 job_spec=job_spec,
+                attempt=attempt,
+                resume=resume,
             )
         )
 
@@ -111,25 +125,54 @@ def test_a_small_job_is_scored_in_the_driver_and_committed_as_the_pool_would(in_
     assert "scoring 300 rows in the driver process, no actor pool" in capsys.readouterr().out
     assert manifest.job.pool.in_driver and [n.node_id for n in manifest.job.pool.nodes] == ["driver"]
     assert manifest.counts.output_rows == 300 and manifest.counts.error_rows == 0
-    assert [f.name for f in manifest.files] == ["part-00000-t01test.parquet"]
-    assert manifest.usage.batches == 8 and manifest.usage.rows == 300  # 300 rows in model calls of 40
+    # a part per input file, named as Ray's write tasks name theirs
+    assert [f.name for f in manifest.files] == [f"part-0000{i}-t01test.parquet" for i in range(3)]
+    assert [f.rows for f in manifest.files] == [100, 100, 100]
+    assert manifest.usage.batches == 9 and manifest.usage.rows == 300  # 3 x 100 rows in model calls of 40
     committed = committed_manifest(str(run_dir))  # re-read: every part's size and sha256 check out
     assert committed is not None and committed["job"]["pool"]["in_driver"] is True
-    out = pq.read_table(run_dir / manifest.files[0].name).sort_by("ticket_id")
+    out = pq.read_table([str(run_dir / f.name) for f in manifest.files]).sort_by("ticket_id")
     source = pq.read_table(data).sort_by("ticket_id")
     assert out.column_names == ["ticket_id", "length"]
     assert out["ticket_id"].to_pylist() == list(range(300))
     assert out["length"].to_pylist() == [len(t) for t in source["text"].to_pylist()]
 
 
-def test_a_model_error_in_the_driver_fails_the_job_and_writes_nothing(in_driver_job, tmp_path):
+def test_a_large_one_replica_job_streams_into_parts_of_rows_per_part(in_driver_job, tmp_path, capsys):
+    """Past in_driver_max_rows a one-replica job stays in the driver, and rows_per_part cuts its
+    parts across batch boundaries (RESUME's unit) without losing or repeating a row."""
+    from airflow_provider_batchinfer.runtime.driver import run
+
+    data = write_tickets(tmp_path / "in", rows=2500, files=2)
+    run_dir, spec = in_driver_job(data, rows_per_part=700, in_driver_max_rows=100)
+    manifest = run(spec)
+    assert "(one CPU replica on the embedded Ray" in capsys.readouterr().out
+    assert manifest.job.pool.in_driver and manifest.counts.output_rows == 2500
+    # 1,250 rows per file: 700 + 550 in each (a new part at each input file)
+    assert [f.rows for f in manifest.files] == [700, 550, 700, 550]
+    assert committed_manifest(str(run_dir)) is not None
+    out = pq.read_table([str(run_dir / f.name) for f in manifest.files])
+    assert sorted(out["ticket_id"].to_pylist()) == list(range(2500))
+
+
+def test_a_model_error_in_the_driver_commits_nothing_and_keeps_the_rows_scored_before_it(in_driver_job, tmp_path):
+    """The first file's rows were scored before the bad one: they are a whole part (what the pool's
+    finished write tasks leave), and a RESUME attempt keeps them and scores only the rest."""
     from airflow_provider_batchinfer.runtime.driver import run
 
     data = write_tickets(tmp_path / "in", rows=200, files=2, bad_row=123)
     run_dir, spec = in_driver_job(data)
     with pytest.raises(ModelBatchError, match=r"ValueError: cannot score text 'boom' .* with ticket_id (\d+)\.\.(\d+)"):
         run(spec)
-    assert sorted(p.name for p in run_dir.iterdir()) == [JOB_SPEC_FILE]  # no part, no _errors, no marker
+    assert sorted(p.name for p in run_dir.iterdir()) == [JOB_SPEC_FILE, "part-00000-t01test.parquet"]  # no marker
+    assert pq.read_table(run_dir / "part-00000-t01test.parquet")["ticket_id"].to_pylist() == list(range(100))
+
+    _, resumed = in_driver_job(data, attempt="t02test", resume=True, on_error="dead_letter", max_error_fraction=0.05)
+    manifest = run(resumed)
+    assert manifest.counts.output_rows == 199 and manifest.counts.error_rows == 1
+    assert [f.name for f in manifest.files] == ["part-00000-t01test.parquet", "part-00000-t02test.parquet"]
+    out = pq.read_table([str(run_dir / f.name) for f in manifest.files])
+    assert sorted(out["ticket_id"].to_pylist()) == [i for i in range(200) if i != 123]
 
 
 def test_dead_letter_in_the_driver_commits_the_rest_with_the_bad_row_apart(in_driver_job, tmp_path):
@@ -139,10 +182,75 @@ def test_dead_letter_in_the_driver_commits_the_rest_with_the_bad_row_apart(in_dr
     run_dir, spec = in_driver_job(data, on_error="dead_letter", max_error_fraction=0.05)
     manifest = run(spec)
     assert (manifest.counts.output_rows, manifest.counts.error_rows) == (199, 1)
-    assert [f.name for f in manifest.error_files] == ["_errors/part-00000-t01test.parquet"]
+    # the bad row is in the second input file: its dead-letter file has the second part's number
+    assert [f.name for f in manifest.error_files] == ["_errors/part-00001-t01test.parquet"]
     errors = pq.read_table(run_dir / manifest.error_files[0].name).to_pylist()
     assert [e["ticket_id"] for e in errors] == [123] and "cannot score text 'boom'" in errors[0]["error"]
     assert (run_dir / SUCCESS_MARKER).exists()
+
+
+@pytest.mark.parametrize("side", ["read", "write"])
+def test_a_failing_read_or_write_fails_the_job_with_its_own_error_and_commits_nothing(
+    in_driver_job, tmp_path, monkeypatch, side
+):
+    """The reader's or the writer's thread fails on the second input file: the job raises that
+    error (no hang on a full queue), and nothing is committed."""
+    from airflow_provider_batchinfer.runtime import in_driver_io
+    from airflow_provider_batchinfer.runtime.driver import run
+
+    data = write_tickets(tmp_path / "in", rows=2000, files=2)
+    run_dir, spec = in_driver_job(data, max_batch_rows=10)
+    if side == "read":
+        real = in_driver_io.Stage.open
+
+        def open_stage(location, *args, **kwargs):
+            if str(location).endswith("tickets-01.parquet"):
+                raise OSError(f"disk gone while reading {location}")
+            return real(location, *args, **kwargs)
+
+        monkeypatch.setattr(in_driver_io.Stage, "open", open_stage)
+    else:
+        real_write = in_driver_io.PartRoller._write_rows
+
+        def write_rows(self, table):
+            if self._number == 1:
+                raise OSError("disk full while writing part 1")
+            real_write(self, table)
+
+        monkeypatch.setattr(in_driver_io.PartRoller, "_write_rows", write_rows)
+    with pytest.raises(OSError, match="disk gone while reading" if side == "read" else "disk full while writing"):
+        run(spec)
+    assert not (run_dir / SUCCESS_MARKER).exists()
+
+
+def test_a_pipe_wakes_its_reader_and_its_writer_when_the_other_side_aborts():
+    import threading
+
+    from airflow_provider_batchinfer.runtime.in_driver_io import Aborted, Pipe
+
+    pipe = Pipe(size=1)
+    pipe.put("first")
+    outcome = []
+
+    def blocked_put():
+        try:
+            pipe.put("second")  # the queue is full: waits until the pipe is aborted
+        except Aborted:
+            outcome.append("aborted")
+
+    putter = threading.Thread(target=blocked_put)
+    putter.start()
+    pipe.aborted.set()
+    putter.join(timeout=5)
+    assert outcome == ["aborted"] and not putter.is_alive()
+    empty = Pipe(size=1)
+    empty.fail(ValueError("the reader's own error"))
+    with pytest.raises(ValueError, match="the reader's own error"):
+        empty.get()
+    with pytest.raises(Aborted):
+        nothing = Pipe(size=1)
+        nothing.aborted.set()
+        nothing.get()
 
 
 def test_a_bad_deployment_setting_fails_before_any_scoring(in_driver_job, tmp_path, monkeypatch):

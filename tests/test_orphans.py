@@ -51,7 +51,7 @@ def _gone(proc: psutil.Process, wait_s: float) -> bool:
     return True
 
 
-def _kill_the_task_process_mid_job(registry, tmp_path, rows: int, scoring: str) -> None:
+def _kill_the_task_process_mid_job(registry, tmp_path, rows: int, scoring: str, **extra_env: str) -> None:
     """Run the test DAG's task in its own process on the embedded default (RAY_ADDRESS removed),
     SIGKILL that process once the job's log shows ``scoring``, and check that the runtime ends
     within 30 s and no _SUCCESS appears, even after the job's normal run."""
@@ -61,6 +61,7 @@ def _kill_the_task_process_mid_job(registry, tmp_path, rows: int, scoring: str) 
     conf = {"input": str(data), "out": str(out), "model": "slow_length"}
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra_env)
     log_path = tmp_path / "task.log"
     with open(log_path, "w") as log:
         task = subprocess.Popen(
@@ -97,13 +98,19 @@ def _kill_the_task_process_mid_job(registry, tmp_path, rows: int, scoring: str) 
 @pytest.mark.usefixtures("airflow_db")
 def test_kill_9_of_the_task_process_ends_its_job_and_nothing_commits(registry, tmp_path):
     """An actor-pool job (3,000 rows: 30 model calls of 0.5 s, ~15 s of scoring)."""
-    _kill_the_task_process_mid_job(registry, tmp_path, rows=3000, scoring="progress:")
+    _kill_the_task_process_mid_job(
+        registry,
+        tmp_path,
+        rows=3000,
+        scoring="progress:",
+        BATCHINFER_IN_DRIVER_MAX_ROWS="0",  # the pool, not the driver
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("airflow_db")
 def test_kill_9_of_the_task_process_ends_a_job_scored_in_the_driver(registry, tmp_path):
-    """#18: a small job scored in the driver process (1,000 rows: 10 model calls of 0.5 s) dies with it too."""
+    """#18: a job scored in the driver process (1,000 rows: 10 model calls of 0.5 s) dies with it too."""
     _kill_the_task_process_mid_job(registry, tmp_path, rows=1000, scoring="rows in the driver process")
 
 

@@ -63,12 +63,15 @@ def test_torchscript_calls_the_model_with_at_most_max_batch_rows(tmp_path):
     assert set(whole.tolist()) == {1000.0}
 
 
-def test_small_tabular_models_are_called_once_per_batch_on_cpu_only():
+def test_small_tabular_models_are_called_in_cache_sized_calls_on_cpu_only():
+    from airflow_provider_batchinfer.runtime.flavors import torchscript
     from airflow_provider_batchinfer.runtime.replica import model_call_rows
 
-    # 256-row TorchScript calls paid a fixed cost 256 times per 65,536-row batch (7-13x slower per
-    # row when Ray's read and write tasks shared the two cores): on CPU the batch is one call
-    assert model_call_rows("torchscript", "cpu", 256) is None
+    # 256-row TorchScript calls paid a fixed cost 16 times as often (8x slower per row when Ray's
+    # read and write tasks shared the two cores); whole 65,536-row batches left the CPU caches
+    assert model_call_rows("torchscript", "cpu", 256) == torchscript.CPU_CALL_ROWS == 4096
+    assert model_call_rows("torchscript", "cpu", 65536) == 65536  # a user's larger calls are kept
+    assert model_call_rows("torchscript", "cpu", None) == 4096
     assert model_call_rows("torchscript", "cuda", 256) == 256  # GPU memory: JobSpec.max_batch_rows holds
     assert model_call_rows("sentence_transformers", "cpu", 256) == 256
     assert model_call_rows("python", "cpu", 100) == 100

@@ -288,7 +288,9 @@ def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
     import ray
 
     counter = ray.remote(num_cpus=0)(usage.UsageCounter).remote()  # 16.2: a ProgressCounter + latencies
-    progress = ProgressLog(counter, checked.todo_rows, checked.job.job_spec.progress_interval_s)
+    progress = ProgressLog(
+        lambda: ray.get(counter.get.remote(), timeout=10), checked.todo_rows, checked.job.job_spec.progress_interval_s
+    )
     ds = table_commit.with_provenance(build_dataset(checked, pool, counter), checked.job, pool["io_cpus"])  # 17
     sink = (reuse.make_keyed_datasink if checked.reuse else make_datasink)(  # #16: + key files
         checked.run_dir.location, checked.job.attempt, checked.storage, error_columns=checked.plan["passthrough"]

@@ -1,41 +1,47 @@
-"""Small jobs scored in the driver process, without an actor pool.
+"""Jobs scored in the driver process, without an actor pool.
 
-A job's fixed cost on the embedded Ray is mostly its replica: a fresh Ray worker process that
-imports torch (1.5 s alone, 4 s while Ray's read and write workers start beside it on two cores)
-and loads the model, plus Ray Data's executor. For a 100-row job that is 7 of its 9 seconds. A job
-with at most ``JobSpec.in_driver_max_rows`` rows to score (default 1,000, or
-``BATCHINFER_IN_DRIVER_MAX_ROWS``) that runs on the embedded Ray (the driver is then on the same
-machine as the only Ray node) is scored here instead: the same :class:`MeteredReplica` the pool
-would run, called on the input in batches, and one part written with the same name, checksum and
-dead-letter split a Ray write task gives it. The commit protocol after it is unchanged.
+On the embedded Ray (the local launcher's own Ray, on the Airflow worker's machine) the driver runs
+on the only Ray node. A job's fixed cost there is mostly Ray's: the actor pool's replica is a fresh
+Ray worker process that imports torch and loads the model, beside fresh read and write workers
+and Ray Data's executor (~7 CPU-seconds per job on two cores, for workers Ray never reuses across
+jobs). Two kinds of job gain nothing from paying it, and are scored here instead:
 
-Only what the plain path does is taken: CPU models with no Ray-side machinery. GPU jobs (Ray owns the
-GPUs), vLLM, incremental reuse, RESUME with kept parts, a budget guard and parts smaller than the
-input keep the actor pool. The driver holds no Ray reservation meanwhile: it uses a few CPU seconds
-of the Airflow worker's machine, which is where the embedded Ray runs anyway.
+- a job whose pool is **one CPU replica** (``JobSpec.replicas=1``, the default): the pool would run
+  the same one model copy in another process on this same machine;
+- a **small** job (at most ``JobSpec.in_driver_max_rows`` rows to score, default 1,000 or
+  ``BATCHINFER_IN_DRIVER_MAX_ROWS``), whatever its replicas: the pool's start-up is most of its time.
+
+The driver runs the same :class:`MeteredReplica` with the same arguments, between a reader thread
+and a writer thread (``in_driver_io.py``) that overlap reading, scoring and writing as Ray Data's
+operators do; parts are named and checksummed as Ray's write tasks name theirs, and the commit
+protocol after them is unchanged. ``in_driver_max_rows=0`` sends every job to the actor pool.
+
+Kept on the pool: GPU jobs (Ray owns the GPUs), vLLM, incremental reuse and a budget guard (their
+machinery is Ray-side), and any named cluster (its nodes do the work). The driver holds no Ray
+reservation: concurrent jobs scored in their drivers share the machine's cores the way any
+processes do, instead of queueing for a reservation.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_batchinfer.contract import part_name
 from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
 from airflow_provider_batchinfer.runtime import resources, usage
-from airflow_provider_batchinfer.runtime.errors import JobError, split_errors
-from airflow_provider_batchinfer.runtime.io import _PartWriter
-from airflow_provider_batchinfer.runtime.plan import size_actor_pool
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.runtime.errors import JobError
+from airflow_provider_batchinfer.runtime.in_driver_io import Aborted, Pipe, Worker, read_batches, write_parts
+from airflow_provider_batchinfer.runtime.plan import ActorPool, size_actor_pool
+from airflow_provider_batchinfer.runtime.progress import ProgressLog
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from airflow_provider_batchinfer.runtime.driver import CheckedJob
 
+log = logging.getLogger("batchinfer.runtime")
 EMBEDDED_ENV = EMBEDDED_RAY_ENV  # set by the local launcher for a driver on the embedded Ray
 #: the deployment's default for ``JobSpec.in_driver_max_rows`` (0 turns the in-driver path off)
 MAX_ROWS_ENV = "BATCHINFER_IN_DRIVER_MAX_ROWS"
@@ -73,15 +79,27 @@ def why_not(checked: CheckedJob, environ: Mapping[str, str] = os.environ) -> str
     limit = max_rows(spec.in_driver_max_rows, environ)
     reasons = [
         (environ.get(EMBEDDED_ENV) != "1", "not on the embedded Ray"),
-        (not 0 < rows <= limit, f"{rows:,} rows to score, in_driver_max_rows={limit:,}"),
+        (limit == 0, "in_driver_max_rows=0"),
+        (rows <= 0, f"{rows:,} rows to score"),
+        (
+            spec.replicas > 1 and rows > limit,
+            f"replicas={spec.replicas} and {rows:,} rows to score, more than in_driver_max_rows={limit:,}",
+        ),
         (spec.num_gpus > 0, "GPU replicas"),
         (checked.engine == "vllm", "the vLLM engine"),
         (checked.reuse is not None, "incremental reuse"),
-        (len(checked.kept["ids"]) > 0, "RESUME keeps earlier parts"),
         (spec.max_cost is not None or spec.max_output_tokens_total is not None, "a budget guard"),
-        (spec.rows_per_part is not None and spec.rows_per_part < rows, "rows_per_part cuts the input"),
     ]
     return next((why for hit, why in reasons if hit), None)
+
+
+def why_here(checked: CheckedJob, environ: Mapping[str, str] = os.environ) -> str:
+    """For the job log: which of the two rules sent a job that ``why_not`` let through here."""
+    spec = checked.job.job_spec
+    limit = max_rows(spec.in_driver_max_rows, environ)
+    if checked.todo_rows <= limit:
+        return f"at most in_driver_max_rows={limit:,} rows on the embedded Ray"
+    return "one CPU replica on the embedded Ray, which would run in another process on this machine"
 
 
 def _direct(target: Any) -> Any:
@@ -95,76 +113,79 @@ def _direct(target: Any) -> Any:
     return Direct()
 
 
-def read_input(checked: CheckedJob) -> pa.Table:
-    """The columns the plan reads, from every input file, in order (what ``read_parquet`` yields)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    tables = []
-    for location in checked.files:
-        stage = Stage.open(location, checked.storage)
-        with stage._io("read"):
-            tables.append(pq.read_table(stage.path, columns=list(checked.plan["read"]), filesystem=stage.fs))
-    return pa.concat_tables(tables, promote_options="default")
-
-
-def _write(checked: CheckedJob, scored: list[pa.Table]) -> tuple[list[Any], list[Any]]:
-    """One part (and one dead-letter file when rows failed), named as Ray's write task 0 names its own."""
-    from airflow_provider_batchinfer.runtime import table_commit
-
-    job = checked.job
-    name = part_name(0, job.attempt)
-    error_name = part_name(0, job.attempt, dead_letter=True)
-    run_dir = checked.run_dir
-    out = _PartWriter(run_dir.child(name), name)
-    errors = _PartWriter(run_dir.child(*error_name.split("/")), error_name)
-    with run_dir.child(name)._io("write"):
-        try:
-            for table in scored:
-                good, bad = split_errors(table, checked.plan["passthrough"])
-                if good is not None and job.table_output is not None:  # 17: the provenance columns
-                    good = table_commit.add_provenance(good, job.table_output.run_key, job.model.version)
-                if good is not None:
-                    out.write(good)
-                if bad is not None:
-                    errors.write(bad)
-        finally:
-            part, error_part = out.close(), errors.close()
-    return [part] if part else [], [error_part] if error_part else []
-
-
 def run(checked: CheckedJob) -> Any:
     """Score the job here and return what :func:`driver.run_pipeline` returns for the pool."""
     from airflow_provider_batchinfer.runtime import commit
-    from airflow_provider_batchinfer.runtime.driver import PipelineRun, replica_kwargs
+    from airflow_provider_batchinfer.runtime.driver import PipelineRun
 
     spec = checked.job.job_spec
     pool = size_actor_pool(spec, resources.reservation(spec, 1))
     print(
-        f"[batchinfer] scoring {checked.todo_rows:,} rows in the driver process, no actor pool: at most "
-        f"in_driver_max_rows={max_rows(spec.in_driver_max_rows):,} rows on the embedded Ray; {pool['threads']} "
-        f"thread(s), model calls of at most {spec.max_batch_rows:,} rows",
+        f"[batchinfer] scoring {checked.todo_rows:,} rows in the driver process, no actor pool "
+        f"({why_here(checked)}); {pool['threads']} thread(s), batches of {checked.batch_rows:,} rows, model calls "
+        f"of at most {spec.max_batch_rows:,} rows",
         flush=True,
     )
     counter = usage.UsageCounter()
     meter = usage.Meter(checked.job, pool, None, checked.todo_rows)
+    progress = ProgressLog(counter.get, checked.todo_rows, spec.progress_interval_s)
     started = time.monotonic()
     with meter:
-        replica = usage.MeteredReplica(**replica_kwargs(checked, pool, _direct(counter)))
-        table = read_input(checked)
-        step = max(1, checked.batch_rows)
-        scored = [replica(table.slice(start, step)) for start in range(0, table.num_rows, step)]
-        parts, error_parts = _write(checked, scored)
+        try:
+            parts, error_parts = _stream(checked, pool, counter, progress)
+        finally:
+            progress.stop()
     meter.stats = counter.summary()
-    pipeline_s = time.monotonic() - started
-    placements = [{"node_id": "driver", "node_ip": "127.0.0.1", "replicas": 1}]
+    done = time.monotonic()
+    written = commit.Written(parts=parts, error_parts=error_parts)
     return PipelineRun(
-        written=commit.Written(parts=parts, error_parts=error_parts),
+        written=written,
         pool=pool,
         ray_ready_at=started,
-        pipeline_s=pipeline_s,
-        steady_rows_per_s=None,
-        placements=placements,
+        pipeline_s=done - started,
+        steady_rows_per_s=progress.steady_rate(done, written.rows + written.error_rows),
+        placements=[{"node_id": "driver", "node_ip": "127.0.0.1", "replicas": 1}],
         waited_s=0.0,
         meter=meter,
     )
+
+
+def _stream(checked: CheckedJob, pool: ActorPool, counter: Any, progress: ProgressLog) -> tuple[list, list]:
+    """Reader thread -> the replica, in this thread -> writer thread; the model loads while the
+    reader reads ahead. A model error stops the reader, lets the writer finish the rows scored
+    before it (whole parts that RESUME keeps, as the pool's finished write tasks leave theirs) and
+    is raised; a reader's or writer's error stops the rest and is raised."""
+    from airflow_provider_batchinfer.runtime.driver import replica_kwargs
+
+    inbox, outbox = Pipe(), Pipe()
+
+    def writer_side() -> Any:
+        try:
+            return write_parts(checked, outbox)
+        except BaseException:
+            outbox.aborted.set()  # wakes the model's thread if it waits to hand over a batch
+            raise
+
+    reader = Worker(lambda: read_batches(checked, inbox), "batchinfer-read")
+    writer = Worker(writer_side, "batchinfer-write")
+    reader.start()
+    writer.start()
+    try:
+        replica = usage.MeteredReplica(**replica_kwargs(checked, pool, _direct(counter)))
+        progress.start()
+        for file_index, table in inbox:
+            outbox.put((file_index, replica(table)))
+    except Aborted:  # the writer failed: its error is the job's
+        inbox.aborted.set()
+        writer.result()
+        raise
+    except BaseException:
+        inbox.aborted.set()
+        try:
+            outbox.close()
+            writer.result()
+        except Exception:  # the first error is the one reported
+            log.debug("writer stopped after the job failed", exc_info=True)
+        raise
+    outbox.close()
+    return writer.result()

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
 
 
 class ProgressLog:
-    """A daemon thread that logs progress from the job's ``ProgressCounter`` actor every
-    ``interval`` seconds, and remembers when the first rows arrived (the steady rate excludes
-    Ray's and the replicas' start-up)."""
+    """A daemon thread that logs progress every ``interval`` seconds from ``rows_done`` (the job's
+    ``ProgressCounter``: an actor call on the pool, a method call in the driver), and remembers
+    when the first rows arrived (the steady rate excludes Ray's and the replicas' start-up)."""
 
-    def __init__(self, counter: Any, total: int, interval: float) -> None:
-        self.counter, self.total, self.interval = counter, total, interval
+    def __init__(self, rows_done: Callable[[], int], total: int, interval: float) -> None:
+        self.rows_done, self.total, self.interval = rows_done, total, interval
         self.first_rows_at: float | None = None
         self.first_rows = 0
         self._stop = threading.Event()
@@ -27,12 +27,10 @@ class ProgressLog:
         self._stop.set()
 
     def _loop(self) -> None:
-        import ray
-
         last_rows, last_t = 0, self.started
         while not self._stop.wait(self.interval):
             try:
-                done = int(ray.get(self.counter.get.remote(), timeout=10))
+                done = int(self.rows_done())
             except Exception:  # progress is best-effort; the job's result does not depend on it
                 continue
             now = time.monotonic()

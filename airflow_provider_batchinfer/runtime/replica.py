@@ -172,15 +172,18 @@ class ModelReplica:
 
 
 def model_call_rows(flavor: str, device: str, max_rows: int | None) -> int | None:
-    """Rows per model call. A flavor that sets ``CPU_WHOLE_BATCH`` (small tabular models) is called
-    once per batch on CPU: the batch is already bounded to ``TRANSFER_BYTES`` of input, and cutting
-    it into calls of ``JobSpec.max_batch_rows`` (256 by default, sized for text and GPU memory) made
-    the benchmark MLP 7-13x slower per row (768 TorchScript calls instead of 3 for 196,608 rows, each
-    call paying the interpreter's fixed cost). On a GPU ``max_rows`` still bounds each call."""
+    """Rows per model call. On CPU a flavor that sets ``CPU_CALL_ROWS`` (small tabular models) is
+    called with at least that many rows: ``JobSpec.max_batch_rows`` (256 by default) is sized for
+    text and GPU memory, and a small model's call pays a fixed cost (an OpenMP barrier that waits
+    for a thread that lost its core to Ray's read and write tasks: 8x slower per row at 256 rows
+    under load) that larger calls share; past a few thousand rows the activations leave the CPU
+    caches and calls slow down again (``flavors/torchscript.py``). On a GPU ``max_rows`` bounds
+    each call."""
     from airflow_provider_batchinfer.runtime.flavors import _module
 
-    if device == "cpu" and getattr(_module(flavor), "CPU_WHOLE_BATCH", False):
-        return None
+    cpu_rows = getattr(_module(flavor), "CPU_CALL_ROWS", None)
+    if device == "cpu" and cpu_rows:
+        return max(max_rows or 0, int(cpu_rows))
     return max_rows
 
 

@@ -56,10 +56,11 @@ class JobSpec:
     committed run under the same ``base_stage_location`` gets that row's predictions copied instead
     of being scored again; ``None`` (default) scores every row.
 
-    ``in_driver_max_rows``: on the embedded Ray, a job with at most this many rows to score (CPU, no
-    reuse, budget or RESUME) is scored in its driver process instead of an actor pool: a replica's
-    start (a Ray worker importing torch, several seconds) is most of a small job's time. ``None``
-    (default): ``BATCHINFER_IN_DRIVER_MAX_ROWS``, else 1,000; ``0``: always the actor pool.
+    ``in_driver_max_rows``: on the embedded Ray, a CPU job (no reuse or budget) is scored in its
+    driver process instead of an actor pool when its pool would be one replica (``replicas=1``),
+    or when it has at most this many rows to score: the pool's fresh Ray workers (one importing
+    torch) cost seconds that one local replica or a small job never wins back. ``None`` (default):
+    ``BATCHINFER_IN_DRIVER_MAX_ROWS``, else 1,000; ``0``: always the actor pool.
     """
 
     replicas: int = 1
@@ -85,9 +86,9 @@ class JobSpec:
     max_output_tokens_total: int | None = None
     # #16 incremental scoring: copy the predictions of unchanged rows from the newest earlier run
     reuse: str | None = None
-    # #18: a job with at most this many rows to score on the embedded Ray is scored in the driver
-    # process, without an actor pool (runtime/in_driver.py); None: BATCHINFER_IN_DRIVER_MAX_ROWS or
-    # 1,000; 0: always the actor pool
+    # #18: on the embedded Ray, one-replica CPU jobs and jobs with at most this many rows to score are
+    # scored in the driver process, without an actor pool (runtime/in_driver.py); None:
+    # BATCHINFER_IN_DRIVER_MAX_ROWS or 1,000; 0: always the actor pool
     in_driver_max_rows: int | None = None
 
     @property
