@@ -1,6 +1,6 @@
 """Benchmark the provider against the raw model loop and plain Ray Data, in one run.
 
-    make bench                      # full sizes (~15 min on 2 cores)
+    make bench                      # full sizes (~22 min on 2 cores: 20k texts, MLP to 10M rows)
     python -m benchmarks.run --quick
 
 Every figure is measured in this run, on the same rows and machine, and reported as rows/s and
@@ -423,7 +423,7 @@ def _workloads(args, models: dict, base: dict, workdir: Path, env: dict, stage_r
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.text_rows = args.text_rows or (2_000 if args.quick else 20_000)
-    args.mlp_rows = args.mlp_rows or ([10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000])
+    args.mlp_rows = args.mlp_rows or ([10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000, 10_000_000])
     global SHOW_LOG
     SHOW_LOG = args.show_log
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="batchinfer-bench-"))
