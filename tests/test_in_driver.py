@@ -243,10 +243,11 @@ def test_a_pipe_wakes_its_reader_and_its_writer_when_the_other_side_aborts():
     pipe.aborted.set()
     putter.join(timeout=5)
     assert outcome == ["aborted"] and not putter.is_alive()
-    empty = Pipe(size=1)
-    empty.fail(ValueError("the reader's own error"))
+    full = Pipe(size=1)
+    full.put("a batch")  # a full queue must not swallow the reading side's error (nor hang the model's thread)
+    full.fail(ValueError("the reader's own error"))
     with pytest.raises(ValueError, match="the reader's own error"):
-        empty.get()
+        full.get()
     with pytest.raises(Aborted):
         nothing = Pipe(size=1)
         nothing.aborted.set()

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
 from airflow_provider_batchinfer.runtime import resources, usage
 from airflow_provider_batchinfer.runtime.errors import JobError
-from airflow_provider_batchinfer.runtime.in_driver_io import Aborted, Pipe, Worker, read_batches, write_parts
+from airflow_provider_batchinfer.runtime.in_driver_io import Pipe, Worker, read_batches, write_parts
 from airflow_provider_batchinfer.runtime.plan import ActorPool, size_actor_pool
 from airflow_provider_batchinfer.runtime.progress import ProgressLog
 
@@ -175,12 +175,11 @@ def _stream(checked: CheckedJob, pool: ActorPool, counter: Any, progress: Progre
         progress.start()
         for file_index, table in inbox:
             outbox.put((file_index, replica(table)))
-    except Aborted:  # the writer failed: its error is the job's
-        inbox.aborted.set()
-        writer.result()
-        raise
     except BaseException:
         inbox.aborted.set()
+        if outbox.aborted.is_set():  # the writer failed (our put saw Aborted): its error is the job's
+            writer.result()
+            raise
         try:
             outbox.close()
             writer.result()

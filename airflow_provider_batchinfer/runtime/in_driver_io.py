@@ -17,7 +17,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import FileEntry, part_name
@@ -41,11 +40,6 @@ class Aborted(Exception):
     """The other side of a :class:`Pipe` stopped: the job is failing elsewhere."""
 
 
-@dataclass(frozen=True)
-class _Failed:
-    error: BaseException
-
-
 _END = object()
 
 
@@ -55,6 +49,7 @@ class Pipe:
     def __init__(self, size: int = QUEUE_BATCHES) -> None:
         self._queue: queue.Queue[Any] = queue.Queue(size)
         self.aborted = threading.Event()
+        self.error: BaseException | None = None  # the writing side's own failure, for the reader
 
     def put(self, item: Any) -> None:
         while not self.aborted.is_set():
@@ -66,16 +61,13 @@ class Pipe:
         raise Aborted()
 
     def get(self) -> Any:
-        while True:
+        while self.error is None:
             try:
-                item = self._queue.get(timeout=0.2)
+                return self._queue.get(timeout=0.2)
             except queue.Empty:
                 if self.aborted.is_set():
                     raise Aborted() from None
-                continue
-            if isinstance(item, _Failed):
-                raise item.error
-            return item
+        raise self.error
 
     def __iter__(self) -> Any:
         while (item := self.get()) is not _END:
@@ -85,11 +77,9 @@ class Pipe:
         self.put(_END)
 
     def fail(self, error: BaseException) -> None:
-        """Hand ``error`` to the reader of this pipe (it raises it from ``get``)."""
-        try:
-            self._queue.put_nowait(_Failed(error))
-        except queue.Full:  # nobody is reading fast enough to see it: wake them instead
-            self.aborted.set()
+        """Hand ``error`` to the reader of this pipe: its next ``get`` raises it, queued items or not."""
+        self.error = error
+        self.aborted.set()
 
 
 class Worker(threading.Thread):
