@@ -63,9 +63,11 @@ constraints:
 	rm -rf .venv-constraints
 
 # raw model loop vs streaming loop vs plain Ray Data vs the provider, as ratios measured in one run
-# (~15 min on 2 cores); results in benchmarks/results/latest.{json,png}. BENCH_ARGS=--quick for small sizes.
+# (~22 min on 2 cores), then XGBoost 1M rows against inplace_predict (~2 min); results in
+# benchmarks/results/latest.{json,png} and trees.{json,log}. BENCH_ARGS=--quick for small sizes.
 bench: $(VENV)/.installed-bench
 	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
+	$(VENV)/bin/python -m benchmarks.trees --only xgboost
 
 bench-quick: $(VENV)/.installed-bench
 	$(VENV)/bin/python -m benchmarks.run --quick $(BENCH_ARGS)

@@ -302,6 +302,11 @@ def report(tree_results: list[dict], onnx_results: list[dict], load_before: str,
             lines.append(
                 f"  {name:22s} {r['wall_s']:8.2f} {rate:11,.0f} {rate / raw_rate:7.3f} {rate / stream_rate:9.3f}"
             )
+        warm_ratio = (rs["warm"]["rows"] / rs["warm"]["wall_s"]) / raw_rate
+        verdict = "holds" if warm_ratio >= 0.8 else "MISSES"
+        lines.append(
+            f"  [{verdict}] {flavor} operator (warm) / inplace_predict in memory: {warm_ratio:.3f} (target >= 0.8)"
+        )
         timings = rs["warm"].get("timings", {})
         lines.append(
             f"  warm operator's job: total {timings.get('total_s')} s, pipeline {timings.get('pipeline_s')} s, steady {timings.get('steady_rows_per_s')} rows/s"
