@@ -76,7 +76,13 @@ class BackgroundServer:
     group, so whatever else runs on the machine (another Ray, another moto) is left alone."""
 
     def __init__(
-        self, name: str, cmd: list[str], ports: list[int], env: dict[str, str] | None = None, timeout: float = 120
+        self,
+        name: str,
+        cmd: list[str],
+        ports: list[int],
+        env: dict[str, str] | None = None,
+        timeout: float = 120,
+        host: str = "127.0.0.1",
     ) -> None:
         self.log_path = _HOME / f"{name}.log"
         self.log = open(self.log_path, "w")
@@ -87,7 +93,7 @@ class BackgroundServer:
         for port in ports:
             while True:
                 with socket.socket() as s:
-                    if s.connect_ex(("127.0.0.1", port)) == 0:
+                    if s.connect_ex((host, port)) == 0:
                         break
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     tail = self.log_path.read_text()[-3000:]
@@ -283,6 +289,12 @@ def s3_bucket(s3_server, monkeypatch):
 # node-local model cache (``BATCHINFER_MODEL_CACHE`` in that node's environment); the worker declares
 # one GPU that this CPU-only machine does not have (for the "GPU without CUDA" test). Module-scoped:
 # only tests/test_multinode.py pays for it.
+#
+# Each node has its own loopback address. Ray turns "127.0.0.1" into the machine's own network address
+# on a multi-node cluster (``resolve_ip_for_localhost``), and then the nodes talk over that address: on
+# CI the worker once timed out registering there. Any other 127.x address is kept as given, so the two
+# nodes are two distinct hosts that only ever talk over loopback.
+HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
 
 _NODE_READY = """
 import sys, time, ray
@@ -300,7 +312,9 @@ else:
 """
 
 
-def _ray_node(name: str, args: list[str], temp_dir: str, cache: Path, manager_port: int, ports: list[int]):
+def _ray_node(name: str, node_ip: str, args: list[str], temp_dir: str, cache: Path, manager_port: int):
+    """One ``ray start --block`` node on ``node_ip`` with every port chosen here (distinct, all held until
+    picked), waited for on its node manager's port."""
     ray_bin = str(Path(sys.executable).parent / "ray")
     # the session sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (one node for every other test), which
     # makes `ray start --address` refuse to join on any platform: these nodes are a cluster on purpose
@@ -308,6 +322,7 @@ def _ray_node(name: str, args: list[str], temp_dir: str, cache: Path, manager_po
         os.environ, RAY_AUTH_MODE="token", BATCHINFER_MODEL_CACHE=str(cache), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1"
     )
     env.pop("RAY_ADDRESS", None)
+    object_manager, agent, agent_grpc, metrics, runtime_env = free_ports(5)
     cmd = [
         ray_bin,
         "start",
@@ -315,16 +330,31 @@ def _ray_node(name: str, args: list[str], temp_dir: str, cache: Path, manager_po
         *args,
         "--num-cpus=2",
         "--disable-usage-stats",
-        "--node-ip-address=127.0.0.1",
+        f"--node-ip-address={node_ip}",
         f"--node-manager-port={manager_port}",
-        f"--object-manager-port={_free_port()}",
-        f"--dashboard-agent-listen-port={_free_port()}",
-        f"--dashboard-agent-grpc-port={_free_port()}",
-        f"--metrics-export-port={_free_port()}",
-        f"--runtime-env-agent-port={_free_port()}",
+        f"--object-manager-port={object_manager}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--metrics-export-port={metrics}",
+        f"--runtime-env-agent-port={runtime_env}",
         f"--temp-dir={temp_dir}",
     ]
-    return BackgroundServer(name, cmd, ports=ports, env=env)
+    return BackgroundServer(name, cmd, ports=[manager_port], env=env, host=node_ip)
+
+
+def _join_worker(address: str, temp_dir: str, cache: Path, manager_port: int) -> BackgroundServer:
+    """The worker node, tried twice: on a loaded 2-core machine its raylet can miss Ray's own 30 s
+    deadline for registering with the head ("Failed to get node info ... Deadline Exceeded")."""
+    for attempt in (1, 2):
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        os.makedirs(temp_dir)
+        try:
+            args = [f"--address={address}", "--num-gpus=1"]
+            return _ray_node("ray-2node-worker", WORKER_IP, args, temp_dir, cache, manager_port)
+        except RuntimeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module")
@@ -334,31 +364,15 @@ def two_node_cluster(tmp_path_factory):
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = dict(os.environ, RAY_AUTH_MODE="token")
     subprocess.run([ray_bin, "get-auth-token", "--generate"], check=True, capture_output=True, env=env)
-    port, head_manager, worker_manager = _free_port(), _free_port(), _free_port()
+    port, client_port, head_manager, worker_manager = free_ports(4)
     temps = [tempfile.mkdtemp(prefix="rayh-", dir="/tmp"), tempfile.mkdtemp(prefix="rayw-", dir="/tmp")]
     caches = {head_manager: root / "cache-head", worker_manager: root / "cache-worker"}
-    head = _ray_node(
-        "ray-2node-head",
-        ["--head", f"--port={port}", "--include-dashboard=false", f"--ray-client-server-port={_free_port()}"],
-        temps[0],
-        caches[head_manager],
-        head_manager,
-        [port, head_manager],
-    )
-    address = f"127.0.0.1:{port}"
+    head_args = ["--head", f"--port={port}", "--include-dashboard=false", f"--ray-client-server-port={client_port}"]
+    head = _ray_node("ray-2node-head", HEAD_IP, head_args, temps[0], caches[head_manager], head_manager)
+    address = f"{HEAD_IP}:{port}"
     servers = [head]
     try:
-        servers.append(
-            _ray_node(
-                "ray-2node-worker",
-                [f"--address={address}", "--num-gpus=1"],
-                temps[1],
-                caches[worker_manager],
-                worker_manager,
-                [worker_manager],
-            )
-        )
-        env = dict(os.environ, RAY_AUTH_MODE="token")
+        servers.append(_join_worker(address, temps[1], caches[worker_manager], worker_manager))
         out = subprocess.run(
             [sys.executable, "-c", _NODE_READY, address, "2"], capture_output=True, text=True, env=env, timeout=180
         )
