@@ -220,6 +220,25 @@ def test_log_time_refusals_name_what_to_write(tabular, tmp_path):
     assert registry.list_versions("m") == ["v1"]
 
 
+def test_a_bare_xgboost_booster_scores_float64_columns_exactly_as_its_own_inplace_predict(tmp_path):
+    """The flavor hands XGBoost a float32 matrix (XGBoost casts every value to float32 itself): the
+    predictions are bit for bit those of ``inplace_predict`` on the float64 columns, NaN included,
+    over several 16,384-row calls."""
+    import xgboost as xgb
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(40_000, 3)) * 1e3
+    x[::11, 1] = np.nan
+    booster = xgb.train({"max_depth": 6, "nthread": 1}, xgb.DMatrix(x, label=x[:, 0] > 0), 20)
+    mv = ModelRegistry(str(tmp_path / "registry")).log_model(
+        "b", "v1", "xgboost", booster, feature_names=["c", "a", "b"]
+    )
+    manifest = json.loads((Path(mv.uri) / MODEL_MANIFEST).read_text())
+    predict = load_predictor(Path(mv.uri), manifest, "cpu", 1, max_rows=16384)
+    table = pa.table({"a": x[:, 1], "b": x[:, 2], "c": x[:, 0]})  # not in the model's order
+    np.testing.assert_array_equal(predict(table, {})["prediction"], booster.inplace_predict(x))
+
+
 # --- bad inputs: each fails before any compute, naming the column or type -------------------------------
 
 

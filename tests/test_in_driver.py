@@ -83,6 +83,35 @@ def test_one_replica_and_small_cpu_jobs_on_the_embedded_ray_are_scored_in_the_dr
     assert in_driver.why_not(_checked(rows=50, replicas=2, in_driver_max_rows=10), embedded) is not None
 
 
+def test_the_driver_reads_one_row_group_at_a_time_in_batches_of_at_most_16384_rows(tmp_path):
+    """The driver's memory is the batches in flight: their size must not follow the input's layout.
+    The pool's batch (65,536 rows here) is cut to 16,384 rows, and a batch never spans two row
+    groups, since each row group is read (and pre-buffered) on its own."""
+    import numpy as np
+    import pyarrow as pa
+
+    from airflow_provider_batchinfer.runtime.in_driver_io import DRIVER_BATCH_ROWS, Pipe, read_batches
+
+    path = tmp_path / "in.parquet"
+    ids = np.arange(60_000, dtype=np.int64)
+    pq.write_table(pa.table({"ticket_id": ids, "x": ids * 2.0, "unread": ids}), path, row_group_size=20_000)
+    checked = SimpleNamespace(
+        files=[str(path)],
+        storage=None,
+        batch_rows=65_536,
+        plan={"read": ["ticket_id", "x"]},
+        job=SimpleNamespace(input_spec=InputSpec(id_column="ticket_id")),
+        kept={"ids": []},
+    )
+    pipe = Pipe(size=100)
+    read_batches(checked, pipe)
+    batches = list(pipe)
+    assert DRIVER_BATCH_ROWS == 16_384
+    assert [t.num_rows for _, t in batches] == [16_384, 3_616] * 3
+    assert {i for i, _ in batches} == {0} and all(t.column_names == ["ticket_id", "x"] for _, t in batches)
+    assert pa.concat_tables([t for _, t in batches])["ticket_id"].to_numpy().tolist() == ids.tolist()
+
+
 # --- the runtime, with Ray refused ----------------------------------------------------------------
 @pytest.fixture
 def in_driver_job(monkeypatch, text_length_model, registry, tmp_path):

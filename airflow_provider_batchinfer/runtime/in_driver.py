@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
 from airflow_provider_batchinfer.runtime import resources, usage
 from airflow_provider_batchinfer.runtime.errors import JobError
-from airflow_provider_batchinfer.runtime.in_driver_io import Pipe, Worker, read_batches, write_parts
+from airflow_provider_batchinfer.runtime.in_driver_io import Pipe, Worker, driver_batch_rows, read_batches, write_parts
 from airflow_provider_batchinfer.runtime.plan import ActorPool, size_actor_pool
 from airflow_provider_batchinfer.runtime.progress import ProgressLog
 
@@ -122,7 +122,7 @@ def run(checked: CheckedJob) -> Any:
     pool = size_actor_pool(spec, resources.reservation(spec, 1))
     print(
         f"[batchinfer] scoring {checked.todo_rows:,} rows in the driver process, no actor pool "
-        f"({why_here(checked)}); {pool['threads']} thread(s), batches of {checked.batch_rows:,} rows, model calls "
+        f"({why_here(checked)}); {pool['threads']} thread(s), batches of {driver_batch_rows(checked):,} rows, model calls "
         f"of at most {spec.max_batch_rows:,} rows",
         flush=True,
     )

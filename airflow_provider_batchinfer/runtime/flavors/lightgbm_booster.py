@@ -16,6 +16,7 @@ import numpy as np
 
 from airflow_provider_batchinfer.registry.tabular import read_settings
 from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
+    CPU_CALL_ROWS,
     TRANSFER_ROWS,
     chunked,
     frame,
@@ -24,7 +25,7 @@ from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
     proba_outputs,
 )
 
-__all__ = ["TRANSFER_ROWS", "load"]
+__all__ = ["CPU_CALL_ROWS", "TRANSFER_ROWS", "load"]
 ALLOWS_MISSING = True  # NaN is LightGBM's missing value
 
 

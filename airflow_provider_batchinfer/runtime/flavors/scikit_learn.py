@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow_provider_batchinfer.registry.tabular import UntrustedModelError, read_settings
 from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
+    CPU_CALL_ROWS,
     TRANSFER_ROWS,
     chunked,
     matrix,
@@ -20,7 +21,7 @@ from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
     proba_outputs,
 )
 
-__all__ = ["TRANSFER_ROWS", "load", "preflight"]
+__all__ = ["CPU_CALL_ROWS", "TRANSFER_ROWS", "load", "preflight"]
 _PICKLE_WARNING = (
     "WARNING: model {name}/{version} is a pickle (joblib), loaded because it was logged with "
     "trust_pickle=True: unpickling runs arbitrary code, so use it only for a file you produced yourself"

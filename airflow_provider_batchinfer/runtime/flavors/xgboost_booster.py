@@ -3,9 +3,9 @@
 A bare ``Booster`` scores with ``inplace_predict`` (no DMatrix copy); a model logged from the
 scikit-learn wrapper (``XGBClassifier``, ``XGBRegressor``) is reloaded as that wrapper, so
 ``prediction`` is exactly its ``predict`` (class labels for a classifier) and ``predict_proba`` its
-probabilities. Threads: the replica's (``nthread``). Missing values are NaN as in training;
-categorical features go through XGBoost's own pandas path, which maps category names to the codes
-the model was trained with.
+probabilities. Threads: the replica's (``nthread``); on CPU calls of at least ``CPU_CALL_ROWS`` rows.
+Missing values are NaN as in training; categorical features go through XGBoost's own pandas path,
+which maps category names to the codes the model was trained with.
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from airflow_provider_batchinfer.registry.tabular import read_settings
 from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
+    CPU_CALL_ROWS,
     TRANSFER_ROWS,
     chunked,
     frame,
@@ -23,7 +26,7 @@ from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
     proba_outputs,
 )
 
-__all__ = ["TRANSFER_ROWS", "load"]
+__all__ = ["CPU_CALL_ROWS", "TRANSFER_ROWS", "load"]
 ALLOWS_MISSING = True  # NaN is XGBoost's missing value
 
 
@@ -60,7 +63,8 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
 
     def predict(inputs, params: dict[str, Any]) -> dict[str, Any]:
         inputs = ordered(inputs, settings)
-        x = frame(inputs, categorical) if categorical else matrix(inputs)
+        # float32: XGBoost casts every value to float32 itself, so a float64 matrix is only a bigger copy
+        x = frame(inputs, categorical) if categorical else matrix(inputs, np.float32)
         return chunked(score, x, inputs.num_rows, max_rows)
 
     return predict
