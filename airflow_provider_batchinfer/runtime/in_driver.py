@@ -117,13 +117,16 @@ def run(checked: CheckedJob) -> Any:
     """Score the job here and return what :func:`driver.run_pipeline` returns for the pool."""
     from airflow_provider_batchinfer.runtime import commit
     from airflow_provider_batchinfer.runtime.driver import PipelineRun
+    from airflow_provider_batchinfer.runtime.replica import model_call_rows
 
     spec = checked.job.job_spec
     pool = size_actor_pool(spec, resources.reservation(spec, 1))
+    batch = driver_batch_rows(checked)
+    calls = min(batch, model_call_rows(checked.job.model.flavor, "cpu", spec.max_batch_rows) or batch)
     print(
         f"[batchinfer] scoring {checked.todo_rows:,} rows in the driver process, no actor pool "
-        f"({why_here(checked)}); {pool['threads']} thread(s), batches of {driver_batch_rows(checked):,} rows, model calls "
-        f"of at most {spec.max_batch_rows:,} rows",
+        f"({why_here(checked)}); {pool['threads']} thread(s), batches of {batch:,} rows, model calls "
+        f"of at most {calls:,} rows",
         flush=True,
     )
     counter = usage.UsageCounter()
