@@ -32,7 +32,7 @@ demo: $(VENV)/.installed
 
 # lint, format check and type check, then the whole suite, then the lowest-supported-versions smoke job
 test: lint
-	$(VENV)/bin/python -m pytest -q -ra
+	$(VENV)/bin/python -m pytest -q -ra --durations=25
 	$(MAKE) smoke-lowest
 
 test-fast: $(VENV)/.installed
