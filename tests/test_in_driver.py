@@ -12,13 +12,14 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_batchinfer.contract import placement
 from airflow_provider_batchinfer.runtime import in_driver
-from airflow_provider_batchinfer.runtime.errors import ModelBatchError
+from airflow_provider_batchinfer.runtime.errors import JobError, ModelBatchError
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SpecError
 from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER
 from tests.conftest import run_dag
 from tests.models import committed_manifest, job_file, write_job_file, write_tickets
-from tests.test_embedded_ray import ray_dir  # noqa: F401  (a fixture: this test's own embedded Ray)
+from tests.test_embedded_ray import _starts, ray_dir  # noqa: F401  (ray_dir: a fixture, this test's own embedded Ray)
 
 
 # --- the setting ----------------------------------------------------------------------------------
@@ -41,12 +42,10 @@ def test_jobspec_takes_a_whole_number_of_rows_or_none():
             JobSpec(in_driver_max_rows=bad)
 
 
-def _checked(rows=100, engine=None, reuse=None, kept_ids=(), **spec):
+def _checked(rows=100, flavor="python_class", llm_engine=None, kept_ids=(), **spec):
     return SimpleNamespace(
-        job=SimpleNamespace(job_spec=JobSpec(**spec)),
+        job=SimpleNamespace(job_spec=JobSpec(**spec), model=SimpleNamespace(flavor=flavor), llm_engine=llm_engine),
         todo_rows=rows,
-        engine=engine,
-        reuse=reuse,
         kept={"ids": list(kept_ids)},
     )
 
@@ -58,6 +57,9 @@ def test_one_replica_and_small_cpu_jobs_on_the_embedded_ray_are_scored_in_the_dr
         _checked(rows=1000, replicas=4),  # small: the pool's start-up would be most of its time
         _checked(rows=10_000_000),  # one replica: the pool would run it in another process here
         _checked(rows=5000, kept_ids=[1, 2], rows_per_part=10),  # RESUME and rows_per_part work here too
+        _checked(rows=0),  # RESUME found every row done: nothing to score needs no Ray
+        _checked(rows=0, replicas=4),
+        _checked(flavor="text_generation"),  # the transformers engine on CPU
     ]
     for checked in scored_here:
         assert in_driver.why_not(checked, embedded) is None
@@ -70,17 +72,58 @@ def test_one_replica_and_small_cpu_jobs_on_the_embedded_ray_are_scored_in_the_dr
             embedded,
             "replicas=2 and 1,001 rows to score, more than in_driver_max_rows=1,000",
         ),
-        (_checked(rows=0), embedded, "0 rows to score"),
         (_checked(in_driver_max_rows=0), embedded, "in_driver_max_rows=0"),
         (_checked(), {**embedded, in_driver.MAX_ROWS_ENV: "0"}, "in_driver_max_rows=0"),
         (_checked(num_gpus=1), embedded, "GPU replicas"),
-        (_checked(engine="vllm"), embedded, "the vLLM engine"),
-        (_checked(reuse=object()), embedded, "incremental reuse"),
+        (_checked(flavor="text_generation", llm_engine="vllm"), embedded, "the vLLM engine"),
+        (_checked(reuse="unchanged"), embedded, "incremental reuse"),
         (_checked(max_cost=1.0), embedded, "a budget guard"),
     ]
     for checked, env, why in cases:
         assert why in (in_driver.why_not(checked, env) or ""), why
     assert in_driver.why_not(_checked(rows=50, replicas=2, in_driver_max_rows=10), embedded) is not None
+
+
+def test_the_launcher_leaves_ray_unstarted_only_for_jobs_the_runtime_scores_in_its_driver():
+    """``placement.scored_in_driver_whatever_the_rows`` is what the local launcher reads before the
+    runtime exists (no Ray started for such a job): whenever it says yes, the runtime's own rule must
+    score the job in its driver for every row count, or the job would need a Ray nobody started."""
+    embedded = {in_driver.EMBEDDED_ENV: "1"}
+    specs = [
+        {},
+        {"replicas": 2},
+        {"in_driver_max_rows": 0},
+        {"in_driver_max_rows": 10},
+        {"num_gpus": 1},
+        {"reuse": "unchanged"},
+        {"max_cost": 1.0},
+        {"max_output_tokens_total": 100},
+    ]
+    jobs = [
+        (spec, flavor, engine)
+        for spec in specs
+        for flavor in ("python_class", "text_generation")
+        for engine in (None, "vllm", "transformers")
+    ]
+    envs = [embedded, {}, {**embedded, in_driver.MAX_ROWS_ENV: "0"}, {**embedded, in_driver.MAX_ROWS_ENV: "5"}]
+    yes = 0
+    for spec, flavor, engine in jobs:
+        for env in envs:
+            job = _checked(flavor=flavor, llm_engine=engine, **spec).job
+            if not placement.scored_in_driver_whatever_the_rows(job, env):
+                continue
+            yes += 1
+            for rows in (0, 1, 1000, 1001, 10_000_000):
+                checked = _checked(rows=rows, flavor=flavor, llm_engine=engine, **spec)
+                assert in_driver.why_not(checked, env) is None, (spec, flavor, engine, env, rows)
+    # one replica, CPU, no reuse or budget, not vLLM, a limit above 0 (the job's own wins over the
+    # deployment's 0), on the embedded default: 2 specs x 5 model kinds, in 2 and 3 environments
+    assert yes == 25
+    one_replica = _checked().job
+    assert placement.scored_in_driver_whatever_the_rows(one_replica, embedded)
+    assert not placement.scored_in_driver_whatever_the_rows(one_replica, {})  # a named cluster does the work
+    assert not placement.scored_in_driver_whatever_the_rows(one_replica, {**embedded, in_driver.MAX_ROWS_ENV: "x"})
+    assert not placement.scored_in_driver_whatever_the_rows(_checked(replicas=2).job, embedded)
 
 
 def test_the_driver_reads_one_row_group_at_a_time_in_batches_of_at_most_16384_rows(tmp_path):
@@ -204,6 +247,27 @@ def test_a_model_error_in_the_driver_commits_nothing_and_keeps_the_rows_scored_b
     assert sorted(out["ticket_id"].to_pylist()) == [i for i in range(200) if i != 123]
 
 
+def test_a_resume_with_every_row_already_written_commits_in_the_driver_without_ray(in_driver_job, tmp_path, capsys):
+    """Too many dead-lettered rows fail the first attempt after every part was written; its RESUME
+    has 0 rows left to score. That is decided in the driver (no Ray for nothing to do): the kept
+    parts are committed as they are."""
+    from airflow_provider_batchinfer.runtime.driver import run
+
+    data = write_tickets(tmp_path / "in", rows=200, files=2, bad_row=123)
+    run_dir, spec = in_driver_job(data, on_error="dead_letter", max_error_fraction=0.0)
+    with pytest.raises(JobError, match=r"1 of 200 rows \(0.50%\) could not be scored, above JobSpec"):
+        run(spec)
+    assert not (run_dir / SUCCESS_MARKER).exists()
+    written = sorted(p.name for p in run_dir.glob("part-*.parquet"))
+    _, resumed = in_driver_job(data, attempt="t02test", resume=True, on_error="dead_letter", max_error_fraction=0.05)
+    manifest = run(resumed)
+    assert "scoring 0 rows in the driver process" in capsys.readouterr().out
+    assert (manifest.counts.output_rows, manifest.counts.error_rows) == (199, 1)
+    assert sorted(f.name for f in manifest.files) == written  # the first attempt's parts, nothing new
+    out = pq.read_table([str(run_dir / f.name) for f in manifest.files])
+    assert sorted(out["ticket_id"].to_pylist()) == [i for i in range(200) if i != 123]
+
+
 def test_dead_letter_in_the_driver_commits_the_rest_with_the_bad_row_apart(in_driver_job, tmp_path):
     from airflow_provider_batchinfer.runtime.driver import run
 
@@ -301,14 +365,21 @@ def test_on_the_embedded_ray_the_driver_and_the_pool_commit_the_same_rows(
     text_length_model,
     tmp_path,
 ):
+    """The driver's run starts no Ray at all (the launcher knows a one-replica job needs none); the
+    pool's run starts the embedded Ray; both commit the same rows."""
+    from airflow_provider_batchinfer.launchers import embedded_ray
+
     data = write_tickets(tmp_path / "in", rows=400, files=2)
-    manifests, tables = {}, {}
+    manifests, tables, ray_states = {}, {}, {}
     for dag_id in ("bi_test_error_mode", "bi_test_on_pool"):  # the default, then in_driver_max_rows=0
         out = tmp_path / dag_id
         state, tasks, _ = run_dag(dag_id, input=str(data), out=str(out))
         assert state == "success", tasks
         manifests[dag_id] = committed_manifest(str(out))
         tables[dag_id] = pq.read_table([str(out / f["name"]) for f in manifests[dag_id]["files"]])
+        ray_states[dag_id] = (embedded_ray.read_state(ray_dir), len(_starts(ray_dir)))
+    assert ray_states["bi_test_error_mode"] == (None, 0)  # never started
+    assert ray_states["bi_test_on_pool"][0] is not None and ray_states["bi_test_on_pool"][1] == 1
     in_driver_run, pool_run = manifests["bi_test_error_mode"], manifests["bi_test_on_pool"]
     assert in_driver_run["job"]["pool"]["in_driver"] is True and pool_run["job"]["pool"]["in_driver"] is False
     assert pool_run["job"]["pool"]["nodes"][0]["node_id"] != "driver"

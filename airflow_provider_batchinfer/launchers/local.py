@@ -14,8 +14,10 @@ Where the job runs:
   a mismatch fails the task with a clear message instead of a driver that hangs deep in ``ray.init``;
 - ``local``: a private Ray started and stopped by the job itself (slow: Ray's start-up every time);
 - nothing: the provider's one warm local Ray (``launchers/embedded_ray.py``), started by the first
-  job, shared by later and concurrent jobs (each holds a lease while it runs) and stopped after
-  ``idle_s`` seconds without a job.
+  job that needs it, shared by later and concurrent jobs (each holds a lease while it runs) and
+  stopped after ``idle_s`` seconds without a job. A job the runtime will score in its own process
+  whatever its rows (one CPU replica, ``contract/placement.py``) is started without it: starting Ray
+  is most of a small job's cold start, and such a job never uses it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING
 
-from airflow_provider_batchinfer.contract import JobFailure, JobResult, parse_runtime_line
+from airflow_provider_batchinfer.contract import JobFailure, JobResult, parse_runtime_line, placement
 from airflow_provider_batchinfer.launchers import embedded_ray
 from airflow_provider_batchinfer.launchers.base import (
     FAILED,
@@ -180,6 +182,15 @@ class LocalLauncher(Launcher):
                     check_ray_version(self.ray_address, cluster_ray_version(self.ray_address, env), ours)
             where = "a private local Ray" if address == "local" else f"Ray at {address}"
             log.info("Launching batch inference job: %s (%s)", " ".join(cmd), where)
+            self._spawn(cmd, env)
+        elif placement.scored_in_driver_whatever_the_rows(job, {**env, placement.EMBEDDED_RAY_ENV: "1"}):
+            env[placement.EMBEDDED_RAY_ENV] = "1"  # the embedded default's machine: the driver may score
+            env.pop("RAY_AUTH_TOKEN", None)
+            log.info(
+                "Launching batch inference job: %s (scored in that process: one CPU replica on the embedded "
+                "default needs no Ray, so none is started for it)",
+                " ".join(cmd),
+            )
             self._spawn(cmd, env)
         else:
             self._start_embedded(cmd, env, log)

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
+from airflow_provider_batchinfer.contract import placement
 from airflow_provider_batchinfer.runtime import resources, usage
 from airflow_provider_batchinfer.runtime.errors import JobError
 from airflow_provider_batchinfer.runtime.in_driver_io import Pipe, Worker, driver_batch_rows, read_batches, write_parts
@@ -42,10 +42,9 @@ if TYPE_CHECKING:
     from airflow_provider_batchinfer.runtime.driver import CheckedJob
 
 log = logging.getLogger("batchinfer.runtime")
-EMBEDDED_ENV = EMBEDDED_RAY_ENV  # set by the local launcher for a driver on the embedded Ray
-#: the deployment's default for ``JobSpec.in_driver_max_rows`` (0 turns the in-driver path off)
-MAX_ROWS_ENV = "BATCHINFER_IN_DRIVER_MAX_ROWS"
-DEFAULT_MAX_ROWS = 1_000
+EMBEDDED_ENV = placement.EMBEDDED_RAY_ENV  # set by the local launcher for a driver on the embedded default
+MAX_ROWS_ENV = placement.MAX_ROWS_ENV
+DEFAULT_MAX_ROWS = placement.DEFAULT_MAX_ROWS
 
 
 class InDriverSettingError(JobError):
@@ -56,16 +55,9 @@ class InDriverSettingError(JobError):
 
 def max_rows(spec_value: int | None, environ: Mapping[str, str] = os.environ) -> int:
     """The job's own ``in_driver_max_rows``, else the deployment's, else 1,000."""
-    if spec_value is not None:
-        return spec_value
-    raw = environ.get(MAX_ROWS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_MAX_ROWS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
+    value = placement.max_rows_setting(spec_value, environ)
+    if value is None:
+        raw = environ.get(MAX_ROWS_ENV, "").strip()
         raise InDriverSettingError(
             f"{MAX_ROWS_ENV}={raw!r} is not a whole number of rows >= 0; write e.g. {MAX_ROWS_ENV}=1000, or 0 to "
             "run every job on the actor pool"
@@ -74,23 +66,14 @@ def max_rows(spec_value: int | None, environ: Mapping[str, str] = os.environ) ->
 
 
 def why_not(checked: CheckedJob, environ: Mapping[str, str] = os.environ) -> str | None:
-    """Why this job runs on the actor pool, or None when the driver scores it."""
-    spec, rows = checked.job.job_spec, checked.todo_rows
-    limit = max_rows(spec.in_driver_max_rows, environ)
-    reasons = [
-        (environ.get(EMBEDDED_ENV) != "1", "not on the embedded Ray"),
-        (limit == 0, "in_driver_max_rows=0"),
-        (rows <= 0, f"{rows:,} rows to score"),
-        (
-            spec.replicas > 1 and rows > limit,
-            f"replicas={spec.replicas} and {rows:,} rows to score, more than in_driver_max_rows={limit:,}",
-        ),
-        (spec.num_gpus > 0, "GPU replicas"),
-        (checked.engine == "vllm", "the vLLM engine"),
-        (checked.reuse is not None, "incremental reuse"),
-        (spec.max_cost is not None or spec.max_output_tokens_total is not None, "a budget guard"),
-    ]
-    return next((why for hit, why in reasons if hit), None)
+    """Why this job runs on the actor pool, or None when the driver scores it: the spec's reasons
+    (``contract/placement.py``, which the local launcher also reads to leave Ray unstarted), then the
+    rows'. A job with nothing to score (RESUME found every row done) is "scored" here too: nothing
+    to do needs no Ray."""
+    limit = max_rows(checked.job.job_spec.in_driver_max_rows, environ)
+    return placement.spec_reason(checked.job, limit, environ) or placement.rows_reason(
+        checked.job, checked.todo_rows, limit
+    )
 
 
 def why_here(checked: CheckedJob, environ: Mapping[str, str] = os.environ) -> str:
