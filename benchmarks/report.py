@@ -115,9 +115,14 @@ def targets(results: list[dict], text_rows: int, mlp_rows: list[int], overhead_r
     biggest = find(results, "provider", "mlp", big)
     if prov and biggest and big > 1_000_000:
         add(f"provider peak RSS {big:,} / 1,000,000 rows", biggest["peak_rss_mb"] / prov["peak_rss_mb"], "<=", 1.5)
-    cold = [r for r in results if r.get("embedded_ray") == "cold" and r["rows"] == overhead_rows]
-    if cold:
-        add(f"{overhead_rows}-row job launch to _SUCCESS, cold embedded Ray, s", cold[0]["wall_s"], "<=", 12.0, *cold)
+    for system, what in (("provider", "no Ray running"), ("provider_pool", "on the pool, the embedded Ray starts")):
+        cold = [
+            r
+            for r in results
+            if r.get("embedded_ray") == "cold" and r["rows"] == overhead_rows and r["system"] == system
+        ]
+        if cold:
+            add(f"{overhead_rows}-row job launch to _SUCCESS, cold ({what}), s", cold[0]["wall_s"], "<=", 12.0, *cold)
     warm = [r for r in results if r.get("embedded_ray") == "warm" and r["rows"] == overhead_rows]
     if warm:
         med = statistics.median(r["wall_s"] for r in warm)

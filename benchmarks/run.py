@@ -9,9 +9,11 @@ process; this process samples the peak RSS of that process tree (Ray's raylet, G
 included; for the provider, the runtime's tree, not the Airflow task process that waits on it, nor
 the embedded Ray it attaches to).
 
-The provider runs on the embedded default (no Ray address): the benchmark's own warm local Ray in a
-fresh ``BATCHINFER_RAY_DIR``. The 100-row job (``overhead``) runs once cold (the embedded Ray stopped
-first, so its start is included) and twice warm (the same Ray reused): launch-to-``_SUCCESS`` both ways.
+The provider runs on the embedded default (no Ray address): the benchmark's own local Ray in a
+fresh ``BATCHINFER_RAY_DIR``, started by the first job that needs it (a one-replica job, scored in
+its driver, starts none). The 100-row job (``overhead``) runs cold twice, the embedded Ray stopped
+first: as it is (no Ray started) and on the actor pool (Ray's start-up in the figure); then three
+times warm: launch-to-``_SUCCESS`` every way.
 """
 
 from __future__ import annotations
@@ -315,17 +317,23 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
 
 
 def overhead_runs(cfg: dict, workdir: Path, env: dict, warm_runs: int = 3) -> list[dict]:
-    """The 100-row provider job cold (the embedded Ray stopped first: its start-up is in the figure)
-    and then ``warm_runs`` times on the Ray the cold run left warm."""
+    """The 100-row provider job cold, then ``warm_runs`` times warm. Cold twice, the embedded Ray
+    stopped before each: the default one-replica job (scored in its driver, it starts no Ray) and the
+    same job on the actor pool (``provider_pool``: it starts the embedded Ray, whose start-up is in
+    the figure). The warm runs find that Ray up, as a busy worker's jobs do."""
     from airflow_provider_batchinfer.launchers.embedded_ray import shutdown, state_dir
 
-    shutdown(state_dir(env))
     runs = []
-    for n in range(1 + warm_runs):
-        print(f"  ({'cold: starts the embedded Ray' if n == 0 else 'warm: reuses it'})", flush=True)
-        result = run_system("provider", "mlp", cfg, workdir, env, timeout=600)
+    plan = [("provider", "cold: no Ray running, and a one-replica job starts none")]
+    plan += [("provider_pool", "cold, on the actor pool: starts the embedded Ray")]
+    plan += [("provider", "warm: the embedded Ray up")] * warm_runs
+    for n, (system, what) in enumerate(plan):
+        if n < 2:
+            shutdown(state_dir(env))
+        print(f"  ({what})", flush=True)
+        result = run_system(system, "mlp", cfg, workdir, env, timeout=600)
         result["load_before_max"] = result["load_before"]
-        result["embedded_ray"] = "cold" if n == 0 else "warm"
+        result["embedded_ray"] = "cold" if n < 2 else "warm"
         runs.append(result)
     return runs
 
@@ -412,7 +420,7 @@ def _workloads(args, models: dict, base: dict, workdir: Path, env: dict, stage_r
         cfg["jit_file"] = jit_file
         print(f"== torch MLP 64-256-128-1, {rows:,} rows x 64 float32 features", flush=True)
         if rows == overhead_rows:
-            if "provider" in wanted:
+            if "provider" in wanted:  # and provider_pool, cold
                 results.extend(overhead_runs(cfg, workdir, env))
             continue
         systems = [s for s in ("raw", "stream", "plain_ray", "provider", "provider_pool") if s in wanted]
