@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,9 @@ class AirflowServices:
     def create_backfill(self, dag_id: str, *args: str, attempts: int = 6) -> None:
         """``airflow backfill create``, which is not idempotent: an attempt that meets SQLite's write
         lock may have created the backfill before failing, and then a plain retry is refused with
-        "Another backfill is running". So before a retry, look for the open backfill it left."""
+        "Another backfill is running". So before a retry, look for the open backfill it left. One
+        that took none of the dates' runs is an orphan (its row committed, its runs rolled back):
+        the scheduler would close it only after two minutes, so it is cancelled and created again."""
         for attempt in range(attempts):
             try:
                 self.cli("backfill", "create", "--dag-id", dag_id, *args, attempts=1)
@@ -97,9 +100,25 @@ class AirflowServices:
                 if "database is locked" not in str(exc) or attempt == attempts - 1:
                     raise
             backfills = self.api("GET", "/backfills", params={"dag_id": dag_id})["backfills"]
-            if any(not b.get("completed_at") for b in backfills):
+            left = [b for b in backfills if not b.get("completed_at")]
+            if any(self.backfill_took_runs(dag_id, b) for b in left):
                 return
+            for b in left:  # an orphan: nothing of it runs, cancelling it touches no run
+                self.api("PUT", f"/backfills/{b['id']}/cancel")
             time.sleep(2 * (attempt + 1))
+
+    def backfill_took_runs(self, dag_id: str, backfill: dict[str, Any]) -> bool:
+        """Whether a backfill created or cleared (queued) any run of its dates: each such run was
+        queued after the backfill was created."""
+        created = datetime.fromisoformat(backfill["created_at"])
+        first, last = datetime.fromisoformat(backfill["from_date"]), datetime.fromisoformat(backfill["to_date"])
+        return any(
+            r.get("queued_at")
+            and first <= datetime.fromisoformat(r["logical_date"]) <= last
+            and datetime.fromisoformat(r["queued_at"]) >= created
+            for r in self.runs(dag_id)
+            if r.get("logical_date")
+        )
 
     def api(self, method: str, path: str, *, prefix: str = "/api/v2", **kwargs: Any) -> Any:
         """The public REST API; ``prefix="/ui"`` for the endpoints only the UI's pages call."""
@@ -154,6 +173,10 @@ def services_env(home: Path, port: int, bundles: list[dict[str, Any]], extra: di
     env.update(
         {
             "AIRFLOW_HOME": str(home),
+            # SQLite allows one writer; the others wait for its lock up to the driver's timeout (5 s by
+            # default, then "database is locked"). On a loaded 2-core machine the scheduler's
+            # transactions can hold it longer; a backfill create that fails half-way costs minutes
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}?timeout=30",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__PARALLELISM": "2",

@@ -81,7 +81,9 @@ def world(tmp_path_factory, ray_cluster):
         "registry": bi_home / "registry",
         "cluster": ray_cluster,
     }
+    t0 = time.monotonic()
     services.stop()
+    TIMINGS["stop services"] = time.monotonic() - t0
     print("\nscenario wall times:", json.dumps({k: round(v, 1) for k, v in TIMINGS.items()}))
 
 
@@ -472,7 +474,9 @@ def asset_services(tmp_path_factory, ray_cluster):
         TIMINGS["asset services: start and parse"] = time.monotonic() - t0
         yield {"services": services, "root": root, "stage": bi_home / "stage"}
     finally:
+        t0 = time.monotonic()
         services.stop()
+        print(f"\nasset services stopped in {time.monotonic() - t0:.1f}s")
 
 
 def test_a_publish_dag_runs_on_the_inference_dags_asset(asset_services, tmp_path):
