@@ -102,6 +102,7 @@ class BackgroundServer:
                 time.sleep(0.3)
 
     def stop(self, timeout: float = 60) -> None:
+        """SIGTERM to the group; SIGKILL to it if its leader has not exited after ``timeout`` s."""
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=timeout)
@@ -118,6 +119,11 @@ def airflow_db():
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, env=os.environ)
     yield _HOME
     shutil.rmtree(_HOME, ignore_errors=True)
+
+
+# A `ray start --block` node given SIGTERM takes ~30 s to exit (its GCS server lingers), then is gone
+# all the same. Its tests are over and its temp dir is removed next: a short grace, then SIGKILL.
+_RAY_STOP_GRACE = 5
 
 
 @pytest.fixture(scope="session")
@@ -171,7 +177,7 @@ def ray_cluster():
         "token": (Path.home() / ".ray" / "auth_token").read_text().strip(),
     }
     os.environ.pop("RAY_ADDRESS", None)
-    head.stop()
+    head.stop(timeout=_RAY_STOP_GRACE)
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
@@ -382,7 +388,7 @@ def two_node_cluster(tmp_path_factory):
         yield {"address": address, "nodes": nodes}
     finally:
         for server in reversed(servers):
-            server.stop()
+            server.stop(timeout=_RAY_STOP_GRACE)
         for temp in temps:
             shutil.rmtree(temp, ignore_errors=True)
 
