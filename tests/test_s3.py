@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import io
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -363,8 +364,13 @@ def test_error_and_overwrite_on_s3_with_1000_plus_stale_objects_and_run10_untouc
     bucket = s3_connection[5:]
     earlier = job_file(run1, attempt="t01old", owner=RunOwner("bi_test_overwrite_retry", "infer", "earlier", 1))
     client.put_object(Bucket=bucket, Key=f"out/run1/{JOB_SPEC_FILE}", Body=earlier.to_json().encode())
-    for i in range(1100):
-        client.put_object(Bucket=bucket, Key=f"out/run1/part-{i:05d}-t01old.parquet", Body=b"stale")
+    with ThreadPoolExecutor(8) as pool:  # 1,100 round trips to the S3 server, 8 at a time
+        list(
+            pool.map(
+                lambda i: client.put_object(Bucket=bucket, Key=f"out/run1/part-{i:05d}-t01old.parquet", Body=b"stale"),
+                range(1100),
+            )
+        )
     client.put_object(Bucket=bucket, Key=f"out/run1/{SUCCESS_MARKER}", Body=b"{}")
     state, tasks, _ = run_dag("bi_test_overwrite_retry", input=s3_tickets[0], out=run1)
     assert state == "success", tasks
