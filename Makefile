@@ -67,7 +67,7 @@ constraints:
 # benchmarks/results/latest.{json,png} and trees.{json,log}. BENCH_ARGS=--quick for small sizes.
 bench: $(VENV)/.installed-bench
 	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
-	$(VENV)/bin/python -m benchmarks.trees --only xgboost
+	$(VENV)/bin/python -m benchmarks.trees --only xgboost,lightgbm
 
 bench-quick: $(VENV)/.installed-bench
 	$(VENV)/bin/python -m benchmarks.run --quick $(BENCH_ARGS)
