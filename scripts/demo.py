@@ -75,11 +75,17 @@ def main() -> int:
     print(f"DAG wall time : {wall:.1f}s  (full log: {log_path})")
     from airflow_provider_batchinfer.launchers import embedded_ray
 
-    print(
-        f"Embedded Ray  : stays up {embedded_ray.idle_seconds():g}s for the next job (state in "
-        f"{embedded_ray.state_dir()}); stop it now with "
-        f"{sys.executable} -m airflow_provider_batchinfer.launchers.embedded_ray stop {embedded_ray.state_dir()}"
-    )
+    if embedded_ray.read_state(embedded_ray.state_dir()) is None:
+        print(
+            "Embedded Ray  : not running (a one-replica job is scored in its driver process and starts none; "
+            "the first job on the actor pool starts it)"
+        )
+    else:
+        print(
+            f"Embedded Ray  : stays up {embedded_ray.idle_seconds():g}s for the next job (state in "
+            f"{embedded_ray.state_dir()}); stop it now with "
+            f"{sys.executable} -m airflow_provider_batchinfer.launchers.embedded_ray stop {embedded_ray.state_dir()}"
+        )
     return 0 if counts.output_rows == counts.input_rows else 1
 
 
