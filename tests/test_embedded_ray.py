@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,6 +23,7 @@ from airflow_provider_batchinfer.launchers import embedded_ray
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.launchers.local import PARENT_PID_ENV, LocalLauncher
 from airflow_provider_batchinfer.launchers.procs import proc_alive, proc_start_time
+from airflow_provider_batchinfer.specs import JobSpec
 from airflow_provider_batchinfer.stage import SUCCESS_MARKER
 from tests.conftest import REPO, run_dag
 from tests.models import committed_manifest, write_tickets
@@ -79,7 +81,11 @@ def test_a_state_dir_of_another_user_is_refused(tmp_path, monkeypatch):
     with pytest.raises(
         LaunchError, match=rf"state directory {foreign} belongs to uid 65534, not to .* BATCHINFER_RAY_DIR"
     ):
-        LocalLauncher().start(None, "unused", LOG)  # type: ignore[arg-type]
+        # a job that needs the actor pool: a one-replica job starts no Ray and never reads the directory
+        on_pool = SimpleNamespace(
+            job_spec=JobSpec(replicas=2), model=SimpleNamespace(flavor="python_class"), llm_engine=None
+        )
+        LocalLauncher().start(on_pool, "unused", LOG)  # type: ignore[arg-type]
 
 
 def test_leases_of_ended_processes_are_dropped(tmp_path):
