@@ -322,14 +322,13 @@ def test_the_budget_guard_stops_the_job_and_a_resume_with_a_higher_budget_comple
     the task fails permanently, saying how far it got, and commits nothing. With the gate gone and a
     higher budget, a RESUME retry keeps whatever parts were complete and scores only the rest."""
     rows = 900
-    # no rows_per_part: with it, this machine's Ray Data idled ~20 s after the first block (seen in
-    # three runs, also with the gate open), so Ray Data writes one part at the end and a stopped job
-    # keeps none; what RESUME keeps is whatever was complete, checked below either way
+    # rows_per_part=50: the 6 fast batches become complete parts before the budget stops the job,
+    # so the RESUME has parts to keep (until part_rows.py, its 1-CPU repartition idled ~20 s here)
     inputs = write_tickets(tmp_path / "in", rows=rows, files=9)
     out, gate = tmp_path / "out", tmp_path / "gate"
     gate.write_text("closed")
     params = {"gate": str(gate), "fast_batches": 6, "delay": 2.0}
-    job = {"max_batch_rows": 50}
+    job = {"max_batch_rows": 50, "rows_per_part": 50}
     first = _operator(inputs, out, "gated_length", SaveMode.RESUME, params, max_cost=30.0, **job)
     with pytest.raises(AirflowFailException) as caught:  # permanent: a retry would spend the same
         first.execute({"ti": TaskInstanceStandIn(try_number=1)})
@@ -348,6 +347,7 @@ def test_the_budget_guard_stops_the_job_and_a_resume_with_a_higher_budget_comple
     assert not (out / "_SUCCESS").exists()
     _settled(out)
     kept = _complete_parts(out)
+    assert 0 < sum(kept.values()) < rows, kept  # the parts written before the stop, each whole
 
     gate.unlink()
     retry = _operator(inputs, out, "gated_length", SaveMode.RESUME, params, max_cost=1e6, **job)

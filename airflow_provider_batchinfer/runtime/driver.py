@@ -28,6 +28,7 @@ from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
 from airflow_provider_batchinfer.runtime.flavors import allows_missing, preflight, transfer_rows
 from airflow_provider_batchinfer.runtime.io import make_datasink, replicas_per_node, row_bytes
+from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts
 from airflow_provider_batchinfer.runtime.plan import (
     ActorPool,
     ColumnPlan,
@@ -221,7 +222,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
         )
     ds = reuse.with_keys(ds, checked.reuse, storage, io)  # #16: row keys + where an earlier run has them
     if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
-        ds = ds.repartition(target_num_rows_per_block=spec.rows_per_part)
+        ds = cut_into_parts(ds, spec.rows_per_part, io)  # at the io share, not Ray's 1 CPU (part_rows.py)
     if checked.engine == "vllm":  # ray.data.llm runs its own stages and engine actors
         print(
             f"[batchinfer] engine: vLLM via ray.data.llm, {spec.replicas} engine replica(s) x "

@@ -32,9 +32,10 @@ if TYPE_CHECKING:
     from airflow_provider_batchinfer.specs import JobSpec
 
 # Per node, one whole CPU beside the replicas: Ray Data runs some of its own tasks at its default of
-# 1 CPU (in Ray 2.60 the Parquet file listing, ``ListFiles``, runs while the replicas start; a
-# ``repartition`` for ``rows_per_part`` too), and a bundle with less than 1 CPU free would never run
-# them: the job would hang inside its own reservation (seen with 0.5 on Ray 2.60).
+# 1 CPU (in Ray 2.60 the Parquet file listing, ``ListFiles``, runs while the replicas start), and a
+# bundle with less than 1 CPU free would never run them: the job would hang inside its own
+# reservation (seen with 0.5 on Ray 2.60). The ``rows_per_part`` repartition would be another such
+# task, held for the whole read; it asks for ``IO_TASK_CPU`` instead (``part_rows.py``).
 IO_SHARE_CPU = 1.0
 IO_TASK_CPU = 0.25  # what one read, write or filter task asks for: four at a time in the share
 # Each replica also asks for a token of memory, and each node's bundle holds exactly its replicas'
