@@ -40,13 +40,21 @@ def max_rows_setting(spec_value: int | None, environ: Mapping[str, str] = os.env
     return value if value >= 0 else None
 
 
+#: the flavor whose jobs run on an LLM engine (vLLM or transformers)
+LLM_FLAVOR = "text_generation"
+
+
+def chosen_engine(spec_engine: str | None, connection_engine: str | None, num_gpus: float) -> str:
+    """The engine rule, the one place it lives (``runtime/llm.resolve_engine`` adds its checks):
+    ``JobSpec.engine``, else the connection's ``llm_engine``, else vLLM exactly when the job has GPUs."""
+    return spec_engine or connection_engine or ("vllm" if num_gpus > 0 else "transformers")
+
+
 def llm_engine(job: JobFile) -> str | None:
-    """The engine a text generation job runs on (``runtime/llm.resolve_engine``'s rule, without its
-    checks): ``JobSpec.engine``, else the connection's, else vLLM exactly when the job has GPUs."""
-    spec = job.job_spec
-    if job.model.flavor != "text_generation":
+    """The engine a text generation job runs on; None for every other flavor."""
+    if job.model.flavor != LLM_FLAVOR:
         return None
-    return spec.engine or job.llm_engine or ("vllm" if spec.num_gpus > 0 else "transformers")
+    return chosen_engine(job.job_spec.engine, job.llm_engine, job.job_spec.num_gpus)
 
 
 def spec_reason(job: JobFile, limit: int, environ: Mapping[str, str] = os.environ) -> str | None:

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_batchinfer.chat import finish_reason, response, response_types, sampling_params
+from airflow_provider_batchinfer.contract.placement import LLM_FLAVOR, chosen_engine
 from airflow_provider_batchinfer.runtime.dereference import dereference_messages, normalize_roots, parse_messages
 
-LLM_FLAVOR = "text_generation"
 INSTALL_HINT = "pip install 'airflow-provider-batchinfer[llm]' (vllm and ray[llm]) in the image the Ray workers run"
 
 
@@ -34,15 +34,15 @@ class LLMEngineError(RuntimeError):
 
 
 def resolve_engine(flavor: str, job: Any, default_engine: str | None = None) -> str | None:
-    """``None`` for models that are not text generation; else ``"vllm"`` or ``"transformers"``:
-    ``JobSpec.engine``, else the connection's ``llm_engine``, else vLLM exactly when the job has GPUs."""
+    """``None`` for models that are not text generation; else ``"vllm"`` or ``"transformers"``, as
+    ``contract/placement.chosen_engine`` picks it, checked."""
     if flavor != LLM_FLAVOR:
         if job.engine is not None:
             raise LLMEngineError(
                 f"JobSpec.engine={job.engine!r} applies to text_generation models, not {flavor}; drop it"
             )
         return None
-    engine = job.engine or default_engine or ("vllm" if job.num_gpus > 0 else "transformers")
+    engine = chosen_engine(job.engine, default_engine, job.num_gpus)
     if engine not in ("vllm", "transformers"):
         raise LLMEngineError(f"llm_engine={engine!r} in the connection: use 'vllm' or 'transformers'")
     return engine
