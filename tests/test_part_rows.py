@@ -5,6 +5,7 @@ job idled ~20 s after its first part."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -26,7 +27,8 @@ _PIPELINE = textwrap.dedent(
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts, repartition_remote_args
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    # its own local Ray, whatever RAY_ADDRESS the suite's cluster fixture left in the environment
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     group = placement_group([{"CPU": 2}])
@@ -44,13 +46,15 @@ _PIPELINE = textwrap.dedent(
 
     ds = ray.data.read_parquet(sys.argv[1], ray_remote_args=io, concurrency=2)
     ds = ds.map_batches(keep_all, batch_size=None, batch_format="pyarrow", **io)
+    before = repartition_remote_args(ds)  # None: the last operator is no repartition
     ds = cut_into_parts(ds, 40, io)
     args = dict(repartition_remote_args(ds) or {})
     ds = ds.map_batches(Replica, batch_size=40, batch_format="pyarrow", num_cpus=1,
                         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=1))
     blocks = [ray.get(ref) for ref in ds.to_arrow_refs()]
     print(json.dumps({
-        "args": args,
+        "before": before,
+        "args": {"num_cpus": args.get("num_cpus")},
         "block_rows": [b.num_rows for b in blocks],
         "ids": sorted(i for b in blocks for i in b.column("id").to_pylist()),
         "stats": ds.stats(),
@@ -70,22 +74,15 @@ def test_the_repartition_asks_for_the_io_share_and_fuses_with_the_filter_before_
         capture_output=True,
         text=True,
         timeout=240,
+        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     # the logical operator took the io share (Ray holds it where part_rows.py looks for it)
+    assert result["before"] is None
     assert result["args"]["num_cpus"] == IO_TASK_CPU, result["args"]
     # every row once, in blocks of at most rows_per_part rows
     assert result["ids"] == list(range(300))
     assert max(result["block_rows"]) <= 40 and sum(result["block_rows"]) == 300, result["block_rows"]
     # Ray Data fuses a filter into the repartition only when both ask for the same resources
     assert "MapBatches(keep_all)->StreamingRepartition" in result["stats"], result["stats"][:2000]
-
-
-def test_a_dataset_that_ends_in_no_repartition_has_no_repartition_args():
-    import ray.data
-
-    from airflow_provider_batchinfer.runtime.part_rows import repartition_remote_args
-
-    # builds the logical plan only: ray.data.range is lazy, nothing runs and no Ray starts
-    assert repartition_remote_args(ray.data.range(10).map_batches(lambda b: b)) is None

@@ -347,7 +347,9 @@ def test_the_budget_guard_stops_the_job_and_a_resume_with_a_higher_budget_comple
     assert not (out / "_SUCCESS").exists()
     _settled(out)
     kept = _complete_parts(out)
-    assert 0 < sum(kept.values()) < rows, kept  # the parts written before the stop, each whole
+    # the parts written before the stop, each whole (usually several: the 6 fast batches; none when
+    # the replica's start took most of the budget's 15 s, as on a machine loaded far past its cores)
+    assert sum(kept.values()) < rows, kept
 
     gate.unlink()
     retry = _operator(inputs, out, "gated_length", SaveMode.RESUME, params, max_cost=1e6, **job)
