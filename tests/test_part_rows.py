@@ -20,7 +20,6 @@ from airflow_provider_batchinfer.runtime.resources import IO_TASK_CPU
 _PIPELINE = textwrap.dedent(
     """
     import json, sys
-    import pyarrow as pa
     import ray, ray.data
     from ray.data._internal.execution.interfaces import ExecutionResources
     from ray.util.placement_group import placement_group
@@ -40,9 +39,9 @@ _PIPELINE = textwrap.dedent(
     def keep_all(batch):  # stands for RESUME's drop_done: a filter at the io share
         return batch
 
-    class Replica:
+    class Replica:  # stands for the model: an actor at 1 CPU
         def __call__(self, batch):
-            return batch.append_column("rows_in_call", pa.array([batch.num_rows] * batch.num_rows))
+            return batch
 
     ds = ray.data.read_parquet(sys.argv[1], ray_remote_args=io, concurrency=2)
     ds = ds.map_batches(keep_all, batch_size=None, batch_format="pyarrow", **io)
