@@ -150,7 +150,8 @@ def test_a_backend_for_another_flavor_is_refused_before_ray_starts(tmp_path):
     )
     run_dir, job = ticket_job(tmp_path, registry, model, "flavor", 20, backend="onnx")
     with pytest.raises(
-        BackendRefusedError, match=r"applies to sentence_transformers models; text_length/v1 is 'python'"
+        BackendRefusedError,
+        match=r"applies to sentence_transformers and torchscript models; text_length/v1 is 'python'",
     ):
         check_before_ray(job)
     assert list(run_dir.iterdir()) == []

@@ -161,12 +161,14 @@ def check_before_ray(job: JobFile) -> CheckedJob:
 
 def check_backend(job: JobFile) -> None:
     """#18: an optimized backend only for the flavor that has one, refused before Ray starts."""
+    from airflow_provider_batchinfer.runtime.flavors import OPTIMIZED_FLAVORS
+
     backend = job.job_spec.backend
-    if backend not in (None, "torch") and job.model.flavor != "sentence_transformers":
-        from airflow_provider_batchinfer.runtime.flavors.optimized_text import BackendRefusedError
+    if backend not in (None, "torch") and job.model.flavor not in OPTIMIZED_FLAVORS:
+        from airflow_provider_batchinfer.runtime.flavors.optimized_cache import BackendRefusedError
 
         raise BackendRefusedError(
-            f"JobSpec.backend={backend!r} applies to sentence_transformers models; {job.model.name}/"
+            f"JobSpec.backend={backend!r} applies to {' and '.join(OPTIMIZED_FLAVORS)} models; {job.model.name}/"
             f"{job.model.version} is {job.model.flavor!r}. Leave JobSpec.backend unset for it"
         )
 
@@ -270,7 +272,7 @@ def replica_kwargs(checked: CheckedJob, pool: ActorPool, counter: Any) -> dict[s
         },
         "storage_options": checked.storage,  # no credentials: the workers get those from worker_env()
         "num_gpus": pool["num_gpus"],
-        "backend": spec.backend,  # #18: ONNX Runtime for sentence-transformers (flavors/optimized_text.py)
+        "backend": spec.backend,  # #18: ONNX Runtime (flavors/optimized_text.py, optimized_torchscript.py)
         "min_cosine": spec.backend_min_cosine,
     }
 

@@ -54,7 +54,7 @@ class ModelReplica:
         backend: str | None = None,
         min_cosine: float = 0.99,
     ) -> None:
-        from airflow_provider_batchinfer.runtime.flavors import load_predictor
+        from airflow_provider_batchinfer.runtime.flavors import load_optimized, load_predictor
 
         started = time.monotonic()
         node = node_identity()
@@ -77,22 +77,21 @@ class ModelReplica:
             device, threads, load_torch=manifest["flavor"] in TORCH_FLAVORS and not optimized
         )
         imported = time.monotonic()
+        rows = model_call_rows(manifest["flavor"], device, max_rows)
         if optimized:
             from airflow_provider_batchinfer.registry.fetch import model_cache_dir
-            from airflow_provider_batchinfer.runtime.flavors import optimized_text
 
-            self.predict = optimized_text.load(
+            self.predict = load_optimized(
                 model_dir,
                 {**manifest, "sha256": sha256},
                 device,
                 threads,
-                max_rows,
+                rows,
                 backend=str(backend),
                 min_cosine=min_cosine,
                 cache_root=model_cache_dir(cache_dir),
             )
         else:
-            rows = model_call_rows(manifest["flavor"], device, max_rows)
             self.predict = load_predictor(model_dir, manifest, device=device, threads=threads, max_rows=rows)
         if self.threads is None and "torch" in sys.modules:  # the user's own class imported it
             self.threads = set_torch_threads(device, threads, load_torch=True)
@@ -263,7 +262,7 @@ def replica_init_error(exc: BaseException) -> JobError | None:
     (``BackendRefusedError``, with their ``permanent``) when it is one."""
     import re
 
-    from airflow_provider_batchinfer.runtime.flavors.optimized_text import BackendRefusedError
+    from airflow_provider_batchinfer.runtime.flavors.optimized_cache import BackendRefusedError
 
     for cls in (NoCudaError, BackendRefusedError):
         found = re.search(rf"{cls.__name__}: (.+)", str(exc))

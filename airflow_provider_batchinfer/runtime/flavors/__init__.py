@@ -38,6 +38,15 @@ _MODULES = {
 }
 
 
+# #18: the flavors with an optimized backend (JobSpec.backend="onnx" | "onnx_int8"): ONNX Runtime,
+# exported once per model version and node (optimized_cache.py)
+_OPTIMIZED = {
+    "sentence_transformers": "airflow_provider_batchinfer.runtime.flavors.optimized_text",
+    "torchscript": "airflow_provider_batchinfer.runtime.flavors.optimized_torchscript",
+}
+OPTIMIZED_FLAVORS = tuple(_OPTIMIZED)
+
+
 def _module(flavor: str):
     if flavor not in _MODULES:
         raise ValueError(f"model flavor {flavor!r} is not supported by this runtime ({', '.join(_MODULES)})")
@@ -48,6 +57,39 @@ def load_predictor(
     model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None
 ) -> Predictor:
     return _module(manifest["flavor"]).load(model_dir, manifest, device=device, threads=threads, max_rows=max_rows)
+
+
+def load_optimized(
+    model_dir: Path,
+    manifest: dict[str, Any],
+    device: str,
+    threads: int,
+    max_rows: int | None,
+    *,
+    backend: str,
+    min_cosine: float,
+    cache_root: Path,
+) -> Predictor:
+    """The flavor's predictor on its optimized backend (ONNX Runtime); a flavor without one is
+    refused (``check_backend`` in the driver refuses it earlier, before Ray starts)."""
+    from airflow_provider_batchinfer.runtime.flavors.optimized_cache import BackendRefusedError
+
+    flavor = manifest["flavor"]
+    if flavor not in _OPTIMIZED:
+        raise BackendRefusedError(
+            f"JobSpec.backend={backend!r} applies to {' and '.join(OPTIMIZED_FLAVORS)} models; "
+            f"{manifest['name']}/{manifest['version']} is {flavor!r}. Leave JobSpec.backend unset for it"
+        )
+    return importlib.import_module(_OPTIMIZED[flavor]).load(
+        model_dir,
+        manifest,
+        device,
+        threads,
+        max_rows,
+        backend=backend,
+        min_cosine=min_cosine,
+        cache_root=cache_root,
+    )
 
 
 def preflight(model_dir: Path | None, manifest: dict[str, Any]) -> list[str]:

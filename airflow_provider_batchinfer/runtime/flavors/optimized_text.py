@@ -27,8 +27,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,19 +34,21 @@ from typing import Any
 
 import numpy as np
 
-from airflow_provider_batchinfer.runtime.errors import JobError
+from airflow_provider_batchinfer.runtime.flavors import optimized_cache
+from airflow_provider_batchinfer.runtime.flavors.optimized_cache import (
+    BackendRefusedError,
+    check_guard,
+    cosines,
+    has_files,
+    quantize_int8,
+)
+
+__all__ = ["BackendRefusedError", "OrtEncoder", "export", "load", "optimized_dir", "prepare"]
 
 FORMAT = 1
 SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
 POOLING = ("mean", "cls", "max")
 SAMPLE_ROWS = 48  # texts in the accuracy sample: a few seconds of PyTorch at export time, once
-
-
-class BackendRefusedError(JobError):
-    """The optimized backend cannot serve this model (unsupported modules, or its embeddings are
-    too far from PyTorch's): no retry can change that, so the job fails before scoring anything."""
-
-    permanent = True
 
 
 def sample_texts(rows: int = SAMPLE_ROWS) -> list[str]:
@@ -121,7 +121,7 @@ def sample_texts(rows: int = SAMPLE_ROWS) -> list[str]:
 
 
 def optimized_dir(cache_root: Path, sha256: str, backend: str) -> Path:
-    return cache_root / "optimized" / sha256 / f"{backend}-v{FORMAT}"
+    return optimized_cache.optimized_dir(cache_root, sha256, backend, FORMAT)
 
 
 # --- export (once per model version and backend; needs torch and sentence-transformers) ------------------------
@@ -210,18 +210,7 @@ def export(model_dir: Path, backend: str, target: Path) -> dict[str, Any]:
     fp32 = target / ("model.onnx" if backend == "onnx" else "model-fp32.onnx")
     inputs = _export_onnx(st, mode, normalize, fp32)
     if backend == "onnx_int8":
-        from onnx import TensorProto
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        # per channel: per-tensor INT8 weights cost MiniLM ~0.04 of mean cosine, per channel ~0.006
-        quantize_dynamic(
-            str(fp32),
-            str(target / "model.onnx"),
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            extra_options={"DefaultTensorType": TensorProto.FLOAT},
-        )
-        fp32.unlink()
+        quantize_int8(fp32, target / "model.onnx")
     st[0].tokenizer.backend_tokenizer.save(str(target / "tokenizer.json"))
     info: dict[str, Any] = {
         "format": FORMAT,
@@ -238,9 +227,7 @@ def export(model_dir: Path, backend: str, target: Path) -> dict[str, Any]:
     texts = sample_texts()
     reference = st.encode(texts, batch_size=16, convert_to_numpy=True, show_progress_bar=False)
     mine = OrtEncoder(target, threads=max(1, os.cpu_count() or 1)).encode(texts, batch_size=16)
-    cosine = np.sum(reference * mine, axis=1) / (
-        np.linalg.norm(reference, axis=1) * np.linalg.norm(mine, axis=1) + 1e-12
-    )
+    cosine = cosines(reference, mine)
     info.update(
         cosine_mean=round(float(cosine.mean()), 6),
         cosine_min=round(float(cosine.min()), 6),
@@ -254,45 +241,12 @@ def export(model_dir: Path, backend: str, target: Path) -> dict[str, Any]:
 def prepare(model_dir: Path, sha256: str, backend: str, cache_root: Path) -> tuple[Path, dict[str, Any], bool]:
     """The cached export of this model version for ``backend``, made now when missing: (its
     directory, its ``info.json``, whether this call exported it). Concurrent replicas on one node
-    export once: the others wait on the lock and find it done."""
-    import fcntl
-
-    target = optimized_dir(cache_root, sha256, backend)
-    if (target / "info.json").exists() and _complete(target):
-        return target, json.loads((target / "info.json").read_text()), False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "info.json").exists() and _complete(target):
-            return target, json.loads((target / "info.json").read_text()), False
-        shutil.rmtree(target, ignore_errors=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
-            info = export(model_dir, backend, work)
-            os.replace(work, target)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return target, info, True
-
-
-def _complete(target: Path) -> bool:
-    try:
-        info = json.loads((target / "info.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return "cosine_mean" in info and (target / "model.onnx").exists() and (target / "tokenizer.json").exists()
-
-
-def check_guard(info: dict[str, Any], min_cosine: float, model: str) -> None:
-    """Refuse the backend when its embeddings are further from PyTorch's than the job allows."""
-    if info["cosine_mean"] < min_cosine:
-        other = "; JobSpec(backend='onnx') keeps fp32 weights" if info["backend"] == "onnx_int8" else ""
-        raise BackendRefusedError(
-            f"backend {info['backend']!r} refused for {model}: its embeddings agree with PyTorch's at a mean cosine "
-            f"similarity of {info['cosine_mean']:.4f} (least {info['cosine_min']:.4f}) on {info['sample_rows']} "
-            f"sample texts, below JobSpec.backend_min_cosine={min_cosine:g}. Nothing was scored. Run it with "
-            f"JobSpec(backend=None) (PyTorch){other}, or lower backend_min_cosine if that accuracy is enough"
-        )
+    export once: the others wait on the lock and find it done (``optimized_cache.prepare``)."""
+    return optimized_cache.prepare(
+        optimized_dir(cache_root, sha256, backend),
+        lambda work: export(model_dir, backend, work),
+        lambda target: has_files(target, "model.onnx", "tokenizer.json"),
+    )
 
 
 # --- inference (no torch) ------------------------------------------------------------------------------------
@@ -357,7 +311,7 @@ def load(
             "Leave JobSpec.backend unset for it"
         )
     directory, info, exported = prepare(model_dir / manifest["options"]["dir"], manifest["sha256"], backend, cache_root)
-    check_guard(info, min_cosine, model)
+    check_guard(info, min_cosine, model, f"embeddings on {info['sample_rows']} sample texts")
     say(
         f"[batchinfer] backend {backend}: {'exported in ' + str(info['export_s']) + 's' if exported else 'cached export'} "
         f"at {directory}; accuracy guard: mean cosine {info['cosine_mean']:.4f} (least {info['cosine_min']:.4f}) "

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 
-def _features(inputs) -> np.ndarray:
+def features(inputs) -> np.ndarray:
+    """The float32 feature matrix of a batch (also what the ONNX backend feeds, ``optimized_torchscript.py``)."""
     import pyarrow as pa
 
     first = inputs.schema.field(0).type
@@ -46,7 +47,7 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
     outputs = list(manifest["signature"]["outputs"])
 
     def predict(inputs, params: dict[str, Any]) -> dict[str, Any]:
-        x = torch.from_numpy(np.ascontiguousarray(_features(inputs))).to(device)
+        x = torch.from_numpy(np.ascontiguousarray(features(inputs))).to(device)
         step = max_rows or len(x) or 1
         with torch.inference_mode():
             if len(x) <= step:
@@ -56,17 +57,24 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         if isinstance(y, dict):
             return {name: _to_numpy(y[name]) for name in outputs}
         if isinstance(y, (tuple, list)):
-            if len(y) != len(outputs):
-                raise ValueError(f"model returned {len(y)} outputs but its signature names {outputs}")
-            return {name: _to_numpy(t) for name, t in zip(outputs, y, strict=False)}
-        if len(outputs) == 1:
-            return {outputs[0]: _to_numpy(y)}
-        arr = _to_numpy(y)
-        if arr.ndim != 2 or arr.shape[1] != len(outputs):
-            raise ValueError(f"model returned shape {arr.shape} but its signature names {len(outputs)} outputs")
-        return {name: arr[:, i] for i, name in enumerate(outputs)}
+            return name_outputs([_to_numpy(t) for t in y], outputs)
+        return name_outputs(_to_numpy(y), outputs)
 
     return predict
+
+
+def name_outputs(y: np.ndarray | list[np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+    """The signature's output columns from what the model returned: one array per output (a
+    tuple), or one array whose columns are the outputs (a single output may be a flat vector)."""
+    if isinstance(y, list):
+        if len(y) != len(outputs):
+            raise ValueError(f"model returned {len(y)} outputs but its signature names {outputs}")
+        return dict(zip(outputs, y, strict=True))
+    if len(outputs) == 1:
+        return {outputs[0]: y}
+    if y.ndim != 2 or y.shape[1] != len(outputs):
+        raise ValueError(f"model returned shape {y.shape} but its signature names {len(outputs)} outputs")
+    return {name: y[:, i] for i, name in enumerate(outputs)}
 
 
 def _concat(parts: list[Any]) -> Any:
@@ -81,7 +89,9 @@ def _concat(parts: list[Any]) -> Any:
 
 
 def _to_numpy(t) -> np.ndarray:
-    arr = t.detach().to("cpu").numpy()
-    if arr.ndim == 2 and arr.shape[1] == 1:
-        arr = arr[:, 0]
-    return arr
+    return squeeze_column(t.detach().to("cpu").numpy())
+
+
+def squeeze_column(arr: np.ndarray) -> np.ndarray:
+    """An ``(n, 1)`` output as a flat column of ``n`` values."""
+    return arr[:, 0] if arr.ndim == 2 and arr.shape[1] == 1 else arr

@@ -1,0 +1,112 @@
+"""What the optimized backends (``JobSpec.backend="onnx" | "onnx_int8"``) share: the per-node cache
+of exports, dynamic INT8 quantization, the accuracy guard and its refusal.
+
+Why one place: each backend (``optimized_text.py`` for sentence-transformers, ``optimized_torchscript.py``
+for TorchScript models) exports a model once per version and node, and every job decides from the
+stored figures whether it may use the export. The cache layout, the lock that makes concurrent
+replicas export once, and the rule that refuses a backend below ``JobSpec.backend_min_cosine`` must
+not drift apart between them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from airflow_provider_batchinfer.runtime.errors import JobError
+
+
+class BackendRefusedError(JobError):
+    """The optimized backend cannot serve this model (unsupported structure, or its outputs are too
+    far from PyTorch's): no retry can change that, so the job fails before scoring anything."""
+
+    permanent = True
+
+
+def optimized_dir(cache_root: Path, sha256: str, backend: str, export_format: int) -> Path:
+    """Where the export of one model version (``sha256``) for ``backend`` lives on this node:
+    content-addressed, so versions never collide; ``export_format`` changes when an export made by an
+    older release can no longer be read."""
+    return cache_root / "optimized" / sha256 / f"{backend}-v{export_format}"
+
+
+def prepare(
+    target: Path, export: Callable[[Path], dict[str, Any]], complete: Callable[[Path], bool]
+) -> tuple[Path, dict[str, Any], bool]:
+    """The cached export at ``target``, made now with ``export(work_dir) -> info`` when missing:
+    (its directory, its ``info.json``, whether this call exported it). It is built in a temporary
+    directory and renamed into place under a file lock, so concurrent replicas on one node export
+    once and never read a half-written one."""
+    import fcntl
+
+    if complete(target):
+        return target, json.loads((target / "info.json").read_text()), False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if complete(target):
+            return target, json.loads((target / "info.json").read_text()), False
+        shutil.rmtree(target, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            info = export(work)
+            (work / "info.json").write_text(json.dumps(info))
+            os.replace(work, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return target, info, True
+
+
+def has_files(target: Path, *names: str) -> bool:
+    """Whether ``target`` holds a finished export: an ``info.json`` with the guard's figures and
+    each of ``names``."""
+    try:
+        info = json.loads((target / "info.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return "cosine_mean" in info and all((target / name).exists() for name in names)
+
+
+def quantize_int8(fp32: Path, out: Path) -> None:
+    """Dynamic INT8 weights, per channel (per-tensor INT8 cost MiniLM ~0.04 of mean cosine, per
+    channel ~0.006); activations stay float and are quantized on the fly. ``fp32`` is removed."""
+    from onnx import TensorProto
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(fp32),
+        str(out),
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        extra_options={"DefaultTensorType": TensorProto.FLOAT},
+    )
+    fp32.unlink()
+
+
+def cosines(reference: np.ndarray, mine: np.ndarray) -> np.ndarray:
+    """The cosine similarity of each row of ``mine`` to the same row of ``reference`` (two rows
+    that are both all zeros agree: 1.0)."""
+    dot = np.sum(reference * mine, axis=1)
+    norms = np.linalg.norm(reference, axis=1) * np.linalg.norm(mine, axis=1)
+    both_zero = (norms < 1e-12) & (np.abs(reference - mine).max(axis=1, initial=0.0) < 1e-6)
+    return np.where(both_zero, 1.0, dot / np.maximum(norms, 1e-12))
+
+
+def check_guard(info: dict[str, Any], min_cosine: float, model: str, compared: str) -> None:
+    """Refuse the backend when its outputs are further from PyTorch's than the job allows.
+    ``compared`` says what the figure compares, for the message (e.g. "embeddings ... sample texts")."""
+    if info["cosine_mean"] < min_cosine:
+        other = "; JobSpec(backend='onnx') keeps fp32 weights" if info["backend"] == "onnx_int8" else ""
+        raise BackendRefusedError(
+            f"backend {info['backend']!r} refused for {model}: its {compared} agree with PyTorch's at a mean cosine "
+            f"similarity of {info['cosine_mean']:.4f} (least {info['cosine_min']:.4f}), below "
+            f"JobSpec.backend_min_cosine={min_cosine:g}. Nothing was scored. Run it with "
+            f"JobSpec(backend=None) (PyTorch){other}, or lower backend_min_cosine if that accuracy is enough"
+        )
