@@ -13,7 +13,8 @@ process tree from outside. Systems:
   write ``_job.json``, launch the runtime with the local launcher, wait for ``_SUCCESS``;
 - ``provider_pool``: the same with ``JobSpec(in_driver_max_rows=0)``: on Ray Data's actor pool, as on
   a named cluster, instead of in the driver process (what a one-replica job on the embedded Ray gets);
-- ``provider_int8``: the same with ``JobSpec(backend="onnx_int8")`` (text only).
+- ``provider_int8``: the same with ``JobSpec(backend="onnx_int8")`` (text only);
+- ``provider_onnx``: the same with ``JobSpec(backend="onnx")`` (the MLP on ONNX Runtime, no torch).
 """
 
 from __future__ import annotations
@@ -202,6 +203,8 @@ SYSTEMS = {
     ("provider_pool", "mlp"): lambda cfg: provider({**cfg, "in_driver_max_rows": 0}),
     # the optimized backend (ONNX Runtime, INT8 weights), its export made before the timed run
     ("provider_int8", "text"): lambda cfg: provider({**cfg, "backend": "onnx_int8"}),
+    # the MLP on ONNX Runtime (JobSpec(backend="onnx")): a job on the cached export never imports torch
+    ("provider_onnx", "mlp"): lambda cfg: provider({**cfg, "backend": "onnx"}),
 }
 
 

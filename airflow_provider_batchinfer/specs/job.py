@@ -77,7 +77,8 @@ class JobSpec:
     max_error_fraction: float | None = None
     max_value_bytes: int | None = 64 << 20
     rows_per_part: int | None = None
-    # #18: the optimized backend for sentence-transformers models and its accuracy guard
+    # #18: the optimized backend (ONNX Runtime) for sentence-transformers and TorchScript models, and its
+    # accuracy guard
     backend: str | None = None
     backend_min_cosine: float = 0.99
     # 16.2: the budget guard (runtime/usage.py): stop, commit nothing, once the running estimate of the
@@ -191,12 +192,14 @@ def _check_backend(backend: str | None, min_cosine: float) -> None:
     if backend is not None and backend not in MODEL_BACKENDS:
         raise SpecError(
             f"JobSpec.backend={backend!r}: use one of {list(MODEL_BACKENDS)} or None (PyTorch), e.g. "
-            "JobSpec(backend='onnx_int8') for a sentence-transformers model on CPU."
+            "JobSpec(backend='onnx_int8') for a sentence-transformers model on CPU, JobSpec(backend='onnx') for "
+            "a TorchScript model that should start without importing torch."
         )
     if isinstance(min_cosine, bool) or not isinstance(min_cosine, (int, float)) or not 0 < min_cosine <= 1:
         raise SpecError(
             f"JobSpec.backend_min_cosine is the least mean cosine similarity between the optimized backend's "
-            f"embeddings and PyTorch's on a sample, in (0, 1]; got {min_cosine!r}. Write e.g. 0.99."
+            f"outputs and PyTorch's on a sample (embeddings; a TorchScript model's output columns, centred), "
+            f"in (0, 1]; got {min_cosine!r}. Write e.g. 0.99."
         )
 
 
