@@ -27,7 +27,7 @@ from airflow_provider_batchinfer.runtime.attach import init_ray
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
 from airflow_provider_batchinfer.runtime.flavors import allows_missing, preflight, transfer_rows
-from airflow_provider_batchinfer.runtime.io import make_datasink, replicas_per_node, row_bytes
+from airflow_provider_batchinfer.runtime.io import make_datasink, read_input, replicas_per_node, row_bytes
 from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts
 from airflow_provider_batchinfer.runtime.plan import (
     ActorPool,
@@ -205,13 +205,8 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
     input_spec, model = job.input_spec, job.model
     io = {"num_cpus": pool["io_cpus"]}
     filesystem = Stage.open(checked.files[0], storage).fs if storage else None
-    ds = ray.data.read_parquet(
-        checked.files,
-        columns=plan["read"],
-        filesystem=filesystem,
-        ray_remote_args=io,
-        concurrency=io_tasks(pool),  # #18: no more read workers than the replicas can keep up with
-    )
+    # #18: no more read workers than the replicas can keep up with, footer readers sized to the files
+    ds = read_input(checked.files, plan["read"], filesystem, io, concurrency=io_tasks(pool))
     if len(checked.kept["ids"]):
         from airflow_provider_batchinfer.runtime.resume import drop_done
 
