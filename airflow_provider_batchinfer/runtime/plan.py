@@ -216,7 +216,17 @@ def batch_rows_for_input(transfer: int, max_rows: int, input_rows: int, files: i
     never gets there (every block smaller than the batch: a small input) waits for the end of the
     read to be flushed, which on Ray 2.60 came ~20-25 s late (a 10,000-row MLP job: pipeline 29 s,
     a 100,000-row one: 7 s). A batch no larger than a file's rows is dispatched as soon as its block
-    is read. (``max_rows`` still bounds each model call; a smaller batch only means a smaller call.)"""
+    is read. (``max_rows`` still bounds each model call; a smaller batch only means a smaller call.)
+
+    Why the read ended late (Ray Data's log): inside a placement group Ray Data budgets with the
+    group's bundles, which name no object store memory, so every operator's output budget is zero.
+    The block waiting in the model's queue counts against the read's, the read stays
+    ``backpressured: outputs(ResourceBudget)``, and only the idle detector (two 10 s checks) lets it
+    finish. Two ways out were measured and not taken: naming ``object_store_memory`` in the bundles
+    crashes the raylet of Ray 2.60 when the group is removed; showing it to Ray Data alone (a
+    ``PlacementGroup`` handle whose bundle cache names it) removed the stall (5.7 s instead of 26.6 s
+    with this cap lifted) but made the 1M-row MLP on the actor pool ~15% slower on two cores
+    (8.7-9.7 s against 7.7-8.1 s: the reads ran ahead of the one replica and took its cores)."""
     per_file = -(-input_rows // max(files, 1)) if input_rows else transfer
     return max(1, min(transfer, per_file))
 
