@@ -174,8 +174,16 @@ def test_models_the_export_cannot_express_are_refused_with_why(tmp_path):
         torch.jit.script(Named()),
         signature={"inputs": {"a": "float32"}, "outputs": {"s": "float32"}},
     )
+    narrow = registry.log_model(  # a signature of 3 features for a model that takes 4
+        "narrow",
+        "v1",
+        "torchscript",
+        tiny_mlp(4),
+        signature={"inputs": dict.fromkeys("abc", "float32"), "outputs": {"s": "float32"}},
+    )
     cases = [
         (listed, r"reads the list column\(s\) \['x'\], whose width the signature does not give"),
+        (narrow, r"PyTorch itself failed on 512 rows of the 3 features its signature names \(RuntimeError: "),
         (named, r"named/v1 returns dict. Run it with JobSpec\(backend=None\)"),
     ]
     for version, why in cases:

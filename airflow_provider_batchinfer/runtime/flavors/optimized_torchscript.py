@@ -93,8 +93,15 @@ def export(model_file: Path, manifest: dict[str, Any], backend: str, target: Pat
     model = f"{manifest['name']}/{manifest['version']}"
     started = time.monotonic()
     sample = np.random.default_rng(18).standard_normal((SAMPLE_ROWS, feature_width(manifest)), dtype=np.float32)
-    with torch.no_grad():  # the reference first: exporting a ScriptModule leaves it unfit for inference
-        returned = torch.jit.load(str(model_file), map_location="cpu").eval()(torch.from_numpy(sample))
+    try:  # the reference first: exporting a ScriptModule leaves it unfit for inference
+        with torch.no_grad():
+            returned = torch.jit.load(str(model_file), map_location="cpu").eval()(torch.from_numpy(sample))
+    except Exception as exc:  # e.g. the signature names more or fewer features than the model takes
+        raise BackendRefusedError(
+            f"the optimized backend could not export {model}: PyTorch itself failed on {SAMPLE_ROWS} rows of the "
+            f"{sample.shape[1]} features its signature names ({type(exc).__name__}: {str(exc).strip()[:300]}). "
+            "Log the model with a signature naming one input column per feature, in order"
+        ) from exc
     reference = _as_arrays(returned, model)
     names = [f"output_{i}" for i in range(len(reference))]
     fp32 = target / ("model.onnx" if backend == "onnx" else "model-fp32.onnx")
