@@ -304,12 +304,7 @@ def load(
     """A predictor with the sentence-transformers flavor's shape, running on ONNX Runtime."""
     from airflow_provider_batchinfer.runtime.flavors.sentence_transformers import DEFAULT_BATCH_SIZE
 
-    model = f"{manifest['name']}/{manifest['version']}"
-    if manifest["flavor"] != "sentence_transformers":
-        raise BackendRefusedError(
-            f"JobSpec.backend={backend!r} applies to sentence_transformers models; {model} is {manifest['flavor']!r}. "
-            "Leave JobSpec.backend unset for it"
-        )
+    model = f"{manifest['name']}/{manifest['version']}"  # the flavor was checked by flavors.load_optimized
     directory, info, exported = prepare(model_dir / manifest["options"]["dir"], manifest["sha256"], backend, cache_root)
     check_guard(info, min_cosine, model, f"embeddings on {info['sample_rows']} sample texts")
     say(
