@@ -49,6 +49,20 @@ class PidLength(TextLength):
         return super().predict(batch)
 
 
+class WhereLength(TextLength):
+    """TextLength plus ``LENGTH_OFFSET`` from the scoring process's environment, leaving a file named
+    after that process's pid in ``pid_dir``: which process scored a job, with which environment."""
+
+    def predict(self, batch, pid_dir=None, delay=0.0):
+        import time
+
+        if pid_dir:
+            Path(pid_dir, str(os.getpid())).touch()
+        time.sleep(delay)
+        out = super().predict(batch)
+        return {"length": out["length"] + int(os.environ.get("LENGTH_OFFSET", "0"))}
+
+
 def write_tickets(
     directory: Path, rows: int = 500, files: int = 4, bad_row: int | None = None, fail_once_flag: Path | None = None
 ) -> Path:

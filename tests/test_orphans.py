@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from unittest import mock
 
 import psutil
 import pytest
 
+from airflow_provider_batchinfer.launchers import warm_runtime
+from airflow_provider_batchinfer.launchers.local import LocalLauncher
 from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER
 from tests.conftest import REPO
 from tests.models import SlowLength, write_tickets
@@ -32,7 +36,12 @@ bag.get_dag("bi_test_error_mode").test(run_conf=json.loads(sys.argv[2]))
 """
 
 
-def _runtime_of(out: Path) -> psutil.Process | None:
+def _runtime_of(out: Path, log: str) -> psutil.Process | None:
+    """The job's runtime process: started for it (its command line names the job file), or the warm
+    spare it was handed to (the task log names that process)."""
+    warm = re.search(r"in warm runtime process (\d+)", log)
+    if warm:
+        return psutil.Process(int(warm.group(1)))
     spec = str(out / JOB_SPEC_FILE)
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
@@ -51,10 +60,13 @@ def _gone(proc: psutil.Process, wait_s: float) -> bool:
     return True
 
 
-def _kill_the_task_process_mid_job(registry, tmp_path, rows: int, scoring: str, **extra_env: str) -> None:
+def _kill_the_task_process_mid_job(
+    registry, tmp_path, rows: int, scoring: str, warm: bool = False, **extra_env: str
+) -> None:
     """Run the test DAG's task in its own process on the embedded default (RAY_ADDRESS removed),
     SIGKILL that process once the job's log shows ``scoring``, and check that the runtime ends
-    within 30 s and no _SUCCESS appears, even after the job's normal run."""
+    within 30 s and no _SUCCESS appears, even after the job's normal run. ``warm``: a spare runtime
+    process waits for the job (launchers/warm_runtime.py), else none may take it."""
     registry.log_model("slow_length", "v1", "python", python_class=SlowLength, signature=SIGNATURE)
     data = write_tickets(tmp_path / "in", rows=rows, files=3)
     out = tmp_path / "out"
@@ -62,6 +74,11 @@ def _kill_the_task_process_mid_job(registry, tmp_path, rows: int, scoring: str, 
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.update(extra_env)
+    env[warm_runtime.ENABLE_ENV] = "1" if warm else "0"
+    if warm:  # the spare the task's launcher finds: started from the same environment
+        with mock.patch.dict(os.environ, env, clear=True):
+            spare = warm_runtime.prestart(LocalLauncher().spare_environment(), "python", None, 120)
+            assert spare is not None and warm_runtime.wait_ready(warm_runtime.spares_dir(), 60)
     log_path = tmp_path / "task.log"
     with open(log_path, "w") as log:
         task = subprocess.Popen(
@@ -75,15 +92,18 @@ def _kill_the_task_process_mid_job(registry, tmp_path, rows: int, scoring: str, 
         runtime = None
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and task.poll() is None:
-            runtime = _runtime_of(out) if (out / JOB_SPEC_FILE).exists() else None
-            if runtime is not None and scoring in log_path.read_text():  # scoring, not starting
+            log = log_path.read_text()
+            runtime = _runtime_of(out, log) if (out / JOB_SPEC_FILE).exists() else None
+            if runtime is not None and scoring in log:  # scoring, not starting
                 break
             time.sleep(0.5)
         assert runtime is not None and task.poll() is None, log_path.read_text()[-4000:]
-        parent = runtime.parent()
-        assert parent is not None and parent.pid == int(runtime.environ()["BATCHINFER_PARENT_PID"])
+        assert (f"in warm runtime process {runtime.pid}" in log_path.read_text()) == warm
+        if not warm:  # a spare is nobody's child; its watchdog watches the task's pid all the same
+            parent = runtime.parent()
+            assert parent is not None and parent.pid == task.pid == int(runtime.environ()["BATCHINFER_PARENT_PID"])
         killed_at = time.monotonic()
-        parent.send_signal(signal.SIGKILL)  # the task process: no on_kill, no cleanup
+        os.kill(task.pid, signal.SIGKILL)  # the task process: no on_kill, no cleanup
         assert _gone(runtime, 30), "the job outlived its task process by 30 s"
         print(f"runtime ended {time.monotonic() - killed_at:.1f}s after the kill")
         time.sleep(rows / 100 * 0.5 + 5)  # past the job's normal scoring: a surviving job would have committed
@@ -112,6 +132,13 @@ def test_kill_9_of_the_task_process_ends_its_job_and_nothing_commits(registry, t
 def test_kill_9_of_the_task_process_ends_a_job_scored_in_the_driver(registry, tmp_path):
     """#18: a job scored in the driver process (1,000 rows: 10 model calls of 0.5 s) dies with it too."""
     _kill_the_task_process_mid_job(registry, tmp_path, rows=1000, scoring="rows in the driver process")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("airflow_db")
+def test_kill_9_of_the_task_process_ends_a_job_in_a_warm_runtime_process(registry, tmp_path):
+    """The same job handed to a spare that was waiting for it: not the task's child, ended all the same."""
+    _kill_the_task_process_mid_job(registry, tmp_path, rows=1000, scoring="rows in the driver process", warm=True)
 
 
 def test_the_watchdog_kills_its_process_group_when_the_parent_goes(tmp_path):

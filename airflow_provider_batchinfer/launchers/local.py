@@ -17,7 +17,9 @@ Where the job runs:
   job that needs it, shared by later and concurrent jobs (each holds a lease while it runs) and
   stopped after ``idle_s`` seconds without a job. A job the runtime will score in its own process
   whatever its rows (one CPU replica, ``contract/placement.py``) is started without it: starting Ray
-  is most of a small job's cold start, and such a job never uses it.
+  is most of a small job's cold start, and such a job never uses it. Such a job is handed to a
+  spare runtime process that has already imported its model library when one is ready
+  (``launchers/warm_runtime.py``); once it ends, the next spare of its kind is started.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from airflow_provider_batchinfer.contract import JobFailure, JobResult, parse_runtime_line, placement
-from airflow_provider_batchinfer.launchers import embedded_ray
+from airflow_provider_batchinfer.launchers import embedded_ray, warm_runtime
 from airflow_provider_batchinfer.launchers.base import (
     FAILED,
     RUNTIME_MODULE,
@@ -121,10 +123,11 @@ class LocalLauncher(Launcher):
         self.kill_grace_s = kill_grace_s
         self.extra_env = dict(extra_env or {})
         self.check_version = check_version
-        self._proc: subprocess.Popen[str] | None = None
+        self._proc: subprocess.Popen[str] | warm_runtime.WarmProcess | None = None
         self._lock = threading.Lock()
         self._timed_out = False
         self._lease: tuple[Path, int] | None = None
+        self._spare_kind: tuple[str, str | None] | None = None  # (flavor, backend): start a spare after
 
     @classmethod
     def from_config(cls, config: ServiceConfig) -> LocalLauncher:
@@ -186,12 +189,7 @@ class LocalLauncher(Launcher):
         elif placement.scored_in_driver_whatever_the_rows(job, {**env, placement.EMBEDDED_RAY_ENV: "1"}):
             env[placement.EMBEDDED_RAY_ENV] = "1"  # the embedded default's machine: the driver may score
             env.pop("RAY_AUTH_TOKEN", None)
-            log.info(
-                "Launching batch inference job: %s (scored in that process: one CPU replica on the embedded "
-                "default needs no Ray, so none is started for it)",
-                " ".join(cmd),
-            )
-            self._spawn(cmd, env)
+            self._start_in_driver(job, cmd, env, log)
         else:
             self._start_embedded(cmd, env, log)
         return JobHandle(job_id=job.job_id, attempt=job.attempt)
@@ -212,10 +210,53 @@ class LocalLauncher(Launcher):
             embedded_ray.add_lease(directory, proc.pid)
             self._lease = (directory, proc.pid)
 
+    def _start_in_driver(self, job: JobFile, cmd: list[str], env: dict[str, str], log: TaskLog) -> None:
+        """A job scored in the runtime's own process: in a ready spare of its model kind, else in a
+        fresh interpreter; either way the next spare is started once it ends (``_release``)."""
+        why = "one CPU replica on the embedded default needs no Ray, so none is started for it"
+        kind = (job.model.flavor, job.job_spec.backend)
+        warm = None
+        if warm_runtime.enabled(env):
+            self._spare_kind = kind
+            warm = warm_runtime.hand_over(cmd[3:], env, *kind, self.spare_environment())
+        if warm is None:
+            log.info("Launching batch inference job: %s (scored in that process: %s)", " ".join(cmd), why)
+            self._spawn(cmd, env)
+            return
+        log.info(
+            "Launching batch inference job: %s in warm runtime process %d, its model library already imported "
+            "(scored in that process: %s)",
+            " ".join(cmd[3:]),
+            warm.pid,
+            why,
+        )
+        with self._lock:
+            self._timed_out = False
+            self._proc = warm
+
+    def spare_environment(self) -> dict[str, str]:
+        """What a spare starts with: this worker's environment, never a connection's credentials nor
+        a task's pid (the job's own environment replaces it when the job is handed over)."""
+        env = {k: v for k, v in self.environment().items() if k not in self.extra_env}
+        for key in (PARENT_PID_ENV, "RAY_AUTH_TOKEN", "RAY_ADDRESS"):
+            env.pop(key, None)
+        env[placement.EMBEDDED_RAY_ENV] = "1"
+        return env
+
+    def _prestart_spare(self) -> None:
+        kind, self._spare_kind = self._spare_kind, None
+        if kind is None:
+            return
+        env = self.spare_environment()
+        try:
+            warm_runtime.prestart(env, *kind, embedded_ray.idle_seconds(self.idle_s, env))
+        except (OSError, LaunchError):
+            pass  # no spare: the next job starts a fresh interpreter, as without them
+
     def _spawn(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
         with self._lock:
             self._timed_out = False
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 cmd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -224,7 +265,8 @@ class LocalLauncher(Launcher):
                 bufsize=1,
                 start_new_session=True,  # its own process group, so on_kill can stop Ray's children too
             )
-            return self._proc
+            self._proc = proc
+            return proc
 
     def poll(self, handle: JobHandle) -> str | None:
         return None  # its output is the outcome: only wait() reads it
@@ -268,6 +310,7 @@ class LocalLauncher(Launcher):
         lease, self._lease = self._lease, None
         if lease is not None:
             embedded_ray.drop_lease(*lease)
+        self._prestart_spare()
 
     def _outcome(
         self,

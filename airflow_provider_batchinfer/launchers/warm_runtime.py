@@ -1,0 +1,277 @@
+"""Warm runtime processes for the embedded default: hand a job to a spare that has already imported
+its model library (``runtime/spare.py`` says why and how), and start the next spare once a job ends.
+
+Only for jobs the ``local`` launcher scores in the runtime's own process with no Ray (one CPU
+replica on the embedded default): there the imports are most of a small job and a third of a 1M-row
+tabular one. A job on Ray imports its library in Ray's workers, which a spare cannot warm.
+
+Spares live in ``<embedded Ray state dir>/spares/<fingerprint>``, a 0700 directory of this user.
+The fingerprint covers the interpreter, this package's source files and the environment variables
+read when a library is imported (``PYTHONPATH``, thread counts, ``LD_PRELOAD``…): a spare started
+before a change is never handed a job; it sits out its ``idle_s`` (the embedded Ray's idle timeout)
+and exits. ``BATCHINFER_WARM_RUNTIME=0`` turns spares off (each job in a fresh interpreter).
+
+Imports neither Airflow nor Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from airflow_provider_batchinfer.contract import handover
+from airflow_provider_batchinfer.launchers import embedded_ray
+from airflow_provider_batchinfer.launchers.procs import proc_alive
+
+__all__ = ["ENABLE_ENV", "WarmProcess", "enabled", "hand_over", "prestart", "spares_dir", "stop_spares", "wait_ready"]
+
+ENABLE_ENV = "BATCHINFER_WARM_RUNTIME"
+SPARE_MODULE = "airflow_provider_batchinfer.runtime.spare"
+#: read when a library is imported (or by the interpreter itself): a spare started under other
+#: values would run the job differently from a fresh process
+_IMPORT_TIME_ENV = (
+    "PYTHONPATH",
+    "PYTHONHASHSEED",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+)
+#: a Unix socket's path must fit in 107 bytes; beyond this, no spares (jobs start as before)
+_MAX_SOCKET_PATH = 107
+
+
+def enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _package_stamp() -> str:
+    """This package's source files (path, size, mtime): a spare never runs code older than the job's."""
+    root = Path(handover.__file__).resolve().parents[1]
+    digest = hashlib.sha256(str(root).encode())
+    for path in sorted(root.rglob("*.py")):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def fingerprint(environ: Mapping[str, str]) -> str:
+    digest = hashlib.sha256(f"{sys.executable}\n{sys.version}\n{_package_stamp()}".encode())
+    for key in _IMPORT_TIME_ENV:
+        digest.update(f"\n{key}={environ.get(key, '')}".encode())
+    return digest.hexdigest()[:16]
+
+
+def spares_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    return embedded_ray.state_dir(environ) / "spares" / fingerprint(environ)
+
+
+def kind_of(flavor: str, backend: str | None) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in f"{flavor}-{backend or 'native'}")
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if directory.stat().st_uid != os.getuid() or directory.parent.stat().st_uid != os.getuid():
+        raise PermissionError(f"{directory} does not belong to uid {os.getuid()}")
+    with open(directory / "lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _ready(directory: Path, kind: str) -> list[Path]:
+    return [p for p in directory.glob(f"{kind}.*.sock") if proc_alive(handover.pid_of(p.name))]
+
+
+def _starting(directory: Path, kind: str = "*") -> list[Path]:
+    return [p for p in directory.glob(f"{kind}.*.sock.starting") if proc_alive(handover.pid_of(p.name))]
+
+
+def _forget_the_dead(directory: Path) -> None:
+    """Remove the files of spares that died (killed while waiting or importing)."""
+    for path in [*directory.glob("*.sock"), *directory.glob("*.sock.starting"), *directory.glob("*.sock.claimed")]:
+        if not proc_alive(handover.pid_of(path.name)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+# --- a job in a spare ------------------------------------------------------------------------------
+class WarmProcess:
+    """A job running in a spare: the part of ``subprocess.Popen`` the ``local`` launcher uses.
+    The spare is not this process's child; its exit code comes over the hand-over connection
+    (read under a lock: the launcher's timeout thread may wait while the task's thread does)."""
+
+    def __init__(self, pid: int, stdout_fd: int, conn: socket.socket, pending: bytes = b"") -> None:
+        self.pid = pid
+        self.stdout = open(stdout_fd, encoding="utf-8", errors="replace")
+        self.returncode: int | None = None
+        self._conn = conn
+        self._pending = pending
+        self._lock = threading.Lock()
+
+    def _read(self, timeout: float) -> None:
+        """Read the spare's lines for up to ``timeout`` seconds; set ``returncode`` at its exit."""
+        while self.returncode is None and b"\n" not in self._pending:
+            ready, _, _ = select.select([self._conn], [], [], timeout)
+            if not ready:
+                return
+            chunk = self._conn.recv(4096)
+            if not chunk:  # closed without an exit line: the process was killed
+                self._finish(-signal.SIGKILL)
+                return
+            self._pending += chunk
+        while self.returncode is None and b"\n" in self._pending:
+            line, self._pending = self._pending.split(b"\n", 1)
+            message = json.loads(line)
+            if "exit" in message:
+                self._finish(int(message["exit"]))
+
+    def _finish(self, code: int) -> None:
+        self.returncode = code
+        self._conn.close()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                self._read(0)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self.returncode is None:
+                    self._read(0.2)
+                if self.returncode is not None:
+                    return self.returncode
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"warm runtime process {self.pid}", timeout or 0.0)
+
+
+def _claim(directory: Path, kind: str) -> Path | None:
+    for path in sorted(_ready(directory, kind)):
+        target = path.with_name(handover.claimed_name(path.name))
+        try:
+            os.rename(path, target)  # atomic: exactly one launcher wins each spare
+        except FileNotFoundError:
+            continue  # another launcher's, or retired
+        return target
+    return None
+
+
+def hand_over(
+    args: list[str], env: Mapping[str, str], flavor: str, backend: str | None, environ: Mapping[str, str]
+) -> WarmProcess | None:
+    """Run the job in a ready spare of its kind; None when there is none (start it as before)."""
+    directory = spares_dir(environ)
+    if not directory.is_dir():
+        return None
+    with _locked(directory):
+        claimed = _claim(directory, kind_of(flavor, backend))
+    if claimed is None:
+        return None
+    read_fd, write_fd = os.pipe()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(30)
+        conn.connect(str(claimed))
+        request = handover.encode_request({"args": args, "env": dict(env), "cwd": os.getcwd()})
+        socket.send_fds(conn, [request], [write_fd])
+        os.close(write_fd)
+        write_fd = -1
+        reply = b""
+        while b"\n" not in reply:
+            chunk = conn.recv(4096)
+            if not chunk:
+                raise ConnectionError("the spare closed the connection before it took the job")
+            reply += chunk
+        first, rest = reply.split(b"\n", 1)
+        message = json.loads(first)
+        if "pid" not in message:
+            raise ConnectionError(f"the spare refused the job: {message.get('refused', message)}")
+        conn.settimeout(None)
+    except (OSError, ValueError):
+        # nothing ran: the spare takes on the job only after it has answered with its pid
+        conn.close()
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+        with contextlib.suppress(FileNotFoundError):
+            claimed.unlink()
+        return None
+    return WarmProcess(int(message["pid"]), read_fd, conn, rest)
+
+
+# --- spares ---------------------------------------------------------------------------------------
+def prestart(env: Mapping[str, str], flavor: str, backend: str | None, idle_s: float) -> int | None:
+    """Start a spare of this kind unless one is ready or starting; its pid, or None."""
+    directory = spares_dir(env)
+    kind = kind_of(flavor, backend)
+    longest = directory / f".{handover.socket_name(kind, 4_194_304)}.binding"  # the largest pid Linux gives
+    if len(str(longest).encode()) > _MAX_SOCKET_PATH or idle_s <= 0:
+        return None
+    with _locked(directory):
+        _forget_the_dead(directory)
+        if _ready(directory, kind) or _starting(directory, kind):
+            return None
+        with open(directory / "spares.log", "ab") as log:
+            command = [sys.executable, "-m", SPARE_MODULE, "--dir", str(directory), "--kind", kind]
+            command += ["--flavor", flavor, "--backend", backend or "", "--idle-s", str(idle_s)]
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                start_new_session=True,  # its own process group: a job in it is stopped by its group
+            )
+        (directory / handover.starting_name(handover.socket_name(kind, proc.pid))).touch()
+    return proc.pid
+
+
+def wait_ready(directory: Path, timeout: float = 60.0) -> bool:
+    """Wait until no spare in ``directory`` is still importing (benchmarks: nothing runs beside)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not directory.is_dir() or not _starting(directory):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def stop_spares(directory: Path) -> int:
+    """Stop every waiting spare in ``directory`` (a job already handed over runs on); how many."""
+    stopped = 0
+    if not directory.is_dir():
+        return 0
+    with _locked(directory):
+        for path in [*directory.glob("*.sock"), *directory.glob("*.sock.starting")]:
+            pid = handover.pid_of(path.name)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            if proc_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 15)
+                    stopped += 1
+    return stopped
