@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -246,6 +247,29 @@ def _tree_rss(root, include_root: bool) -> int:
 
 
 SHOW_LOG = False
+_WARM_PROCESS = re.compile(r"in warm runtime process (\d+)")
+
+
+def _spare_dirs(env: dict) -> list[Path]:
+    from airflow_provider_batchinfer.launchers.embedded_ray import state_dir
+
+    return sorted((state_dir(env) / "spares").glob("*"))
+
+
+def settle_spares(env: dict) -> None:
+    """Wait until no spare runtime process is still importing its libraries: the provider starts one
+    after a job, and its imports must not run beside the next system's timed run."""
+    from airflow_provider_batchinfer.launchers.warm_runtime import wait_ready
+
+    for directory in _spare_dirs(env):
+        wait_ready(directory, timeout=120)
+
+
+def stop_spares(env: dict) -> int:
+    """Stop the waiting spares: the next provider job starts cold (a fresh interpreter)."""
+    from airflow_provider_batchinfer.launchers.warm_runtime import stop_spares as stop
+
+    return sum(stop(directory) for directory in _spare_dirs(env))
 
 
 def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, timeout: float) -> dict:
@@ -257,6 +281,7 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
     cfg["out_dir"] = str(out)
     spec = workdir / f"cfg-{system}-{workload}-{cfg['rows']}.json"
     spec.write_text(json.dumps(cfg))
+    settle_spares(env)
     load_before = os.getloadavg()[0]
     started = time.monotonic()
     proc = subprocess.Popen(
@@ -270,13 +295,17 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
     )
     root = psutil.Process(proc.pid)
     peak = [0]
+    warm = [0]  # the spare runtime process a provider job was handed to: not a child of the harness
     stop = threading.Event()
 
     def sample() -> None:
         # the provider's harness process is the Airflow task, not the job: measure the runtime's tree
         while not stop.is_set():
             try:
-                peak[0] = max(peak[0], _tree_rss(root, include_root=not system.startswith("provider")))
+                rss = _tree_rss(root, include_root=not system.startswith("provider"))
+                if warm[0]:
+                    rss += _tree_rss(psutil.Process(warm[0]), include_root=True)
+                peak[0] = max(peak[0], rss)
             except Exception:
                 pass
             stop.wait(0.2)
@@ -287,6 +316,9 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line.rstrip())
+        handed = _WARM_PROCESS.search(line)
+        if handed:
+            warm[0] = int(handed.group(1))
         if SHOW_LOG and "[batchinfer]" in line:
             print("      " + line.split("[batchinfer]", 1)[1].strip()[:200], flush=True)
         if line.startswith(RESULT_PREFIX):
@@ -336,18 +368,20 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
 
 def overhead_runs(cfg: dict, workdir: Path, env: dict, warm_runs: int = 3) -> list[dict]:
     """The 100-row provider job cold, then ``warm_runs`` times warm. Cold twice, the embedded Ray
-    stopped before each: the default one-replica job (scored in its driver, it starts no Ray) and the
-    same job on the actor pool (``provider_pool``: it starts the embedded Ray, whose start-up is in
-    the figure). The warm runs find that Ray up, as a busy worker's jobs do."""
+    and every spare runtime process stopped before each: the default one-replica job (scored in its
+    own process, it starts no Ray, and its interpreter imports torch) and the same job on the actor
+    pool (``provider_pool``: it starts the embedded Ray, whose start-up is in the figure). The warm
+    runs find that Ray up and the spare the first job left, as a busy worker's jobs do."""
     from airflow_provider_batchinfer.launchers.embedded_ray import shutdown, state_dir
 
     runs = []
     plan = [("provider", "cold: no Ray running, and a one-replica job starts none")]
     plan += [("provider_pool", "cold, on the actor pool: starts the embedded Ray")]
-    plan += [("provider", "warm: the embedded Ray up")] * warm_runs
+    plan += [("provider", "warm: the embedded Ray up, a spare runtime process waiting")] * warm_runs
     for n, (system, what) in enumerate(plan):
         if n < 2:
             shutdown(state_dir(env))
+            stop_spares(env)
         print(f"  ({what})", flush=True)
         result = run_system(system, "mlp", cfg, workdir, env, timeout=600)
         result["load_before_max"] = result["load_before"]
@@ -479,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         from airflow_provider_batchinfer.launchers.embedded_ray import shutdown
 
         shutdown(Path(env["BATCHINFER_RAY_DIR"]))
+        stop_spares(env)
         shutil.rmtree(env["BATCHINFER_RAY_DIR"], ignore_errors=True)
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

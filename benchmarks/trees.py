@@ -9,7 +9,9 @@
    - ``stream``: one process, ``ParquetFile.iter_batches`` -> ``inplace_predict`` -> ``ParquetWriter``;
    - ``provider``: ``BatchInferenceOperator.execute()`` as a task runs it (resolve and verify the
      model, ``_job.json``, the runtime on the embedded default, ``_SUCCESS``), twice: the first run
-     after the benchmark's start (cold file caches; a one-replica job starts no Ray) and again (warm).
+     after the benchmark's start (cold file caches; a one-replica job starts no Ray, and its fresh
+     interpreter imports the library) and again (warm: handed to the spare runtime process the first
+     run left, its library imported; ``launchers/warm_runtime.py``).
 2. **ONNX vs native scikit-learn** (in-process, same rows, same threads): a logistic regression, an
    MLP and a random forest exported with ``skl2onnx``, scored in model calls of 100 rows and of
    65,536 rows, to say when the ``onnx`` flavor beats the ``sklearn`` one.
@@ -44,6 +46,12 @@ def _emit(**result) -> None:
 
 
 # --- data and models ------------------------------------------------------------------------------------
+def settle_spares(env: dict) -> None:
+    from benchmarks.run import settle_spares as settle
+
+    settle(env)
+
+
 def make_data(directory: Path, rows: int) -> Path:
     """1M-style input: the MLP benchmark's feature files, with this benchmark's 32 features."""
     from benchmarks.run import make_features
@@ -227,6 +235,7 @@ CHILDREN = {"raw": raw, "stream": stream, "provider": provider, "onnx": onnx_vs_
 def run_child(cfg: dict, workdir: Path, env: dict, timeout: float = 1800) -> list[dict]:
     spec = workdir / f"cfg-{cfg['system']}-{cfg.get('flavor', '')}-{time.monotonic_ns()}.json"
     spec.write_text(json.dumps(cfg))
+    settle_spares(env)  # a spare's imports never run beside a timed system
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.trees", "--child", str(spec)],
         cwd=REPO,

@@ -86,6 +86,16 @@ def main() -> int:
             f"{embedded_ray.state_dir()}); stop it now with "
             f"{sys.executable} -m airflow_provider_batchinfer.launchers.embedded_ray stop {embedded_ray.state_dir()}"
         )
+    from airflow_provider_batchinfer.launchers import warm_runtime
+
+    spares = warm_runtime.waiting(embedded_ray.state_dir())
+    if spares:
+        kinds = ", ".join(f"{kind} (pid {pid})" for kind, pid in spares)
+        print(
+            f"Warm runtime  : {kinds} waits {embedded_ray.idle_seconds():g}s for the next job of its kind, its "
+            f"model library imported; stop it with {sys.executable} -m "
+            f"airflow_provider_batchinfer.launchers.warm_runtime stop (BATCHINFER_WARM_RUNTIME=0: none)"
+        )
     return 0 if counts.output_rows == counts.input_rows else 1
 
 

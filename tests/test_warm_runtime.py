@@ -157,6 +157,11 @@ def test_a_spare_nobody_claims_exits_when_idle_or_when_its_directory_is_removed(
     assert waiting is not None and _ready_spares(spares, "python-native") == [waiting]
     shutil.rmtree(spares)
     assert _gone(waiting, 20), "a spare outlived its directory"
+    # and the command the demo prints stops one at once
+    stopped = warm_runtime.prestart(env, "python", None, idle_s=300.0)
+    assert warm_runtime.waiting(spares) == [("python-native", stopped)]
+    assert warm_runtime.main(["stop", str(spares)]) == 0
+    assert _gone(stopped, 10) and warm_runtime.waiting(spares) == []
 
 
 def test_one_spare_goes_to_one_launcher_and_a_changed_setup_gets_none(spares, monkeypatch):

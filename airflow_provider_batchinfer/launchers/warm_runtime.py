@@ -275,3 +275,27 @@ def stop_spares(directory: Path) -> int:
                     os.kill(pid, 15)
                     stopped += 1
     return stopped
+
+
+def waiting(state_directory: Path) -> list[tuple[str, int]]:
+    """``(kind, pid)`` of every spare under an embedded-default state directory, ready or importing."""
+    found = []
+    for path in sorted((state_directory / "spares").glob("*/*.sock*")):
+        if path.name.endswith((".sock", ".sock.starting")) and proc_alive(handover.pid_of(path.name)):
+            found.append((path.name.split(".")[0], handover.pid_of(path.name)))
+    return found
+
+
+def main(argv: list[str]) -> int:
+    """``python -m airflow_provider_batchinfer.launchers.warm_runtime stop [state dir]``."""
+    if argv[:1] == ["stop"] and len(argv) <= 2:
+        root = Path(argv[1]) if len(argv) == 2 else embedded_ray.state_dir()
+        stopped = sum(stop_spares(d) for d in sorted((root / "spares").glob("*")))
+        print(f"stopped {stopped} spare runtime process(es) under {root / 'spares'}")
+        return 0
+    print("usage: python -m airflow_provider_batchinfer.launchers.warm_runtime stop [state dir]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
