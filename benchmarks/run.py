@@ -368,10 +368,10 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
 
 def overhead_runs(cfg: dict, workdir: Path, env: dict, warm_runs: int = 3) -> list[dict]:
     """The 100-row provider job cold, then ``warm_runs`` times warm. Cold twice, the embedded Ray
-    and every spare runtime process stopped before each: the default one-replica job (scored in its
-    own process, it starts no Ray, and its interpreter imports torch) and the same job on the actor
-    pool (``provider_pool``: it starts the embedded Ray, whose start-up is in the figure). The warm
-    runs find that Ray up and the spare the first job left, as a busy worker's jobs do."""
+    stopped before each: the default one-replica job (scored in its own process, it starts no Ray;
+    every spare runtime process stopped too, so its interpreter imports torch) and the same job on
+    the actor pool (``provider_pool``: it starts the embedded Ray, whose start-up is in the figure).
+    The warm runs find that Ray up and the spare the first job left, as a busy worker's jobs do."""
     from airflow_provider_batchinfer.launchers.embedded_ray import shutdown, state_dir
 
     runs = []
@@ -381,6 +381,7 @@ def overhead_runs(cfg: dict, workdir: Path, env: dict, warm_runs: int = 3) -> li
     for n, (system, what) in enumerate(plan):
         if n < 2:
             shutdown(state_dir(env))
+        if n == 0:  # the pool's job uses no spare: the one the first job leaves is the warm runs'
             stop_spares(env)
         print(f"  ({what})", flush=True)
         result = run_system(system, "mlp", cfg, workdir, env, timeout=600)

@@ -89,9 +89,10 @@ def kind_of(flavor: str, backend: str | None) -> str:
 
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if directory.stat().st_uid != os.getuid() or directory.parent.stat().st_uid != os.getuid():
-        raise PermissionError(f"{directory} does not belong to uid {os.getuid()}")
+    for level in (directory.parent.parent, directory.parent, directory):  # state dir, spares/, <fingerprint>/
+        level.mkdir(mode=0o700, parents=True, exist_ok=True)  # no level another user could write to
+        if level.stat().st_uid != os.getuid():
+            raise PermissionError(f"{level} does not belong to uid {os.getuid()}")
     with open(directory / "lock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
