@@ -186,3 +186,40 @@ def test_one_spare_goes_to_one_launcher_and_a_changed_setup_gets_none(spares, mo
     assert warm_runtime.spares_dir() == directory
     assert warm_runtime.stop_spares(directory) == 0  # the claimed one is no longer waiting
     os.kill(pid, 9)
+
+
+def test_a_spare_killed_while_it_waits_is_passed_over_and_the_job_starts_fresh(spares, registry, tmp_path):
+    model = registry.log_model("where_length", "v1", "python", python_class=WhereLength, signature=SIGNATURE)
+    dead = warm_runtime.prestart(LocalLauncher().spare_environment(), "python", None, 120)
+    assert dead is not None and _ready_spares(spares, "python-native") == [dead]
+    os.kill(dead, 9)  # its socket file stays behind
+    assert _gone(dead)
+    run_dir, job, _ = _job(tmp_path, registry, model, "after-kill")
+    outcome, records, _ = _run(job)
+    assert outcome.status == SUCCEEDED, outcome.message
+    assert not any("warm runtime process" in r for r in records), records
+    assert (run_dir / SUCCESS_MARKER).exists()
+    [fresh] = _ready_spares(spares, "python-native")  # the dead one's files are gone, a new one waits
+    assert fresh != dead
+    assert sorted(p.name for p in warm_runtime.spares_dir().glob("*.sock*")) == [f"python-native.{fresh}.sock"]
+
+
+def test_kill_9_of_a_spare_running_a_job_fails_the_try_and_commits_nothing(spares, registry, tmp_path):
+    model = registry.log_model("slow_length", "v1", "python", python_class=SlowLength, signature=SIGNATURE)
+    warm_runtime.prestart(LocalLauncher().spare_environment(), "python", None, 120)
+    [spare] = _ready_spares(spares, "python-native")
+    run_dir, job, _ = _job(tmp_path, registry, model, "killed", rows=2000)  # 100 model calls of 0.5 s
+    launcher = LocalLauncher()
+    handle = launcher.start(job, write_job_file(job), LOG)
+    lines: list[str] = []
+
+    def kill_when_scoring(line: str) -> None:
+        lines.append(line)
+        if "rows in the driver process" in line:
+            os.kill(spare, 9)
+
+    outcome = launcher.wait(handle, kill_when_scoring)
+    assert any("rows in the driver process" in line for line in lines)
+    assert not outcome.succeeded
+    assert "exited with code -9 without a result" in outcome.message
+    assert not (run_dir / SUCCESS_MARKER).exists()
