@@ -28,7 +28,6 @@ Imports neither Airflow nor Ray: Ray is only ever run as a command.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import secrets
@@ -45,6 +44,7 @@ from pathlib import Path
 from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
 from airflow_provider_batchinfer.launchers.base import LaunchError, TaskLog
 from airflow_provider_batchinfer.launchers.procs import (
+    file_lock,
     free_ports,
     group_cmdlines,
     port_open,
@@ -149,12 +149,8 @@ def _prepare(directory: Path) -> None:
 def locked(directory: Path) -> Iterator[None]:
     """Hold the state directory's lock (released by the kernel if this process dies)."""
     _prepare(directory)
-    with open(directory / "lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_lock(directory / "lock"):
+        yield
 
 
 def read_state(directory: Path) -> EmbeddedRay | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -66,3 +68,15 @@ def group_cmdlines(pgid: int) -> list[str]:
         except (OSError, IndexError, ValueError):
             continue
     return found
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if missing; released by the kernel if this
+    process dies, so a killed holder never leaves it locked)."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -17,7 +17,6 @@ Imports neither Airflow nor Ray.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from airflow_provider_batchinfer.contract import handover
 from airflow_provider_batchinfer.launchers import embedded_ray
-from airflow_provider_batchinfer.launchers.procs import proc_alive
+from airflow_provider_batchinfer.launchers.procs import file_lock, proc_alive
 
 __all__ = ["ENABLE_ENV", "WarmProcess", "enabled", "hand_over", "prestart", "spares_dir", "stop_spares", "wait_ready"]
 
@@ -93,12 +92,8 @@ def _locked(directory: Path) -> Iterator[None]:
         level.mkdir(mode=0o700, parents=True, exist_ok=True)  # no level another user could write to
         if level.stat().st_uid != os.getuid():
             raise PermissionError(f"{level} does not belong to uid {os.getuid()}")
-    with open(directory / "lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_lock(directory / "lock"):
+        yield
 
 
 def _ready(directory: Path, kind: str) -> list[Path]:
