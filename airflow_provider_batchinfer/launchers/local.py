@@ -216,7 +216,7 @@ class LocalLauncher(Launcher):
         why = "one CPU replica on the embedded default needs no Ray, so none is started for it"
         kind = (job.model.flavor, job.job_spec.backend)
         warm = None
-        if warm_runtime.enabled(env):
+        if warm_runtime.enabled(env) and cmd[:3] == [sys.executable, "-m", RUNTIME_MODULE]:
             self._spare_kind = kind
             warm = warm_runtime.hand_over(cmd[3:], env, *kind, self.spare_environment())
         if warm is None:

@@ -183,8 +183,11 @@ def hand_over(
     directory = spares_dir(environ)
     if not directory.is_dir():
         return None
-    with _locked(directory):
-        claimed = _claim(directory, kind_of(flavor, backend))
+    try:
+        with _locked(directory):
+            claimed = _claim(directory, kind_of(flavor, backend))
+    except OSError:  # not ours, unwritable: the job starts as without spares
+        return None
     if claimed is None:
         return None
     read_fd, write_fd = os.pipe()
