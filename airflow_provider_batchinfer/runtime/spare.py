@@ -75,11 +75,12 @@ def libraries(flavor: str, backend: str | None) -> tuple[str, ...]:
 
 def preload(flavor: str, backend: str | None) -> list[str]:
     """Import the runtime and the kind's libraries; the ones that failed (the job will say why)."""
-    from airflow_provider_batchinfer.runtime.flavors import _MODULES
+    from airflow_provider_batchinfer.runtime.flavors import adapter_module
 
     names = [*_RUNTIME_MODULES, *libraries(flavor, backend)]
-    if not backend and flavor in _MODULES:
-        names.append(_MODULES[flavor])
+    adapter = adapter_module(flavor)
+    if not backend and adapter:
+        names.append(adapter)
     failed = []
     for name in names:
         try:

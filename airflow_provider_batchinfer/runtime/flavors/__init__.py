@@ -47,6 +47,11 @@ _OPTIMIZED = {
 OPTIMIZED_FLAVORS = tuple(_OPTIMIZED)
 
 
+def adapter_module(flavor: str) -> str | None:
+    """The module that adapts ``flavor`` (None for a flavor this runtime does not know)."""
+    return _MODULES.get(flavor)
+
+
 def _module(flavor: str):
     if flavor not in _MODULES:
         raise ValueError(f"model flavor {flavor!r} is not supported by this runtime ({', '.join(_MODULES)})")
