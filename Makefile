@@ -30,9 +30,12 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/python scripts/demo.py
 
-# lint, format check and type check, then the whole suite, then the lowest-supported-versions smoke job
+# lint, format check and type check, then the whole suite, then the lowest-supported-versions smoke job.
+# Two pytest-xdist workers, each with its own Airflow home, Ray cluster and S3 server (tests/conftest.py),
+# each taking whole test files: most of the suite waits on schedulers and Ray, so two overlap on 2 cores.
+PYTEST_WORKERS ?= 2
 test: lint
-	$(VENV)/bin/python -m pytest -q -ra --durations=25
+	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 	$(MAKE) smoke-lowest
 
 test-fast: $(VENV)/.installed

@@ -34,6 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.idle import wait_for_idle  # noqa: E402
 from benchmarks.report import compare, median_result, plot, print_table, targets, versions  # noqa: E402
 from benchmarks.systems import RESULT_PREFIX  # noqa: E402
 
@@ -282,6 +283,7 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
     spec = workdir / f"cfg-{system}-{workload}-{cfg['rows']}.json"
     spec.write_text(json.dumps(cfg))
     settle_spares(env)
+    settled_s = wait_for_idle()
     load_before = os.getloadavg()[0]
     started = time.monotonic()
     proc = subprocess.Popen(
@@ -337,6 +339,7 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
     result.update(
         system=system,
         workload=workload,
+        settled_s=settled_s,
         load_before=round(load_before, 2),
         load_after=round(os.getloadavg()[0], 2),
         peak_rss_mb=round(peak[0] / 2**20, 1),

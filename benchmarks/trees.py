@@ -36,6 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.idle import wait_for_idle  # noqa: E402
+
 RESULT_PREFIX = "BENCH_RESULT "
 FEATURES = [f"x{i:02d}" for i in range(32)]
 THREADS = 2
@@ -236,6 +238,8 @@ def run_child(cfg: dict, workdir: Path, env: dict, timeout: float = 1800) -> lis
     spec = workdir / f"cfg-{cfg['system']}-{cfg.get('flavor', '')}-{time.monotonic_ns()}.json"
     spec.write_text(json.dumps(cfg))
     settle_spares(env)  # a spare's imports never run beside a timed system
+    settled_s = wait_for_idle()  # nor the previous system's tail (benchmarks/idle.py)
+    load_before = os.getloadavg()[0]
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.trees", "--child", str(spec)],
         cwd=REPO,
@@ -250,7 +254,10 @@ def run_child(cfg: dict, workdir: Path, env: dict, timeout: float = 1800) -> lis
     if proc.returncode != 0 or not results:
         raise RuntimeError(f"{cfg['system']} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
     shutil.rmtree(cfg.get("out_dir", workdir / "none"), ignore_errors=True)
-    return [dict(r, system=cfg["system"], flavor=cfg.get("flavor")) for r in results]
+    return [
+        dict(r, system=cfg["system"], flavor=cfg.get("flavor"), settled_s=settled_s, load_before=round(load_before, 2))
+        for r in results
+    ]
 
 
 def _env(workdir: Path) -> dict:
@@ -299,7 +306,7 @@ def report(tree_results: list[dict], onnx_results: list[dict], load_before: str,
         raw_rate = rs["raw"]["rows"] / rs["raw"]["wall_s"]
         stream_rate = rs["stream"]["rows"] / rs["stream"]["wall_s"]
         lines.append(f"{flavor}: {rs['raw']['rows']:,} rows x {len(FEATURES)} features")
-        lines.append(f"  {'system':22s} {'wall s':>8s} {'rows/s':>11s} {'x raw':>7s} {'x stream':>9s}")
+        lines.append(f"  {'system':22s} {'wall s':>8s} {'rows/s':>11s} {'x raw':>7s} {'x stream':>9s} {'load':>5s}")
         for label, name in (
             ("raw", "inplace_predict"),
             ("stream", "streaming loop"),
@@ -310,9 +317,13 @@ def report(tree_results: list[dict], onnx_results: list[dict], load_before: str,
             rate = r["rows"] / r["wall_s"]
             lines.append(
                 f"  {name:22s} {r['wall_s']:8.2f} {rate:11,.0f} {rate / raw_rate:7.3f} {rate / stream_rate:9.3f}"
+                f" {r.get('load_before', float('nan')):5.2f}"
             )
         warm_ratio = (rs["warm"]["rows"] / rs["warm"]["wall_s"]) / raw_rate
         verdict = "holds" if warm_ratio >= 0.8 else "MISSES"
+        busy = max(rs[label].get("load_before", 0.0) for label in ("raw", "warm"))
+        if busy > (os.cpu_count() or 1):  # the same rule as benchmarks/report.py
+            verdict = f"NOT MEASURED (load {busy:.2f} above {os.cpu_count()} cores; would read {verdict.lower()})"
         lines.append(
             f"  [{verdict}] {flavor} operator (second run) / inplace_predict in memory: {warm_ratio:.3f} (target >= 0.8)"
         )

@@ -22,10 +22,20 @@ from airflow_provider_batchinfer.launchers.procs import free_ports
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Fast unit tests first, then end-to-end runs (``slow``), then real Airflow services: a broken
-    contract or policy shows up in the first minute, not after the long scenarios."""
+    contract or policy shows up in the first minute, not after the long scenarios.
+
+    Under pytest-xdist (``make test``: ``-n 2 --dist loadfile --no-loadscope-reorder``) each test file
+    runs whole on one worker, in file order, so a module-scoped fixture (the Airflow services, a
+    two-node Ray cluster, a trained model) is built once and the tests that build on one another keep
+    their order. Workers take files in the order of this list, and there the file of real Airflow
+    services (the longest, mostly waiting on the scheduler) comes first: one worker runs it while the
+    other goes through the unit tests, instead of both ending on it."""
+    on_a_worker = hasattr(config, "workerinput")
 
     def rank(item: pytest.Item) -> int:
-        return 2 if item.get_closest_marker("services") else 1 if item.get_closest_marker("slow") else 0
+        if item.get_closest_marker("services"):
+            return -1 if on_a_worker else 2
+        return 1 if item.get_closest_marker("slow") else 0
 
     items.sort(key=rank)  # stable: file order within each group
 
@@ -121,6 +131,20 @@ def airflow_db():
     shutil.rmtree(_HOME, ignore_errors=True)
 
 
+def ensure_ray_auth_token(env: dict[str, str]) -> None:
+    """``~/.ray/auth_token`` for token auth (``ray start`` fails on a fresh machine without one),
+    created under a lock: pytest-xdist's workers each start their own cluster, and two of them
+    generating at once would each write a token and one cluster would refuse the other's clients."""
+    import fcntl
+
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    lock_path = Path.home() / ".ray" / ".auth_token.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([ray_bin, "get-auth-token", "--generate"], check=True, capture_output=True, env=env)
+
+
 # A `ray start --block` node given SIGTERM takes ~30 s to exit (its GCS server lingers), then is gone
 # all the same. Its tests are over and its temp dir is removed next: a short grace, then SIGKILL.
 _RAY_STOP_GRACE = 5
@@ -137,7 +161,7 @@ def ray_cluster():
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = dict(os.environ, RAY_AUTH_MODE="token")
     # token auth needs ~/.ray/auth_token, which a fresh machine does not have (`ray start` then fails)
-    subprocess.run([ray_bin, "get-auth-token", "--generate"], check=True, capture_output=True, env=env)
+    ensure_ray_auth_token(env)
     head = BackgroundServer(
         "ray-head",
         [
@@ -364,9 +388,8 @@ def _join_worker(address: str, temp_dir: str, cache: Path, manager_port: int) ->
 def two_node_cluster(tmp_path_factory):
     """``{"address", "nodes": {node_id: {"cache": Path, "gpus": float}}}``; the caches start empty."""
     root = tmp_path_factory.mktemp("two-node")
-    ray_bin = str(Path(sys.executable).parent / "ray")
     env = dict(os.environ, RAY_AUTH_MODE="token")
-    subprocess.run([ray_bin, "get-auth-token", "--generate"], check=True, capture_output=True, env=env)
+    ensure_ray_auth_token(env)
     port, client_port, head_manager, worker_manager = free_ports(4)
     temps = [tempfile.mkdtemp(prefix="rayh-", dir="/tmp"), tempfile.mkdtemp(prefix="rayw-", dir="/tmp")]
     caches = {head_manager: root / "cache-head", worker_manager: root / "cache-worker"}

@@ -24,12 +24,26 @@ def test_one_footer_reader_per_ten_files_at_most_rays_32():
     assert [footer_actors(n) for n in (0, 1, 10, 11, 95, 320, 10_000)] == [1, 1, 1, 2, 10, 32, 32]
 
 
-def _footer_readers(dashboard: str) -> int:
-    """FooterReader actors the cluster has ever had (alive or dead)."""
-    from ray.util.state import list_actors
+_COUNT_FOOTER_READERS = """
+import sys
+from ray.util.state import list_actors
+print(len(list_actors(address=sys.argv[1], filters=[("class_name", "=", "FooterReader")], limit=10_000)))
+"""
 
-    found = list_actors(address=dashboard, filters=[("class_name", "=", "FooterReader")], limit=10_000)
-    return len(found)
+
+def _footer_readers(dashboard: str) -> int:
+    """FooterReader actors the cluster has ever had (alive or dead). Asked from a fresh interpreter:
+    Ray reads ``RAY_AUTH_MODE`` once per process, and this one may have used Ray before the session's
+    token-auth cluster set it (the answer is then "Authentication token is missing")."""
+    out = subprocess.run(
+        [sys.executable, "-c", _COUNT_FOOTER_READERS, dashboard],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return int(out.stdout.split()[-1])
 
 
 def _run_on_the_pool(tmp_path: Path, registry, model, name: str, env: dict[str, str]) -> Path:
