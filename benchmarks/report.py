@@ -59,7 +59,8 @@ def find(results: list[dict], system: str, workload: str, rows: int) -> dict | N
     return None
 
 
-def _loaded(*runs: dict | None) -> bool:
+def loaded(*runs: dict | None) -> bool:
+    """Whether any of ``runs`` started with the 1-minute load above the core count (NOT MEASURED)."""
     cores = os.cpu_count() or 1
     return any(r is not None and r.get("load_before_max", r.get("load_before", 0.0)) > cores for r in runs)
 
@@ -76,7 +77,7 @@ def targets(results: list[dict], text_rows: int, mlp_rows: list[int], overhead_r
                 "op": op,
                 "bound": bound,
                 "holds": bool(ok),
-                "loaded": _loaded(*runs),
+                "loaded": loaded(*runs),
             }
         )
 

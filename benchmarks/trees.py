@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.idle import wait_for_idle  # noqa: E402
+from benchmarks.report import loaded  # noqa: E402
 
 RESULT_PREFIX = "BENCH_RESULT "
 FEATURES = [f"x{i:02d}" for i in range(32)]
@@ -321,8 +322,8 @@ def report(tree_results: list[dict], onnx_results: list[dict], load_before: str,
             )
         warm_ratio = (rs["warm"]["rows"] / rs["warm"]["wall_s"]) / raw_rate
         verdict = "holds" if warm_ratio >= 0.8 else "MISSES"
-        busy = max(rs[label].get("load_before", 0.0) for label in ("raw", "warm"))
-        if busy > (os.cpu_count() or 1):  # the same rule as benchmarks/report.py
+        if loaded(rs["raw"], rs["warm"]):
+            busy = max(rs["raw"]["load_before"], rs["warm"]["load_before"])
             verdict = f"NOT MEASURED (load {busy:.2f} above {os.cpu_count()} cores; would read {verdict.lower()})"
         lines.append(
             f"  [{verdict}] {flavor} operator (second run) / inplace_predict in memory: {warm_ratio:.3f} (target >= 0.8)"

@@ -1,5 +1,5 @@
-"""The benchmark's wait for an idle machine (``benchmarks/idle.py``): it reads real CPU time from
-/proc/stat, and a machine kept busy is waited out to the limit, never called idle."""
+"""The benchmark's wait for an idle machine (``benchmarks/idle.py``): a machine kept busy reads busy
+and is waited out to the limit, never called idle."""
 
 from __future__ import annotations
 
