@@ -8,10 +8,12 @@
    - ``raw``: ``Booster.inplace_predict`` over the whole array, already in memory (the limit);
    - ``stream``: one process, ``ParquetFile.iter_batches`` -> ``inplace_predict`` -> ``ParquetWriter``;
    - ``provider``: ``BatchInferenceOperator.execute()`` as a task runs it (resolve and verify the
-     model, ``_job.json``, the runtime on the embedded default, ``_SUCCESS``), twice: the first run
-     after the benchmark's start (cold file caches; a one-replica job starts no Ray, and its fresh
-     interpreter imports the library) and again (warm: handed to the spare runtime process the first
-     run left, its library imported; ``launchers/warm_runtime.py``).
+     model, ``_job.json``, the runtime on the embedded default, ``_SUCCESS``): the first run after
+     the benchmark's start (cold file caches; a one-replica job starts no Ray, and its fresh
+     interpreter imports the library), then warm runs (handed to the spare runtime process the run
+     before left, its library imported; ``launchers/warm_runtime.py``).
+   ``raw``, ``stream`` and the warm operator run ``REPEATS`` times, interleaved; the table gives each
+   one's median and every run's time (one run of a two-second job on two cores moved by 0.1 s).
 2. **ONNX vs native scikit-learn** (in-process, same rows, same threads): a logistic regression, an
    MLP and a random forest exported with ``skl2onnx``, scored in model calls of 100 rows and of
    65,536 rows, to say when the ``onnx`` flavor beats the ``sklearn`` one.
@@ -42,6 +44,7 @@ from benchmarks.report import loaded  # noqa: E402
 RESULT_PREFIX = "BENCH_RESULT "
 FEATURES = [f"x{i:02d}" for i in range(32)]
 THREADS = 2
+REPEATS = 3  # raw, stream and warm operator runs per flavor; the report gives each one's median
 
 
 def _emit(**result) -> None:
@@ -276,7 +279,9 @@ def _env(workdir: Path) -> dict:
     return env
 
 
-def trees(flavors: list[str], rows: int, workdir: Path, env: dict) -> list[dict]:
+def trees(flavors: list[str], rows: int, workdir: Path, env: dict, repeats: int = REPEATS) -> list[dict]:
+    """Every system ``repeats`` times, interleaved (raw, stream, warm operator; the cold operator once,
+    the first operator run); one result per run, tagged with its label and repetition."""
     data = make_data(workdir / "stage" / "input", rows)
     files = sorted(map(str, data.glob("*.parquet")))
     model_files = log_tree_models(workdir / "registry", flavors)
@@ -291,42 +296,68 @@ def trees(flavors: list[str], rows: int, workdir: Path, env: dict) -> list[dict]
             "registry_root": str(workdir / "registry"),
             "model_name": {"xgboost": "bench_xgb", "lightgbm": "bench_lgb"}[flavor],
         }
-        for system, label in (("raw", "raw"), ("stream", "stream"), ("provider", "cold"), ("provider", "warm")):
-            out = str(workdir / "out" / f"{flavor}-{system}-{label}")
-            (result,) = run_child(dict(base, system=system, out_dir=out), workdir, env)
-            result["label"] = label
-            results.append(result)
-            print(f"   {flavor:8s} {system:8s} {label:5s} {result['wall_s']:8.2f}s", flush=True)
+        for rep in range(repeats):
+            runs = (
+                ("raw", "raw"),
+                ("stream", "stream"),
+                *((("provider", "cold"),) if rep == 0 else ()),
+                ("provider", "warm"),
+            )
+            for system, label in runs:
+                out = str(workdir / "out" / f"{flavor}-{system}-{label}")
+                (result,) = run_child(dict(base, system=system, out_dir=out), workdir, env)
+                result.update(label=label, rep=rep)
+                results.append(result)
+                print(f"   {flavor:8s} {system:8s} {label:5s} {result['wall_s']:8.2f}s", flush=True)
     return results
+
+
+def medians(tree_results: list[dict], flavor: str) -> dict[str, dict]:
+    """``{label: the run with the median wall time}`` for one flavor, with every run's wall time
+    (``walls``) and the highest load any of them started at (``load_before_max``, what
+    ``report.loaded`` reads)."""
+    out = {}
+    for label in ("raw", "stream", "cold", "warm"):
+        runs = sorted(
+            (r for r in tree_results if r["flavor"] == flavor and r["label"] == label), key=lambda r: r["wall_s"]
+        )
+        if runs:
+            median = dict(runs[(len(runs) - 1) // 2])
+            median["walls"] = [round(r["wall_s"], 3) for r in runs]
+            median["load_before_max"] = max(r.get("load_before", 0.0) for r in runs)
+            out[label] = median
+    return out
 
 
 def report(tree_results: list[dict], onnx_results: list[dict], load_before: str, load_after: str) -> str:
     lines = [f"load average before: {load_before}", f"load average after:  {load_after}", ""]
     for flavor in sorted({r["flavor"] for r in tree_results}):
-        rs = {r["label"]: r for r in tree_results if r["flavor"] == flavor}
+        rs = medians(tree_results, flavor)
         raw_rate = rs["raw"]["rows"] / rs["raw"]["wall_s"]
         stream_rate = rs["stream"]["rows"] / rs["stream"]["wall_s"]
         lines.append(f"{flavor}: {rs['raw']['rows']:,} rows x {len(FEATURES)} features")
-        lines.append(f"  {'system':22s} {'wall s':>8s} {'rows/s':>11s} {'x raw':>7s} {'x stream':>9s} {'load':>5s}")
+        lines.append(
+            f"  {'system':22s} {'wall s':>8s} {'rows/s':>11s} {'x raw':>7s} {'x stream':>9s} {'load':>5s}  runs (s)"
+        )
         for label, name in (
             ("raw", "inplace_predict"),
             ("stream", "streaming loop"),
             ("cold", "operator (first run)"),
-            ("warm", "operator (second run)"),
+            ("warm", "operator (warm)"),
         ):
             r = rs[label]
             rate = r["rows"] / r["wall_s"]
             lines.append(
                 f"  {name:22s} {r['wall_s']:8.2f} {rate:11,.0f} {rate / raw_rate:7.3f} {rate / stream_rate:9.3f}"
-                f" {r.get('load_before', float('nan')):5.2f}"
+                f" {r['load_before_max']:5.2f}  {', '.join(f'{w:.2f}' for w in r['walls'])}"
             )
         warm_ratio = (rs["warm"]["rows"] / rs["warm"]["wall_s"]) / raw_rate
         verdict = "holds" if warm_ratio >= 0.8 else "MISSES"
         if loaded(rs["raw"], rs["warm"]):
-            busy = max(rs["raw"]["load_before"], rs["warm"]["load_before"])
+            busy = max(rs["raw"]["load_before_max"], rs["warm"]["load_before_max"])
             verdict = f"NOT MEASURED (load {busy:.2f} above {os.cpu_count()} cores; would read {verdict.lower()})"
         lines.append(
-            f"  [{verdict}] {flavor} operator (second run) / inplace_predict in memory: {warm_ratio:.3f} (target >= 0.8)"
+            f"  [{verdict}] {flavor} operator (warm) / inplace_predict in memory: {warm_ratio:.3f} (target >= 0.8)"
         )
         timings = rs["warm"].get("timings", {})
         lines.append(

@@ -239,6 +239,40 @@ def test_a_bare_xgboost_booster_scores_float64_columns_exactly_as_its_own_inplac
     np.testing.assert_array_equal(predict(table, {})["prediction"], booster.inplace_predict(x))
 
 
+def test_an_xgboost_wrapper_scores_arrow_columns_with_nulls_exactly_as_its_own_predict(tmp_path):
+    """Numeric features reach XGBoost as the Arrow columns themselves (no matrix copy): a null is
+    missing, as NaN is, and labels and probabilities are bit for bit the wrapper's own on the float
+    matrix with NaN, whatever the column types (int64, float64, bool, float32)."""
+    import xgboost as xgb
+
+    rng = np.random.default_rng(11)
+    rows = 20_000
+    x = np.column_stack(
+        [rng.integers(0, 50, rows), rng.normal(size=rows) * 1e3, rng.random(rows) > 0.5, rng.normal(size=rows)]
+    ).astype(np.float64)
+    y = ((x[:, 0] > 25) ^ (x[:, 2] > 0)).astype(int)
+    model = xgb.XGBClassifier(n_estimators=20, max_depth=4, tree_method="hist", n_jobs=1)
+    model.fit(pd.DataFrame(x, columns=["n", "amount", "flag", "z"]), y)
+    mv = ModelRegistry(str(tmp_path / "registry")).log_model("w", "v1", "xgboost", model)
+    manifest = json.loads((Path(mv.uri) / MODEL_MANIFEST).read_text())
+    predict = load_predictor(Path(mv.uri), manifest, "cpu", 1, max_rows=16384)
+    nulls = np.zeros(rows, dtype=bool)
+    nulls[::7] = True
+    table = pa.table(
+        {
+            "amount": pa.array(x[:, 1], mask=nulls),
+            "flag": pa.array(x[:, 2] > 0),
+            "n": pa.array(x[:, 0].astype(np.int64)),
+            "z": pa.array(x[:, 3].astype(np.float32)),
+        }
+    )
+    got = predict(table, {})
+    x[nulls, 1] = np.nan
+    x[:, 3] = x[:, 3].astype(np.float32)
+    np.testing.assert_array_equal(got["prediction"], model.predict(x))
+    assert got["prediction"].dtype == model.predict(x).dtype
+
+
 # --- bad inputs: each fails before any compute, naming the column or type -------------------------------
 
 

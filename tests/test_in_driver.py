@@ -357,6 +357,78 @@ def test_a_bad_deployment_setting_fails_before_any_scoring(in_driver_job, tmp_pa
     assert sorted(p.name for p in run_dir.iterdir()) == [JOB_SPEC_FILE]
 
 
+def test_concurrent_calls_come_back_in_order_and_an_error_drops_only_what_follows():
+    """Two calls at a time finish out of order (the first batch is the slowest): the batches still
+    come back in their order. A call that raised raises in its turn, after every batch before it;
+    no batch after it comes back, and those not yet started never start."""
+    import threading
+    import time
+
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def score(n: int) -> int:
+        with lock:
+            started.append(n)
+        time.sleep(0.05 if n % 3 == 0 else 0.001)
+        if n == 7:
+            raise ValueError("batch 7 is bad")
+        return n * 10
+
+    batches = [(n // 4, n) for n in range(40)]  # (file index, batch)
+    assert list(in_driver.scored_in_order(score, batches[:7], workers=2)) == [(n // 4, n * 10) for n in range(7)]
+    started.clear()
+    got = []
+    with pytest.raises(ValueError, match="batch 7 is bad"):
+        for item in in_driver.scored_in_order(score, iter(batches), workers=2):
+            got.append(item)
+    assert got == [(n // 4, n * 10) for n in range(7)]
+    assert max(started) <= 7 + 2  # at most the calls running and the one waiting when 7's turn came
+    started.clear()
+    assert list(in_driver.scored_in_order(score, batches[:3], workers=1)) == [(0, 0), (0, 10), (0, 20)]
+
+
+def test_an_xgboost_job_in_the_driver_scores_from_two_threads_exactly_as_inplace_predict(
+    monkeypatch, registry, tmp_path, capsys
+):
+    """XGBoost takes concurrent calls: the driver loads it with one thread and calls it from the
+    job's two threads, on the Arrow columns themselves (nulls as missing). The rows come back in
+    their input order and bit for bit as the booster's own ``inplace_predict`` on the float matrix."""
+    import numpy as np
+    import pyarrow as pa
+    import ray
+    import xgboost as xgb
+
+    from airflow_provider_batchinfer.runtime.driver import run
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("the job started Ray"))
+    monkeypatch.setenv(in_driver.EMBEDDED_ENV, "1")
+    rng = np.random.default_rng(3)
+    rows, names = 50_000, ["f0", "f1", "f2", "f3"]
+    x = rng.normal(size=(rows, 4)).astype(np.float32)
+    booster = xgb.train({"max_depth": 5, "nthread": 1}, xgb.DMatrix(x, label=x[:, 0] + x[:, 1] > 0), 15)
+    mv = registry.log_model("numeric_xgb", "v1", "xgboost", booster, feature_names=names)
+    nulls = np.zeros(rows, dtype=bool)
+    nulls[::13] = True
+    columns = {"id": pa.array(np.arange(rows))}
+    columns.update({n: pa.array(x[:, i], mask=nulls if n == "f2" else None) for i, n in enumerate(names)})
+    table = pa.table(columns)
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for part, start in enumerate(range(0, rows, 25_000)):
+        pq.write_table(table.slice(start, 25_000), inputs / f"rows-{part}.parquet", row_group_size=20_000)
+    run_dir = tmp_path / "out"
+    run_dir.mkdir()
+    spec = write_job_file(job_file(run_dir, mv, registry.root, [str(inputs)], input_spec=InputSpec(id_column="id")))
+    manifest = run(spec)
+    assert "2 one-thread model calls at a time, batches of 16,384 rows" in capsys.readouterr().out
+    assert manifest.counts.output_rows == rows and manifest.usage.batches == 6  # per file: 16,384 + 3,616 + 5,000
+    out = pq.read_table([str(run_dir / f.name) for f in manifest.files])
+    assert out["id"].to_pylist() == list(range(rows))  # in order, though two calls ran at a time
+    x[nulls, 2] = np.nan
+    np.testing.assert_array_equal(out["prediction"].to_numpy(), booster.inplace_predict(x))
+
+
 # --- end to end on a real embedded Ray ----------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.usefixtures("airflow_db")

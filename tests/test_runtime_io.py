@@ -41,6 +41,37 @@ def test_the_part_writer_hashes_and_counts_the_bytes_as_it_writes_them(tmp_path)
     assert dead.close() is None and not (tmp_path / "_errors").exists()  # nothing written, no empty file
 
 
+def test_a_part_dictionary_encodes_labels_and_strings_but_writes_floats_and_lists_plain(tmp_path):
+    """Scores and embeddings almost never repeat: a dictionary for them is built, then abandoned,
+    and the file comes out larger. Labels, categories and ids keep theirs."""
+    import numpy as np
+
+    rows = 20_000
+    rng = np.random.default_rng(0)
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(rows)),
+            "label": pa.array(rng.integers(0, 3, rows)),
+            "color": pa.array(rng.choice(["red", "green"], rows)),
+            "score": pa.array(rng.random(rows).astype(np.float32)),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(rng.random(rows * 4)), 4),
+        }
+    )
+    part = _PartWriter(Stage.open(str(tmp_path / "part-00000-t01abc.parquet")), "part-00000-t01abc.parquet")
+    part.write(table)
+    part.close()
+    meta = pq.ParquetFile(tmp_path / "part-00000-t01abc.parquet").metadata.row_group(0)
+    dictionary = {meta.column(i).path_in_schema: meta.column(i).has_dictionary_page for i in range(meta.num_columns)}
+    assert dictionary == {
+        "id": True,
+        "label": True,
+        "color": True,
+        "score": False,
+        "embedding.list.element": False,
+    }
+    assert pq.read_table(tmp_path / "part-00000-t01abc.parquet").equals(table)
+
+
 def test_hashing_sink_forwards_every_byte():
     import io
 

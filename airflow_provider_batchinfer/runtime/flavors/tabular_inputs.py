@@ -32,6 +32,14 @@ def matrix(inputs: Any, dtype: Any = np.float64) -> np.ndarray:
     return out
 
 
+def numeric_columns(inputs: Any) -> bool:
+    """Whether every column is an integer, floating point or boolean Arrow column: what a library
+    that reads Arrow columns in place (XGBoost's columnar predict) takes without a matrix copy."""
+    import pyarrow.types as pt
+
+    return all(pt.is_integer(t) or pt.is_floating(t) or pt.is_boolean(t) for t in inputs.schema.types)
+
+
 def frame(inputs: Any, categorical: list[str]) -> Any:
     """The input columns as a DataFrame, ``categorical`` ones as pandas categories (from Arrow
     dictionaries or plain strings/ints), the rest numeric with NaN for nulls."""
@@ -49,9 +57,17 @@ def chunked(score: Callable[[Any], dict[str, Any]], x: Any, rows: int, max_rows:
     step = max_rows or rows or 1
     if rows <= step:
         return score(x)
-    take = (lambda a, b: x.iloc[a:b]) if hasattr(x, "iloc") else (lambda a, b: x[a:b])
-    parts = [score(take(a, min(a + step, rows))) for a in range(0, rows, step)]
+    parts = [score(row_slice(x, a, min(a + step, rows))) for a in range(0, rows, step)]
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+
+def row_slice(x: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of a numpy matrix, a DataFrame or an Arrow table, without a copy."""
+    if hasattr(x, "iloc"):
+        return x.iloc[start:stop]
+    if hasattr(x, "num_rows"):
+        return x.slice(start, stop - start)
+    return x[start:stop]
 
 
 def ordered(inputs: Any, settings: dict[str, Any]) -> Any:
