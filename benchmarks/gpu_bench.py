@@ -95,7 +95,7 @@ def minilm(work: Path, rows: int) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     from airflow_provider_batchinfer.registry import ModelRegistry
-    from benchmarks.run import make_texts
+    from benchmarks.workloads import make_texts
 
     input_dir = make_texts(work / "texts", rows)
     texts = pq.read_table(str(input_dir), columns=["text"]).column("text").to_pylist()
@@ -116,7 +116,7 @@ def mlp(work: Path, rows: int) -> list[dict[str, Any]]:
     import torch
 
     from airflow_provider_batchinfer.registry import ModelRegistry
-    from benchmarks.run import FEATURES, make_features, make_mlp
+    from benchmarks.workloads import FEATURES, make_features, make_mlp
 
     input_dir = make_features(work / "features", rows)
     jit = make_mlp(work / "mlp.pt")

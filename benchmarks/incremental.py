@@ -33,7 +33,7 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.run import FEATURES, log_models, make_features, make_mlp, make_texts  # noqa: E402
+from benchmarks.workloads import FEATURES, log_models, make_features, make_mlp, make_texts  # noqa: E402
 
 CHANGED_EVERY = 50  # 2% of the rows
 

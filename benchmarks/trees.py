@@ -40,9 +40,10 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.idle import wait_for_idle  # noqa: E402
 from benchmarks.report import loaded  # noqa: E402
+from benchmarks.workloads import TREE_FEATURES as FEATURES  # noqa: E402
+from benchmarks.workloads import log_tree_models, make_tree_data, tree_train_set  # noqa: E402
 
 RESULT_PREFIX = "BENCH_RESULT "
-FEATURES = [f"x{i:02d}" for i in range(32)]
 THREADS = 2
 REPEATS = 3  # raw, stream and warm operator runs per flavor; the report gives each one's median
 
@@ -56,53 +57,6 @@ def settle_spares(env: dict) -> None:
     from benchmarks.run import settle_spares as settle
 
     settle(env)
-
-
-def make_data(directory: Path, rows: int) -> Path:
-    """1M-style input: the MLP benchmark's feature files, with this benchmark's 32 features."""
-    from benchmarks.run import make_features
-
-    return make_features(directory, rows, FEATURES, seed=3, prefix="part")
-
-
-def _train_set(rows: int = 100_000):
-    import numpy as np
-    import pandas as pd
-
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((rows, len(FEATURES)), dtype=np.float32)
-    y = (x[:, 0] * x[:, 1] + np.sin(x[:, 2]) + 0.5 * x[:, 3] + rng.normal(0, 0.3, rows) > 0).astype(int)
-    return pd.DataFrame(x, columns=FEATURES), y
-
-
-def log_tree_models(registry_root: Path, flavors: list[str]) -> dict[str, str]:
-    """Train and log the tree models; ``{flavor: native model file}``."""
-    from airflow_provider_batchinfer.registry import ModelRegistry
-
-    reg = ModelRegistry(str(registry_root))
-    x, y = _train_set()
-    files = {}
-    if "xgboost" in flavors:
-        import xgboost as xgb
-
-        booster = xgb.train(
-            {"max_depth": 8, "eta": 0.1, "objective": "binary:logistic", "tree_method": "hist", "nthread": THREADS},
-            xgb.DMatrix(x, label=y),
-            num_boost_round=200,
-        )
-        mv = reg.log_model("bench_xgb", "v1", "xgboost", booster)
-        files["xgboost"] = str(Path(mv.uri) / "artifact" / "model.json")
-    if "lightgbm" in flavors:
-        import lightgbm as lgb
-
-        booster = lgb.train(
-            {"num_leaves": 255, "max_depth": 8, "objective": "binary", "verbose": -1, "num_threads": THREADS},
-            lgb.Dataset(x, label=y),
-            num_boost_round=200,
-        )
-        mv = reg.log_model("bench_lgb", "v1", "lightgbm", booster)
-        files["lightgbm"] = str(Path(mv.uri) / "artifact" / "model.txt")
-    return files
 
 
 # --- the systems (children) -------------------------------------------------------------------------------
@@ -196,7 +150,7 @@ def onnx_vs_sklearn(cfg: dict) -> None:
     from airflow_provider_batchinfer.runtime.ort import ort_session
 
     threadpool_limits(THREADS)
-    x_train, y = _train_set(50_000)
+    x_train, y = tree_train_set(50_000)
     x = np.random.default_rng(9).standard_normal((cfg["rows"], len(FEATURES)), dtype=np.float32)
     models = {
         "logistic_regression": LogisticRegression(max_iter=300),
@@ -282,9 +236,9 @@ def _env(workdir: Path) -> dict:
 def trees(flavors: list[str], rows: int, workdir: Path, env: dict, repeats: int = REPEATS) -> list[dict]:
     """Every system ``repeats`` times, interleaved (raw, stream, warm operator; the cold operator once,
     the first operator run); one result per run, tagged with its label and repetition."""
-    data = make_data(workdir / "stage" / "input", rows)
+    data = make_tree_data(workdir / "stage" / "input", rows)
     files = sorted(map(str, data.glob("*.parquet")))
-    model_files = log_tree_models(workdir / "registry", flavors)
+    model_files = log_tree_models(workdir / "registry", flavors, THREADS)
     results = []
     for flavor in flavors:
         base = {
