@@ -66,7 +66,7 @@ constraints:
 	rm -rf .venv-constraints
 
 # raw model loop vs streaming loop vs plain Ray Data vs the provider, as ratios measured in one run
-# (~22 min on 2 cores), then XGBoost 1M rows against inplace_predict (~2 min); results in
+# (~22 min on 2 cores), then XGBoost and LightGBM 1M rows against their own predict, 3 runs each (~5 min); results in
 # benchmarks/results/latest.{json,png} and trees.{json,log}. BENCH_ARGS=--quick for small sizes.
 bench: $(VENV)/.installed-bench
 	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
