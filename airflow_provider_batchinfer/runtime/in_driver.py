@@ -16,8 +16,8 @@ and a writer thread (``in_driver_io.py``) that overlap reading, scoring and writ
 operators do. A flavor whose predictor takes concurrent calls (``CONCURRENT_CALLS``: XGBoost) is
 loaded with one thread and called from as many threads as the job has, batches kept in order:
 independent one-thread calls share the cores with the reader and writer better than one call whose
-OpenMP threads wait for each other (``flavors/xgboost_booster.py``). parts are named and checksummed as Ray's write tasks name theirs, and the commit
-protocol after them is unchanged. ``in_driver_max_rows=0`` sends every job to the actor pool.
+OpenMP threads wait for each other (``flavors/xgboost_booster.py``). Parts are named and
+checksummed as Ray's write tasks name theirs, and the commit protocol after them is unchanged. ``in_driver_max_rows=0`` sends every job to the actor pool.
 
 Kept on the pool: GPU jobs (Ray owns the GPUs), vLLM, incremental reuse and a budget guard (their
 machinery is Ray-side), and any named cluster (its nodes do the work). The driver holds no Ray
@@ -194,9 +194,10 @@ def _stream(
     checked: CheckedJob, pool: ActorPool, counter: Any, progress: ProgressLog, workers: int = 1
 ) -> tuple[list, list]:
     """Reader thread -> the replica, in this thread (or ``workers`` threads, :func:`scored_in_order`)
-    -> writer thread; the model loads while the reader reads ahead. A model error stops the reader, lets the writer finish the rows scored
-    before it (whole parts that RESUME keeps, as the pool's finished write tasks leave theirs) and
-    is raised; a reader's or writer's error stops the rest and is raised."""
+    -> writer thread; the model loads while the reader reads ahead. A model error stops the reader,
+    lets the writer finish the rows scored before it (whole parts that RESUME keeps, as the pool's
+    finished write tasks leave theirs) and is raised; a reader's or writer's error stops the rest
+    and is raised."""
     from airflow_provider_batchinfer.runtime.driver import replica_kwargs
 
     inbox, outbox = Pipe(), Pipe()
