@@ -9,7 +9,7 @@ pandas path, which maps category names to the codes the model was trained with.
 
 Numeric inputs go to XGBoost as the Arrow columns themselves (its columnar predict reads them in
 place, nulls as missing): the float32 matrix they used to be copied into cost 0.3 CPU-seconds per
-million rows of 32 features, a fifth of the prediction's own time on one core.
+million rows of 32 features, about a tenth of the prediction's own CPU time.
 
 ``CONCURRENT_CALLS``: ``inplace_predict`` is lock-free and safe to call from several threads at
 once (XGBoost's documentation), so a job scored in the driver (``runtime/in_driver.py``) loads the
