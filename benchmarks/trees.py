@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.idle import wait_for_idle  # noqa: E402
-from benchmarks.report import loaded  # noqa: E402
+from benchmarks.report import loaded, median_result  # noqa: E402
 from benchmarks.workloads import TREE_FEATURES as FEATURES  # noqa: E402
 from benchmarks.workloads import log_tree_models, make_tree_data, tree_train_set  # noqa: E402
 
@@ -267,19 +267,12 @@ def trees(flavors: list[str], rows: int, workdir: Path, env: dict, repeats: int 
 
 
 def medians(tree_results: list[dict], flavor: str) -> dict[str, dict]:
-    """``{label: the run with the median wall time}`` for one flavor, with every run's wall time
-    (``walls``) and the highest load any of them started at (``load_before_max``, what
-    ``report.loaded`` reads)."""
+    """``{label: report.median_result of that label's runs}`` for one flavor."""
     out = {}
     for label in ("raw", "stream", "cold", "warm"):
-        runs = sorted(
-            (r for r in tree_results if r["flavor"] == flavor and r["label"] == label), key=lambda r: r["wall_s"]
-        )
+        runs = [r for r in tree_results if r["flavor"] == flavor and r["label"] == label]
         if runs:
-            median = dict(runs[(len(runs) - 1) // 2])
-            median["walls"] = [round(r["wall_s"], 3) for r in runs]
-            median["load_before_max"] = max(r.get("load_before", 0.0) for r in runs)
-            out[label] = median
+            out[label] = median_result(runs)
     return out
 
 
@@ -303,12 +296,12 @@ def report(tree_results: list[dict], onnx_results: list[dict], load_before: str,
             rate = r["rows"] / r["wall_s"]
             lines.append(
                 f"  {name:22s} {r['wall_s']:8.2f} {rate:11,.0f} {rate / raw_rate:7.3f} {rate / stream_rate:9.3f}"
-                f" {r['load_before_max']:5.2f}  {', '.join(f'{w:.2f}' for w in r['walls'])}"
+                f" {r.get('load_before_max', r['load_before']):5.2f}  {', '.join(f'{w:.2f}' for w in sorted(r.get('wall_s_all', [r['wall_s']])))}"
             )
         warm_ratio = (rs["warm"]["rows"] / rs["warm"]["wall_s"]) / raw_rate
         verdict = "holds" if warm_ratio >= 0.8 else "MISSES"
         if loaded(rs["raw"], rs["warm"]):
-            busy = max(rs["raw"]["load_before_max"], rs["warm"]["load_before_max"])
+            busy = max(r.get("load_before_max", r["load_before"]) for r in (rs["raw"], rs["warm"]))
             verdict = f"NOT MEASURED (load {busy:.2f} above {os.cpu_count()} cores; would read {verdict.lower()})"
         lines.append(
             f"  [{verdict}] {flavor} operator (warm) / inplace_predict in memory: {warm_ratio:.3f} (target >= 0.8)"
