@@ -237,7 +237,7 @@ def log_tree_models(registry_root: Path, flavors: list[str], threads: int) -> di
             num_boost_round=200,
         )
         mv = reg.log_model("bench_xgb", "v1", "xgboost", booster)
-        files["xgboost"] = str(Path(mv.uri) / "artifact" / "model.json")
+        files["xgboost"] = str(Path(mv.uri) / "artifact" / "model.ubj")  # the registry's default format
     if "lightgbm" in flavors:
         import lightgbm as lgb
 

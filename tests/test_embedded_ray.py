@@ -96,7 +96,14 @@ def test_leases_of_ended_processes_are_dropped(tmp_path):
         embedded_ray.add_lease(tmp_path, ended.pid)
         (tmp_path / "leases" / "12345678").write_text("1")  # no such pid
         (tmp_path / "leases" / str(os.getppid())).write_text("1")  # a live pid, but another start time
+        long_ago = time.time() - 3600  # the leases were taken an hour ago, by jobs that ran since
+        os.utime(tmp_path / "last_used", (long_ago, long_ago))
         assert embedded_ray.live_leases(tmp_path) == [os.getpid()]
+        # their processes were just seen gone: the idle clock starts now, not at the leases' start
+        assert (tmp_path / "last_used").stat().st_mtime > long_ago + 3000
+        os.utime(tmp_path / "last_used", (long_ago, long_ago))
+        assert embedded_ray.live_leases(tmp_path) == [os.getpid()]  # nothing ended this time
+        assert (tmp_path / "last_used").stat().st_mtime == long_ago
     assert sorted(p.name for p in (tmp_path / "leases").iterdir()) == [str(os.getpid())]
     embedded_ray.drop_lease(tmp_path, os.getpid())
     assert not list((tmp_path / "leases").iterdir())

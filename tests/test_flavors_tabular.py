@@ -146,7 +146,7 @@ def test_each_flavor_infers_its_signature_and_stores_a_safe_format(tabular):
     files = {name: sorted(hash_tree(Path(mv.uri))) for name, (_, mv) in models.items()}
     assert files == {
         "sklearn": ["artifact/flavor.json", "artifact/model.skops"],
-        "xgboost": ["artifact/flavor.json", "artifact/model.json"],
+        "xgboost": ["artifact/flavor.json", "artifact/model.ubj"],
         "lightgbm": ["artifact/flavor.json", "artifact/model.txt"],
         "onnx": ["artifact/flavor.json", "artifact/model.onnx"],
     }
@@ -214,9 +214,9 @@ def test_log_time_refusals_name_what_to_write(tabular, tmp_path):
         registry.log_model("m", "v1", "xgboost", booster)
     with pytest.raises(RegistryError, match="feature_names has 2 names but the xgboost booster takes 3"):
         registry.log_model("m", "v1", "xgboost", booster, feature_names=["a", "b"])
-    mv = registry.log_model("m", "v1", "xgboost", booster, feature_names=["c", "a", "b"], format="ubj")
+    mv = registry.log_model("m", "v1", "xgboost", booster, feature_names=["c", "a", "b"], format="json")
     assert list(json.loads((Path(mv.uri) / "artifact/flavor.json").read_text())["features"]) == ["c", "a", "b"]
-    assert "artifact/model.ubj" in registry.read_manifest("m", "v1")["files"]
+    assert "artifact/model.json" in registry.read_manifest("m", "v1")["files"]
     assert registry.list_versions("m") == ["v1"]
 
 
@@ -240,9 +240,9 @@ def test_a_bare_xgboost_booster_scores_float64_columns_exactly_as_its_own_inplac
 
 
 def test_an_xgboost_wrapper_scores_arrow_columns_with_nulls_exactly_as_its_own_predict(tmp_path):
-    """Numeric features reach XGBoost as the Arrow columns themselves (no matrix copy): a null is
-    missing, as NaN is, and labels and probabilities are bit for bit the wrapper's own on the float
-    matrix with NaN, whatever the column types (int64, float64, bool, float32)."""
+    """Numeric features reach XGBoost as one float32 matrix: a null is missing, as NaN is, and
+    labels and probabilities are bit for bit the wrapper's own on the float matrix with NaN,
+    whatever the column types (int64, float64, bool, float32)."""
     import xgboost as xgb
 
     rng = np.random.default_rng(11)

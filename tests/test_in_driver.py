@@ -128,12 +128,13 @@ def test_the_launcher_leaves_ray_unstarted_only_for_jobs_the_runtime_scores_in_i
 
 def test_the_driver_reads_one_row_group_at_a_time_in_batches_of_at_most_16384_rows(tmp_path):
     """The driver's memory is the batches in flight: their size must not follow the input's layout.
-    The pool's batch (65,536 rows here) is cut to 16,384 rows, and a batch never spans two row
-    groups, since each row group is read (and pre-buffered) on its own."""
+    The pool's batch (65,536 rows here) is cut to 16,384 rows (65,536 for a model that takes
+    concurrent one-thread calls), and a batch never spans two row groups, since each row group is
+    read (and pre-buffered) on its own."""
     import numpy as np
     import pyarrow as pa
 
-    from airflow_provider_batchinfer.runtime.in_driver_io import DRIVER_BATCH_ROWS, Pipe, read_batches
+    from airflow_provider_batchinfer.runtime.in_driver_io import Pipe, driver_batch_rows, read_batches
 
     path = tmp_path / "in.parquet"
     ids = np.arange(60_000, dtype=np.int64)
@@ -146,10 +147,11 @@ def test_the_driver_reads_one_row_group_at_a_time_in_batches_of_at_most_16384_ro
         job=SimpleNamespace(input_spec=InputSpec(id_column="ticket_id")),
         kept={"ids": []},
     )
+    assert driver_batch_rows(checked) == 16_384 and driver_batch_rows(checked, concurrent_calls=True) == 65_536
+    assert driver_batch_rows(SimpleNamespace(batch_rows=1_000), concurrent_calls=True) == 1_000  # the plan's, if less
     pipe = Pipe(size=100)
-    read_batches(checked, pipe)
+    read_batches(checked, pipe, driver_batch_rows(checked))
     batches = list(pipe)
-    assert DRIVER_BATCH_ROWS == 16_384
     assert [t.num_rows for _, t in batches] == [16_384, 3_616] * 3
     assert {i for i, _ in batches} == {0} and all(t.column_names == ["ticket_id", "x"] for _, t in batches)
     assert pa.concat_tables([t for _, t in batches])["ticket_id"].to_numpy().tolist() == ids.tolist()
@@ -388,18 +390,15 @@ def test_concurrent_calls_come_back_in_order_and_an_error_drops_only_what_follow
     assert list(in_driver.scored_in_order(score, batches[:3], workers=1)) == [(0, 0), (0, 10), (0, 20)]
 
 
-def test_an_xgboost_job_in_the_driver_scores_from_two_threads_exactly_as_inplace_predict(
-    monkeypatch, registry, tmp_path, capsys
-):
-    """XGBoost takes concurrent calls: the driver loads it with one thread and calls it from the
-    job's two threads, on the Arrow columns themselves (nulls as missing). The rows come back in
-    their input order and bit for bit as the booster's own ``inplace_predict`` on the float matrix."""
+@pytest.fixture
+def xgboost_job(monkeypatch, registry, tmp_path):
+    """A numeric XGBoost model and its input, two files of 25,000 rows (row groups of 20,000 + 5,000,
+    ``f2`` null every 13th row), run as the embedded Ray's driver would: ``(booster, x, nulls, spec)``
+    where ``spec(attempt, resume)`` writes a job file into ``tmp_path / "out"``."""
     import numpy as np
     import pyarrow as pa
     import ray
     import xgboost as xgb
-
-    from airflow_provider_batchinfer.runtime.driver import run
 
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("the job started Ray"))
     monkeypatch.setenv(in_driver.EMBEDDED_ENV, "1")
@@ -419,14 +418,72 @@ def test_an_xgboost_job_in_the_driver_scores_from_two_threads_exactly_as_inplace
         pq.write_table(table.slice(start, 25_000), inputs / f"rows-{part}.parquet", row_group_size=20_000)
     run_dir = tmp_path / "out"
     run_dir.mkdir()
-    spec = write_job_file(job_file(run_dir, mv, registry.root, [str(inputs)], input_spec=InputSpec(id_column="id")))
-    manifest = run(spec)
-    assert "2 one-thread model calls at a time, batches of 16,384 rows" in capsys.readouterr().out
-    assert manifest.counts.output_rows == rows and manifest.usage.batches == 6  # per file: 16,384 + 3,616 + 5,000
+
+    def spec(attempt: str = "t01test", resume: bool = False) -> str:
+        job = job_file(
+            run_dir,
+            mv,
+            registry.root,
+            [str(inputs)],
+            input_spec=InputSpec(id_column="id"),
+            attempt=attempt,
+            resume=resume,
+        )
+        return write_job_file(job)
+
+    return booster, x, nulls, spec
+
+
+def test_an_xgboost_job_in_the_driver_scores_from_two_threads_exactly_as_inplace_predict(xgboost_job, tmp_path, capsys):
+    """XGBoost takes concurrent calls: the driver loads it with one thread and calls it from the
+    job's two threads, each call on a whole batch (nulls as missing). The rows come back in
+    their input order and bit for bit as the booster's own ``inplace_predict`` on the float matrix."""
+    import numpy as np
+
+    from airflow_provider_batchinfer.runtime.driver import run
+
+    booster, x, nulls, spec = xgboost_job
+    manifest = run(spec())
+    printed = capsys.readouterr().out
+    # batches of up to 65,536 rows (here the plan's 25,000: a file), each scored in one call
+    assert "2 one-thread model calls at a time, batches of 25,000 rows, model calls of at most 25,000 rows" in printed
+    assert manifest.counts.output_rows == len(x) and manifest.usage.batches == 4  # per file: 20,000 + 5,000
+    run_dir = tmp_path / "out"
     out = pq.read_table([str(run_dir / f.name) for f in manifest.files])
-    assert out["id"].to_pylist() == list(range(rows))  # in order, though two calls ran at a time
+    assert out["id"].to_pylist() == list(range(len(x)))  # in order, though two calls ran at a time
     x[nulls, 2] = np.nan
     np.testing.assert_array_equal(out["prediction"].to_numpy(), booster.inplace_predict(x))
+
+
+def test_a_failing_concurrent_call_commits_nothing_and_keeps_the_batches_before_it(xgboost_job, tmp_path, monkeypatch):
+    """The call on the second file's first batch fails while another call runs beside it: the job
+    raises the model's error, writes no ``_SUCCESS``, and the batches before it in input order (the
+    first file) are one whole part that a RESUME attempt keeps, scoring only the second file."""
+    import xgboost as xgb
+
+    from airflow_provider_batchinfer.runtime.driver import run
+
+    _, x, _, spec = xgboost_job
+    real = xgb.Booster.inplace_predict
+
+    def failing_on_the_second_file(self, data, *args, **kwargs):
+        if data.shape[0] == 20_000 and data[0, 0] == x[25_000, 0]:
+            raise ValueError("injected: the second file's first batch")
+        return real(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(xgb.Booster, "inplace_predict", failing_on_the_second_file)
+    with pytest.raises(ModelBatchError, match=r"ValueError: injected: the second file's first batch"):
+        run(spec())
+    run_dir = tmp_path / "out"
+    assert sorted(p.name for p in run_dir.iterdir()) == [JOB_SPEC_FILE, "part-00000-t01test.parquet"]  # no marker
+    assert pq.read_table(run_dir / "part-00000-t01test.parquet")["id"].to_pylist() == list(range(25_000))
+
+    monkeypatch.setattr(xgb.Booster, "inplace_predict", real)
+    manifest = run(spec("t02test", resume=True))
+    assert manifest.counts.output_rows == len(x) and (run_dir / SUCCESS_MARKER).exists()
+    assert [f.name for f in manifest.files] == ["part-00000-t01test.parquet", "part-00000-t02test.parquet"]
+    out = pq.read_table([str(run_dir / f.name) for f in manifest.files])
+    assert out["id"].to_pylist() == list(range(len(x)))
 
 
 # --- end to end on a real embedded Ray ----------------------------------------------------------------

@@ -7,6 +7,7 @@ and a node that declares a GPU without CUDA fails the job before the model is lo
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -17,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER, JobFailure, last_failure
-from airflow_provider_batchinfer.registry import ModelRegistry
+from airflow_provider_batchinfer.registry import MODEL_MANIFEST, ModelRegistry
 from airflow_provider_batchinfer.specs import JobSpec
 from tests.models import SlowLength, TextLength, committed_manifest, ticket_job, write_job_file
 
@@ -29,7 +30,9 @@ KEY_ID, SECRET = "AKIDMULTINODE", "multinode-secret"
 
 
 class OtherLength(TextLength):
-    """Another model (another sha256), so each test sees which nodes fetched *it*."""
+    """Another class for the other tests' models. Logged from this file, all of them share one sha256
+    (it hashes the files, and the source file is the same): each test looks for its own version by
+    name in a node's cache."""
 
 
 @pytest.fixture
@@ -57,8 +60,10 @@ def _run(cluster, registry: ModelRegistry, model, tmp_path: Path, name: str, row
 
 
 def _cached(cache: Path) -> list[str]:
-    """The model versions a node's cache holds (one directory per sha256; in-flight downloads are dot-dirs)."""
-    return sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) if cache.exists() else []
+    """The model versions (``name/version``) a node's cache holds: ``<sha256>/<location key>/MODEL.json``
+    (in-flight downloads are dot-dirs, without a manifest)."""
+    manifests = [json.loads(p.read_text()) for p in cache.glob(f"*/*/{MODEL_MANIFEST}")] if cache.exists() else []
+    return sorted(f"{m['name']}/{m['version']}" for m in manifests)
 
 
 def test_replicas_spread_over_both_nodes_each_fetching_the_model_once(two_node_cluster, s3_registry, tmp_path):
@@ -79,8 +84,7 @@ def test_replicas_spread_over_both_nodes_each_fetching_the_model_once(two_node_c
     ]
     assert "[batchinfer] actor pool: 2..2 replica(s) over 2 nodes x 1 CPU" in out
     for node in two_node_cluster["nodes"].values():  # each node fetched and verified it once, for itself
-        assert _cached(node["cache"]) == [model.sha256]
-        assert (node["cache"] / model.sha256 / "MODEL.json").exists()
+        assert _cached(node["cache"]) == ["slow_length/v1"]
 
 
 def test_a_node_without_a_replica_fetches_nothing(two_node_cluster, s3_registry, tmp_path):
@@ -91,7 +95,7 @@ def test_a_node_without_a_replica_fetches_nothing(two_node_cluster, s3_registry,
     assert [n["replicas"] for n in pool["nodes"]] == [1]
     ran_on = pool["nodes"][0]["node_id"]
     for node_id, node in two_node_cluster["nodes"].items():
-        assert (model.sha256 in _cached(node["cache"])) == (node_id == ran_on), (node_id, ran_on)
+        assert ("other_length/v1" in _cached(node["cache"])) == (node_id == ran_on), (node_id, ran_on)
 
 
 def test_a_gpu_that_cuda_cannot_see_fails_the_job_before_the_model_is_loaded(two_node_cluster, s3_registry, tmp_path):
@@ -109,7 +113,7 @@ def test_a_gpu_that_cuda_cannot_see_fails_the_job_before_the_model_is_loaded(two
     # the node that gave the replica its GPU never fetched the model: the check runs first
     for node in two_node_cluster["nodes"].values():
         if node["gpus"]:
-            assert model.sha256 not in _cached(node["cache"])
+            assert "gpu_length/v1" not in _cached(node["cache"])
 
 
 def test_the_vllm_engine_reads_the_model_from_the_registry_location_never_the_drivers_copy(

@@ -143,6 +143,8 @@ def test_the_manifest_records_the_pool_and_where_its_replicas_ran(tmp_path):
 
 
 def test_a_replica_given_a_gpu_that_cuda_cannot_see_fails_saying_so():
+    import ray
+
     from airflow_provider_batchinfer.runtime.replica import NoCudaError, check_cuda
 
     check_cuda(1, ("a", "node", "10.0.0.1"), cuda_available=True)
@@ -153,6 +155,9 @@ def test_a_replica_given_a_gpu_that_cuda_cannot_see_fails_saying_so():
     ) as exc:
         check_cuda(1, ("a", "node", "10.0.0.1"), cuda_available=False)
     assert exc.value.permanent
+    # outside a replica the message goes without Ray's GPU ids: asking Ray for them would have
+    # attached this process to a cluster (ray.get_gpu_ids() starts ray.init())
+    assert not ray.is_initialized() and "GPU ids none" in str(exc.value)
     # Ray hands the driver an ActorDiedError that carries it as text; the driver restores it
     from airflow_provider_batchinfer.runtime.replica import replica_init_error
 

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import FileEntry, RunOwner, part_name
+from airflow_provider_batchinfer.registry.fetch import cached_copy
 from airflow_provider_batchinfer.s3 import S3StageError, check_bucket
 from airflow_provider_batchinfer.stage import (
     JOB_SPEC_FILE,
@@ -442,5 +443,6 @@ def test_the_tabular_example_dag_runs_unchanged_with_everything_on_s3(
     scores = top.column("churn_probability").to_pylist()
     assert scores == sorted(scores, reverse=True)
     # the actor fetched the S3 model into its node's cache; nothing was written outside the bucket
-    assert (tmp_path / "model-cache" / manifest["model"]["sha256"] / "MODEL.json").exists()
+    model = manifest["model"]
+    assert (cached_copy(tmp_path / "model-cache", model["uri"], model["sha256"]) / "MODEL.json").exists()
     assert SECRET not in capfd.readouterr().out

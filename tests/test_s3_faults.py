@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.markers import read_valid_manifest
+from airflow_provider_batchinfer.registry.fetch import cached_copy
 from airflow_provider_batchinfer.s3 import S3StageError
 from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, Stage
 from tests.conftest import BackgroundServer, _free_port
@@ -273,7 +274,7 @@ def test_store_crashing_mid_write_fails_the_try_retryably_then_the_retry_commits
     injected = [r for r in proxy.requests(seen) if r["injected"]]
     assert [r["injected"] for r in injected] == ["SlowDown", "SlowDown"]
     # the model reached the actor through its node's cache (the configured one), keyed by its sha256
-    assert (world.cache / world.model.sha256 / "MODEL.json").exists()
+    assert (cached_copy(world.cache, world.model.uri, world.model.sha256) / "MODEL.json").exists()
 
 
 # --- how a failure inside a Ray task reaches the task log and the retry decision -------------------------
@@ -352,6 +353,25 @@ def test_the_airflow_side_vets_an_s3_model_by_listing_and_never_downloads_it(wor
         hook.get_model("text_length", "v1")
 
 
+def test_two_versions_with_the_same_files_each_load_their_own_manifest_from_the_cache(world, s3_server):
+    """The sha256 hashes a version's files, not its manifest: ``SlowLength`` logged from the same
+    ``tests/models.py`` as the world's ``TextLength`` has the same sha256 but loads another class.
+    A node that cached one must not serve its manifest for the other (round thirteen's CI failure
+    was this cache, keyed by the sha256 alone)."""
+    from airflow_provider_batchinfer.registry import ModelRegistry, fetch_version
+    from tests.models import SlowLength
+
+    slow = ModelRegistry(f"{world.root}/registry", direct(s3_server)).log_model(
+        "slow_length", "v1", "python", python_class=SlowLength, signature=world.model.signature
+    )
+    assert slow.sha256 == world.model.sha256  # same files: the premise of this test
+    text_dir, text_manifest = fetch_version(world.model.uri, world.model.sha256, direct(s3_server))
+    slow_dir, slow_manifest = fetch_version(slow.uri, slow.sha256, direct(s3_server))
+    assert (text_manifest["name"], text_manifest["options"]["class"]) == ("text_length", "TextLength")
+    assert (slow_manifest["name"], slow_manifest["options"]["class"]) == ("slow_length", "SlowLength")
+    assert text_dir != slow_dir and text_dir.parent == slow_dir.parent == world.cache / slow.sha256
+
+
 def test_each_replica_fetches_the_model_on_its_node_and_a_bad_cache_is_fetched_again(world, s3_server):
     """What every Ray actor (``ModelReplica``) does before loading: download into its node's cache
     under the pinned sha256 (concurrent replicas race safely), verify, and never trust a damaged
@@ -363,9 +383,11 @@ def test_each_replica_fetches_the_model_on_its_node_and_a_bad_cache_is_fetched_a
     uri, sha = world.model.uri, world.model.sha256
     with ThreadPoolExecutor(4) as pool:  # four replicas starting at once on one node
         copies = list(pool.map(lambda _: fetch_version(uri, sha, direct(s3_server))[0], range(4)))
-    assert set(copies) == {world.cache / sha} and sorted(p.name for p in world.cache.iterdir()) == [sha]
+    cached = cached_copy(world.cache, uri, sha)
+    assert set(copies) == {cached} and sorted(p.name for p in world.cache.iterdir()) == [sha]
+    assert sorted(p.name for p in (world.cache / sha).iterdir()) == [cached.name]  # no download left behind
 
-    code = next((world.cache / sha / "code").iterdir())
+    code = next((cached / "code").iterdir())
     code.write_text(code.read_text() + "\n# damaged on this node\n")
     path, manifest = fetch_version(uri, sha, direct(s3_server))  # dropped and downloaded again
     assert manifest["sha256"] == sha and "damaged" not in (path / "code" / code.name).read_text()

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.runtime.flavors import load_predictor, optimized_torchscript
+from airflow_provider_batchinfer.runtime.flavors import load_predictor, optimized_cache, optimized_torchscript
 from airflow_provider_batchinfer.runtime.flavors.optimized_cache import BackendRefusedError
 from airflow_provider_batchinfer.runtime.in_driver import EMBEDDED_ENV
 from tests.models import committed_manifest, job_file, tiny_mlp, write_job_file
@@ -138,6 +138,7 @@ def test_the_int8_export_is_refused_below_the_jobs_threshold(mlp):
         ).read_text()
     )
     assert 0.99 < info["cosine_mean"] < 1.0 and info["max_abs_diff"] > 0  # INT8 weights move the outputs a little
+    assert info["reduce_range"] is optimized_cache.int8_weights_need_reduced_range()  # 7-bit weights without VNNI
     strict = min(1.0, info["cosine_mean"] + 1e-5)
     with pytest.raises(BackendRefusedError) as refused:
         load(mlp["dir"], mlp["manifest"], "cpu", 1, backend="onnx_int8", min_cosine=strict, cache_root=mlp["cache"])
@@ -146,6 +147,20 @@ def test_the_int8_export_is_refused_below_the_jobs_threshold(mlp):
     assert f"{info['cosine_mean']:.4f}" in message and f"backend_min_cosine={strict:g}" in message
     assert "Nothing was scored" in message and "JobSpec(backend='onnx') keeps fp32 weights" in message
     assert refused.value.permanent
+
+
+def test_int8_weights_keep_7_bits_on_an_x86_cpu_without_vnni():
+    """Full 8-bit weights saturate ONNX Runtime's u8 x s8 products on AVX2 without VNNI (this tiny
+    MLP's cosine fell to 0.9894 on an AMD EPYC, below the default guard); VNNI and AMX have no such
+    limit, and neither has an ARM CPU."""
+    need = optimized_cache.int8_weights_need_reduced_range
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n"
+    assert need(avx2, "x86_64") and need(avx2, "AMD64")
+    assert not need(avx2.replace("avx2", "avx2 avx512f avx512_vnni"), "x86_64")
+    assert not need(avx2.replace("avx2", "avx2 avx_vnni"), "x86_64")
+    assert not need(avx2.replace("avx2", "avx2 amx_int8"), "x86_64")
+    assert need("", "x86_64")  # no flags to read: assume the saturating path
+    assert not need(avx2, "aarch64")
 
 
 def test_models_the_export_cannot_express_are_refused_with_why(tmp_path):

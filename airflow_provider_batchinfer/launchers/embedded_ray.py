@@ -180,8 +180,14 @@ def _touch(directory: Path) -> None:
 
 
 def live_leases(directory: Path) -> list[int]:
-    """Pids of the jobs that hold a lease and still run; stale leases are removed."""
-    live = []
+    """Pids of the jobs that hold a lease and still run; stale leases are removed.
+
+    Removing one restarts the idle clock, as :func:`drop_lease` does: the job's process has just
+    been seen gone. Without that, a job that ran longer than the idle timeout left a clock still
+    at its lease's start, and the keeper stopped Ray the moment the job's process exited, before
+    the launcher released the lease (round fourteen: a 47 s job, a 20 s timeout, Ray gone 6 s later).
+    """
+    live, ended = [], False
     for lease in (directory / "leases").iterdir():
         try:
             pid, started = int(lease.name), int(lease.read_text() or 0)
@@ -191,6 +197,9 @@ def live_leases(directory: Path) -> list[int]:
             live.append(pid)
         else:
             lease.unlink(missing_ok=True)
+            ended = True
+    if ended:
+        _touch(directory)
     return live
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -23,8 +24,19 @@ MODEL_CACHE_ENV = "BATCHINFER_MODEL_CACHE"
 
 def model_cache_dir(cache_dir: str | None = None) -> Path:
     """Where object-store models are cached on this node: ``$BATCHINFER_MODEL_CACHE``, else
-    ``<tmp>/batchinfer-models``. One directory per content hash, so versions never collide."""
+    ``<tmp>/batchinfer-models``."""
     return Path(cache_dir or os.environ.get(MODEL_CACHE_ENV) or Path(tempfile.gettempdir()) / "batchinfer-models")
+
+
+def cached_copy(cache_root: Path, location: str, sha256: str) -> Path:
+    """The cache directory of the version at ``location``: ``<root>/<sha256>/<hash of location>``.
+
+    The sha256 covers a version's files, not its manifest: two versions logged from one source file
+    (two classes of one ``models.py``) have the same sha256 and load different classes. Keyed by
+    content alone, the second would be served the first one's ``MODEL.json`` and load the wrong
+    class; one directory per location under the content hash keeps each version's own manifest.
+    """
+    return cache_root / sha256 / hashlib.sha256(location.encode()).hexdigest()[:16]
 
 
 def fetch_version(
@@ -37,10 +49,10 @@ def fetch_version(
     """The local directory of the model version at ``uri`` (and, with ``verify``, its re-hashed manifest).
 
     A local registry is used in place. An object-store one is downloaded into this node's cache
-    under the pinned ``sha256``: this runs in every Ray actor, so each node of a multi-node cluster
-    fetches the model for itself, once, whichever node the job's driver is on. Concurrent replicas
-    on one node each download into a private directory and publish it with one atomic rename; the
-    loser of the race discards its copy. A cached copy that fails verification (a disk fault, a
+    under the pinned ``sha256`` and its location (:func:`cached_copy`): this runs in every Ray
+    actor, so each node of a multi-node cluster fetches the model for itself, once, whichever node
+    the job's driver is on. Concurrent replicas on one node each download into a private directory
+    and publish it with one atomic rename; the loser of the race discards its copy. A cached copy that fails verification (a disk fault, a
     hand edit) is dropped and downloaded again once; if the fresh copy fails too, the registry
     itself holds a changed model and the error says so.
     """
@@ -50,7 +62,7 @@ def fetch_version(
     if isinstance(source.fs, pafs.LocalFileSystem):
         path = Path(source.path)
         return path, (verify_local_copy(path, sha256) if verify else None)
-    cache = model_cache_dir(cache_dir) / sha256
+    cache = cached_copy(model_cache_dir(cache_dir), source.location, sha256)
     for fresh in (False, True):
         if fresh or not (cache / MODEL_MANIFEST).exists():
             _download(source, cache, replace=fresh)
@@ -71,7 +83,7 @@ def _download(source: Stage, cache: Path, replace: bool) -> None:
     import pyarrow.fs as pafs
 
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name[:12]}-", dir=cache.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}-", dir=cache.parent))
     try:
         with source._io("download"):
             pafs.copy_files(
@@ -80,7 +92,7 @@ def _download(source: Stage, cache: Path, replace: bool) -> None:
         if not (tmp / MODEL_MANIFEST).exists():
             raise RegistryError(f"{source.location} holds no {MODEL_MANIFEST}; it is not a logged model version")
         if replace and cache.exists():
-            stale = cache.with_name(f".{cache.name[:12]}-stale-{os.getpid()}-{tmp.name}")
+            stale = cache.with_name(f".{cache.name}-stale-{os.getpid()}-{tmp.name}")
             try:
                 os.replace(cache, stale)
                 shutil.rmtree(stale, ignore_errors=True)

@@ -283,7 +283,7 @@ class ModelRegistry:
 
     def local_copy(self, name: str, version: str, cache_dir: str | None = None) -> Path:
         """A local directory holding the version's files: the registry itself when it is local, else
-        a node-local cache keyed by content hash (see :func:`fetch_version`). Not verified."""
+        a node-local cache keyed by content hash and location (see :func:`fetch_version`). Not verified."""
         check_name(name, "name")
         check_name(version, "version")
         sha256 = self.read_manifest(name, version)["sha256"]

@@ -16,8 +16,10 @@ and a writer thread (``in_driver_io.py``) that overlap reading, scoring and writ
 operators do. A flavor whose predictor takes concurrent calls (``CONCURRENT_CALLS``: XGBoost) is
 loaded with one thread and called from as many threads as the job has, batches kept in order:
 independent one-thread calls share the cores with the reader and writer better than one call whose
-OpenMP threads wait for each other (``flavors/xgboost_booster.py``). Parts are named and
-checksummed as Ray's write tasks name theirs, and the commit protocol after them is unchanged. ``in_driver_max_rows=0`` sends every job to the actor pool.
+OpenMP threads wait for each other (``flavors/xgboost_booster.py``). Each such call takes a whole
+batch of up to ``CONCURRENT_BATCH_ROWS`` (``in_driver_io.py``). Parts are named and checksummed as
+Ray's write tasks name theirs, and the commit protocol after them is unchanged.
+``in_driver_max_rows=0`` sends every job to the actor pool.
 
 Kept on the pool: GPU jobs (Ray owns the GPUs), vLLM, incremental reuse and a budget guard (their
 machinery is Ray-side), and any named cluster (its nodes do the work). The driver holds no Ray
@@ -157,9 +159,11 @@ def run(checked: CheckedJob) -> Any:
 
     spec = checked.job.job_spec
     pool = size_actor_pool(spec, resources.reservation(spec, 1))
-    batch = driver_batch_rows(checked)
-    calls = min(batch, model_call_rows(checked.job.model.flavor, "cpu", spec.max_batch_rows) or batch)
     workers = scoring_threads(checked, pool)
+    batch = driver_batch_rows(checked, concurrent_calls=workers > 1)
+    # concurrent calls: one thread each, on the whole batch (a one-thread call waits for no other thread)
+    max_rows = batch if workers > 1 else spec.max_batch_rows
+    calls = min(batch, model_call_rows(checked.job.model.flavor, "cpu", max_rows) or batch)
     threads = f"{workers} one-thread model calls at a time" if workers > 1 else f"{pool['threads']} thread(s)"
     print(
         f"[batchinfer] scoring {checked.todo_rows:,} rows in the driver process, no actor pool "
@@ -172,7 +176,7 @@ def run(checked: CheckedJob) -> Any:
     started = time.monotonic()
     with meter:
         try:
-            parts, error_parts = _stream(checked, pool, counter, progress, workers)
+            parts, error_parts = _stream(checked, pool, counter, progress, (batch, max_rows), workers)
         finally:
             progress.stop()
     meter.stats = counter.summary()
@@ -191,14 +195,21 @@ def run(checked: CheckedJob) -> Any:
 
 
 def _stream(
-    checked: CheckedJob, pool: ActorPool, counter: Any, progress: ProgressLog, workers: int = 1
+    checked: CheckedJob,
+    pool: ActorPool,
+    counter: Any,
+    progress: ProgressLog,
+    rows: tuple[int, int | None],
+    workers: int = 1,
 ) -> tuple[list, list]:
     """Reader thread -> the replica, in this thread (or ``workers`` threads, :func:`scored_in_order`)
     -> writer thread; the model loads while the reader reads ahead. A model error stops the reader,
     lets the writer finish the rows scored before it (whole parts that RESUME keeps, as the pool's
     finished write tasks leave theirs) and is raised; a reader's or writer's error stops the rest
-    and is raised."""
+    and is raised. ``rows``: the rows per batch read and the replica's ``max_rows`` (see :func:`run`)."""
     from airflow_provider_batchinfer.runtime.driver import replica_kwargs
+
+    batch_rows, max_rows = rows
 
     inbox, outbox = Pipe(), Pipe()
 
@@ -209,12 +220,12 @@ def _stream(
             outbox.aborted.set()  # wakes the model's thread if it waits to hand over a batch
             raise
 
-    reader = Worker(lambda: read_batches(checked, inbox), "batchinfer-read")
+    reader = Worker(lambda: read_batches(checked, inbox, batch_rows), "batchinfer-read")
     writer = Worker(writer_side, "batchinfer-write")
     reader.start()
     writer.start()
     try:
-        kwargs = replica_kwargs(checked, pool, _direct(counter))
+        kwargs = dict(replica_kwargs(checked, pool, _direct(counter)), max_rows=max_rows)
         replica = usage.MeteredReplica(**(dict(kwargs, threads=1) if workers > 1 else kwargs))
         progress.start()
         with closing(scored_in_order(replica, inbox, workers)) as scored:

@@ -40,11 +40,18 @@ QUEUE_BATCHES = 2
 #: which made the 1M-row MLP job hold 1.8x what the 100k one did. 16,384 rows keep a batch's fixed
 #: cost (the replica's checks, Arrow to numpy) small and a 64-feature batch at 4 MB.
 DRIVER_BATCH_ROWS = 16_384
+#: rows per batch when the model takes concurrent one-thread calls (XGBoost, ``in_driver.py``): a
+#: one-thread call waits for no other thread however long it runs, and XGBoost spends less CPU per
+#: row in longer calls (1M rows x 32 features, one thread: 2.80-2.88 CPU-s in calls of 16,384 rows, 2.70
+#: in calls of 65,536, 2.67 over the whole array). A batch of 32 float32 features is then 8 MB.
+CONCURRENT_BATCH_ROWS = 65_536
 
 
-def driver_batch_rows(checked: CheckedJob) -> int:
-    """Rows per batch for a job scored in the driver: the plan's, at most ``DRIVER_BATCH_ROWS``."""
-    return max(1, min(checked.batch_rows, DRIVER_BATCH_ROWS))
+def driver_batch_rows(checked: CheckedJob, concurrent_calls: bool = False) -> int:
+    """Rows per batch for a job scored in the driver: the plan's, at most ``DRIVER_BATCH_ROWS``
+    (``CONCURRENT_BATCH_ROWS`` for a model called from several threads at once)."""
+    cap = CONCURRENT_BATCH_ROWS if concurrent_calls else DRIVER_BATCH_ROWS
+    return max(1, min(checked.batch_rows, cap))
 
 
 class Aborted(Exception):
@@ -115,8 +122,8 @@ class Worker(threading.Thread):
         return self.value
 
 
-def read_batches(checked: CheckedJob, out: Pipe) -> None:
-    """Every input file's columns of the plan in batches of :func:`driver_batch_rows` rows, tagged
+def read_batches(checked: CheckedJob, out: Pipe, rows: int) -> None:
+    """Every input file's columns of the plan in batches of at most ``rows`` rows, tagged
     with the file's number; RESUME's finished rows are dropped here, as the pool drops them after its
     read. One row group at a time: over a whole file pyarrow pre-buffers every row group's column
     chunks at once (a 250k-row, 97 MB file was held whole), per row group it coalesces that group's
@@ -127,7 +134,6 @@ def read_batches(checked: CheckedJob, out: Pipe) -> None:
     from airflow_provider_batchinfer.runtime.resume import drop_done
 
     id_column, done = checked.job.input_spec.id_column, checked.kept["ids"]
-    rows = driver_batch_rows(checked)
     try:
         for index, location in enumerate(checked.files):
             stage = Stage.open(location, checked.storage)

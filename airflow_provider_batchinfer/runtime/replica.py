@@ -61,7 +61,7 @@ class ModelReplica:
         if num_gpus > 0:  # before any download or load: a GPU Ray gave us that CUDA cannot see
             check_cuda(num_gpus, node)
         # an object-store model is downloaded here, on the actor's node (once per node: a cache keyed
-        # by sha256), not by the driver, whose node may hold no replica at all; the node's own
+        # by sha256 and location), not by the driver, whose node may hold no replica at all; the node's own
         # BATCHINFER_MODEL_CACHE wins over the driver's
         cache_dir = os.environ.get(MODEL_CACHE_ENV) or os.environ.get(DRIVER_CACHE_ENV) or None
         model_dir, manifest = fetch_version(
@@ -240,12 +240,16 @@ def check_cuda(num_gpus: float, node: tuple[str, str, str], cuda_available: bool
             cuda_available = False
     if cuda_available:
         return
+    given: list[str] = []
     try:
         import ray
 
-        given = [str(g) for g in ray.get_gpu_ids()]
-    except Exception:
-        given = []
+        # only inside Ray (a replica): elsewhere get_gpu_ids() would ray.init() this process and
+        # attach it, as a driver, to whatever cluster RAY_ADDRESS or /tmp/ray names
+        if ray.is_initialized():
+            given = [str(g) for g in ray.get_gpu_ids()]
+    except Exception:  # the ids only enrich the message
+        pass
     raise NoCudaError(
         f"replica on Ray node {node[2]} ({node[1][:12]}) was given {num_gpus:g} GPU(s) by Ray "
         f"(JobSpec.num_gpus={num_gpus:g}; GPU ids {given or 'none'}, CUDA_VISIBLE_DEVICES="

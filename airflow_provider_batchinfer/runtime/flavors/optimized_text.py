@@ -209,8 +209,7 @@ def export(model_dir: Path, backend: str, target: Path) -> dict[str, Any]:
     mode, normalize = _structure(st)
     fp32 = target / ("model.onnx" if backend == "onnx" else "model-fp32.onnx")
     inputs = _export_onnx(st, mode, normalize, fp32)
-    if backend == "onnx_int8":
-        quantize_int8(fp32, target / "model.onnx")
+    reduced = quantize_int8(fp32, target / "model.onnx") if backend == "onnx_int8" else False
     st[0].tokenizer.backend_tokenizer.save(str(target / "tokenizer.json"))
     info: dict[str, Any] = {
         "format": FORMAT,
@@ -219,6 +218,7 @@ def export(model_dir: Path, backend: str, target: Path) -> dict[str, Any]:
         "max_seq_length": int(st.max_seq_length),
         "pooling": mode,
         "normalize": normalize,
+        "reduce_range": reduced,
         "dimension": int(
             getattr(st, "get_embedding_dimension", getattr(st, "get_sentence_embedding_dimension", lambda: 0))() or 0
         ),

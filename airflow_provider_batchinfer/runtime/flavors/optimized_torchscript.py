@@ -123,8 +123,7 @@ def export(model_file: Path, manifest: dict[str, Any], backend: str, target: Pat
             f"the optimized backend could not export {model} to ONNX ({type(exc).__name__}: {exc}). "
             "Run it with JobSpec(backend=None) (PyTorch)"
         ) from exc
-    if backend == "onnx_int8":
-        optimized_cache.quantize_int8(fp32, target / "model.onnx")
+    reduced = optimized_cache.quantize_int8(fp32, target / "model.onnx") if backend == "onnx_int8" else False
     mine = ort_session(target / "model.onnx", intra_op_threads=1).run(names, {INPUT_NAME: sample})
     return {
         "format": FORMAT,
@@ -132,6 +131,7 @@ def export(model_file: Path, manifest: dict[str, Any], backend: str, target: Pat
         "outputs": len(names),
         "tupled": not isinstance(returned, torch.Tensor),
         "width": int(sample.shape[1]),
+        "reduce_range": reduced,
         **agreement(reference, [np.asarray(m) for m in mine]),
         "sample_rows": SAMPLE_ROWS,
         "export_s": round(time.monotonic() - started, 2),

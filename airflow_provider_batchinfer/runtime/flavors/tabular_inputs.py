@@ -24,20 +24,13 @@ CPU_CALL_ROWS = 16384
 
 
 def matrix(inputs: Any, dtype: Any = np.float64) -> np.ndarray:
-    """The input columns (signature order) as one C-contiguous ``(rows, features)`` matrix."""
+    """The input columns (signature order) as one C-contiguous ``(rows, features)`` matrix; nulls
+    are NaN, booleans 0 and 1. Columns without nulls are read without a copy before the one into
+    the matrix."""
     out = np.empty((inputs.num_rows, inputs.num_columns), dtype=dtype)
     for i in range(inputs.num_columns):
-        col = inputs.column(i)
-        out[:, i] = col.to_numpy() if col.null_count == 0 else col.to_numpy(zero_copy_only=False)
+        out[:, i] = inputs.column(i).to_numpy(zero_copy_only=False)
     return out
-
-
-def numeric_columns(inputs: Any) -> bool:
-    """Whether every column is an integer, floating point or boolean Arrow column: what a library
-    that reads Arrow columns in place (XGBoost's columnar predict) takes without a matrix copy."""
-    import pyarrow.types as pt
-
-    return all(pt.is_integer(t) or pt.is_floating(t) or pt.is_boolean(t) for t in inputs.schema.types)
 
 
 def frame(inputs: Any, categorical: list[str]) -> Any:

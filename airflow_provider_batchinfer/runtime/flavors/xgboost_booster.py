@@ -7,9 +7,10 @@ probabilities. Threads: the replica's (``nthread``); on CPU calls of at least ``
 Missing values are NaN (or null) as in training; categorical features go through XGBoost's own
 pandas path, which maps category names to the codes the model was trained with.
 
-Numeric inputs go to XGBoost as the Arrow columns themselves (its columnar predict reads them in
-place, nulls as missing): the float32 matrix they used to be copied into cost 0.3 CPU-seconds per
-million rows of 32 features, about a tenth of the prediction's own CPU time.
+Numeric inputs go to XGBoost as one float32 matrix, not as the Arrow columns: XGBoost 3.x can
+read Arrow columns in place, but its columnar predict then spends more CPU per value than the
+copy saves (1M rows x 32 features, two threads: 2.85 CPU-s of prediction from Arrow, 2.69 from the
+matrix, whose copy costs 0.06-0.12).
 
 ``CONCURRENT_CALLS``: ``inplace_predict`` is lock-free and safe to call from several threads at
 once (XGBoost's documentation), so a job scored in the driver (``runtime/in_driver.py``) loads the
@@ -34,7 +35,6 @@ from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
     chunked,
     frame,
     matrix,
-    numeric_columns,
     ordered,
     proba_outputs,
 )
@@ -79,8 +79,6 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         inputs = ordered(inputs, settings)
         if categorical:
             x = frame(inputs, categorical)
-        elif numeric_columns(inputs):
-            x = inputs  # read in place; XGBoost casts each value to float32 as it reads it
         else:  # float32: XGBoost casts every value to float32 itself, so a float64 matrix is only a bigger copy
             x = matrix(inputs, np.float32)
         return chunked(score, x, inputs.num_rows, max_rows)
