@@ -9,8 +9,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +27,15 @@ class AirflowServices:
         self.env = env
         self.base = f"http://127.0.0.1:{port}"
         self.procs: dict[str, subprocess.Popen] = {}
+        self.restarts: list[str] = []
+        self._stopping = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise, name="airflow-supervisor", daemon=True)
 
     # --- life cycle -------------------------------------------------------------------------------------
     def start(self, timeout: float = 180) -> None:
         self.cli("db", "migrate")
         for component in COMPONENTS:
-            args = [component] + (
-                ["--port", str(self.port), "--host", "127.0.0.1"] if component == "api-server" else []
-            )
-            log = open(self.home / f"{component}.log", "w")
-            # each in its own process group: stopping the group also stops the executor's workers
-            self.procs[component] = subprocess.Popen(
-                [sys.executable, "-m", "airflow", *args],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            self.procs[component] = self._spawn(component, mode="w")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for name, proc in self.procs.items():
@@ -50,13 +43,41 @@ class AirflowServices:
                     raise RuntimeError(f"airflow {name} exited: see {self.home / (name + '.log')}")
             try:
                 if requests.get(f"{self.base}/api/v2/monitor/health", timeout=15).status_code == 200:
+                    self._supervisor.start()
                     return
             except requests.RequestException:  # not listening yet, or busy starting up
                 pass
             time.sleep(1)
         raise RuntimeError(f"the api-server did not answer within {timeout}s")
 
+    def _spawn(self, component: str, mode: str) -> subprocess.Popen:
+        args = [component] + (["--port", str(self.port), "--host", "127.0.0.1"] if component == "api-server" else [])
+        log = open(self.home / f"{component}.log", mode)
+        # each in its own process group: stopping the group also stops the executor's workers
+        return subprocess.Popen(
+            [sys.executable, "-m", "airflow", *args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def _supervise(self) -> None:
+        """Start again a component that exited, as systemd or Kubernetes would in a deployment. On
+        SQLite a backfill create that meets the write lock half-way deletes the runs it had already
+        committed (apache/airflow#68699), and a scheduler holding one of them exits with
+        ``ObjectDeletedError``; the scenarios after it need a scheduler. Each restart is recorded
+        in ``restarts`` and said in the module's summary."""
+        while not self._stopping.wait(2):
+            for name, proc in list(self.procs.items()):
+                if proc.poll() is not None and not self._stopping.is_set():
+                    self.restarts.append(f"{name} exited with {proc.returncode} at {time.strftime('%H:%M:%S')}")
+                    self.procs[name] = self._spawn(name, mode="a")
+
     def stop(self) -> None:
+        self._stopping.set()
+        if self._supervisor.is_alive():
+            self._supervisor.join()
         for proc in self.procs.values():
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -86,39 +107,51 @@ class AirflowServices:
             time.sleep(2 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def create_backfill(self, dag_id: str, *args: str, attempts: int = 6) -> None:
-        """``airflow backfill create``, which is not idempotent: an attempt that meets SQLite's write
-        lock may have created the backfill before failing, and then a plain retry is refused with
-        "Another backfill is running". So before a retry, look for the open backfill it left. One
-        that took none of the dates' runs is an orphan (its row committed, its runs rolled back):
-        the scheduler would close it only after two minutes, so it is cancelled and created again."""
+    def create_backfill(self, dag_id: str, first: str, last: str, *args: str, attempts: int = 6) -> None:
+        """``airflow backfill create`` of ``first``..``last``, which is not atomic on SQLite: each
+        date's run is committed as it is created or cleared (a savepoint per date, which pysqlite
+        releases as a commit: apache/airflow#68699), so an attempt that meets the scheduler's write
+        lock half-way has taken the first dates and not the rest. Then the rest is created as a
+        backfill of its own once the first one has ended (a DAG may have one open backfill), from
+        just after the last date taken. An attempt that took no run left an orphan (its row
+        committed, nothing to run): the scheduler would close it only after two minutes, so it is
+        cancelled and created again."""
+        start = first
         for attempt in range(attempts):
             try:
-                self.cli("backfill", "create", "--dag-id", dag_id, *args, attempts=1)
+                self.cli(
+                    "backfill", "create", "--dag-id", dag_id, "--from-date", start, "--to-date", last, *args, attempts=1
+                )
                 return
             except RuntimeError as exc:
+                if start != first and "No runs to create" in str(exc):  # the partial one took the last date
+                    return
                 if "database is locked" not in str(exc) or attempt == attempts - 1:
                     raise
             backfills = self.api("GET", "/backfills", params={"dag_id": dag_id})["backfills"]
             left = [b for b in backfills if not b.get("completed_at")]
-            if any(self.backfill_took_runs(dag_id, b) for b in left):
-                return
+            taken = [date for b in left for date in self.dates_taken(dag_id, b)]
+            if taken:
+                self.wait_for_backfills(dag_id, timeout=900)
+                start = (max(taken) + timedelta(seconds=1)).isoformat()
+                continue
             for b in left:  # an orphan: nothing of it runs, cancelling it touches no run
                 self.api("PUT", f"/backfills/{b['id']}/cancel")
             time.sleep(2 * (attempt + 1))
 
-    def backfill_took_runs(self, dag_id: str, backfill: dict[str, Any]) -> bool:
-        """Whether a backfill created or cleared (queued) any run of its dates: each such run was
+    def dates_taken(self, dag_id: str, backfill: dict[str, Any]) -> list[datetime]:
+        """The logical dates whose run a backfill created or cleared (queued): each such run was
         queued after the backfill was created."""
         created = datetime.fromisoformat(backfill["created_at"])
         first, last = datetime.fromisoformat(backfill["from_date"]), datetime.fromisoformat(backfill["to_date"])
-        return any(
-            r.get("queued_at")
-            and first <= datetime.fromisoformat(r["logical_date"]) <= last
-            and datetime.fromisoformat(r["queued_at"]) >= created
+        return [
+            datetime.fromisoformat(r["logical_date"])
             for r in self.runs(dag_id)
             if r.get("logical_date")
-        )
+            and r.get("queued_at")
+            and first <= datetime.fromisoformat(r["logical_date"]) <= last
+            and datetime.fromisoformat(r["queued_at"]) >= created
+        ]
 
     def api(self, method: str, path: str, *, prefix: str = "/api/v2", **kwargs: Any) -> Any:
         """The public REST API; ``prefix="/ui"`` for the endpoints only the UI's pages call."""

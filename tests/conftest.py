@@ -75,6 +75,27 @@ os.environ.update(
 )
 
 
+class LeftAttachedToRay(UserWarning):
+    """A test left this pytest process attached to a Ray cluster as a driver."""
+
+
+@pytest.fixture(autouse=True)
+def _detach_from_ray(request: pytest.FixtureRequest):
+    """Detach this process from any Ray a test left it attached to. Such a process is a driver of
+    that cluster: when the cluster stops later (an embedded Ray idling out, a module's cluster torn
+    down), Ray's core worker exits the whole pytest worker 60 s on ("Failed to connect to GCS
+    within 60 seconds"), in whatever test runs then. The warning names the test that did it."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        ray.shutdown()
+        import warnings
+
+        warnings.warn(
+            f"{request.node.nodeid} left this process attached to a Ray; detached", LeftAttachedToRay, stacklevel=1
+        )
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

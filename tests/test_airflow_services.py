@@ -85,6 +85,8 @@ def world(tmp_path_factory, ray_cluster):
     services.stop()
     TIMINGS["stop services"] = time.monotonic() - t0
     print("\nscenario wall times:", json.dumps({k: round(v, 1) for k, v in TIMINGS.items()}))
+    if services.restarts:
+        print("components started again:", "; ".join(services.restarts))
 
 
 def openlineage_events(world, job: str, event_type: str) -> list[dict]:
@@ -179,9 +181,7 @@ def test_backfill_three_dates_then_reprocess(world):
     # the DAG's own max_active_runs: the runs' jobs share the session's 2-CPU Ray cluster
     s.create_backfill(
         dag_id,
-        "--from-date",
         "2026-11-01",
-        "--to-date",
         "2026-11-03",
         "--dag-run-conf",
         json.dumps({"num_customers": 1000}),
@@ -221,9 +221,7 @@ def test_backfill_three_dates_then_reprocess(world):
         s.wait_for_backfills(dag_id)
         s.create_backfill(
             dag_id,
-            "--from-date",
             "2026-11-01",
-            "--to-date",
             "2026-11-03",
             "--reprocess-behavior",
             "completed",
@@ -255,7 +253,7 @@ def _backfill(s, dag_id: str, first: str, last: str, expected: int, known: set[s
     """Create a backfill of ``first``..``last``; wait until its ``expected`` new runs end. Returns
     them and the wall time from the create to the last run's end."""
     t0 = time.monotonic()
-    s.create_backfill(dag_id, "--from-date", first, "--to-date", last)
+    s.create_backfill(dag_id, first, last)
     new_runs = lambda: sorted(  # noqa: E731
         r["dag_run_id"] for r in s.runs(dag_id) if r["run_type"] == "backfill" and r["dag_run_id"] not in known
     )
@@ -343,7 +341,7 @@ def test_backfill_reprocess_is_refused_in_error_mode(world):
     s = world["services"]
     t0 = time.monotonic()
     dag_id = "bi_svc_error_daily"
-    s.create_backfill(dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05")
+    s.create_backfill(dag_id, "2026-11-05", "2026-11-05")
     deadline = time.monotonic() + 60
     while not s.runs(dag_id) and time.monotonic() < deadline:
         time.sleep(2)
@@ -357,9 +355,7 @@ def test_backfill_reprocess_is_refused_in_error_mode(world):
     # the scenario creates it again rather than wait for a re-run that never comes
     for _ in range(3):
         s.wait_for_backfills(dag_id)
-        s.create_backfill(
-            dag_id, "--from-date", "2026-11-05", "--to-date", "2026-11-05", "--reprocess-behavior", "completed"
-        )
+        s.create_backfill(dag_id, "2026-11-05", "2026-11-05", "--reprocess-behavior", "completed")
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             state, tries = s.task_states(dag_id, run["dag_run_id"])["infer"]
@@ -477,6 +473,8 @@ def asset_services(tmp_path_factory, ray_cluster):
         t0 = time.monotonic()
         services.stop()
         print(f"\nasset services stopped in {time.monotonic() - t0:.1f}s")
+        if services.restarts:
+            print("components started again:", "; ".join(services.restarts))
 
 
 def test_a_publish_dag_runs_on_the_inference_dags_asset(asset_services, tmp_path):
