@@ -114,7 +114,11 @@ class BackgroundServer:
         env: dict[str, str] | None = None,
         timeout: float = 120,
         host: str = "127.0.0.1",
+        needs: list[BackgroundServer] = (),
     ) -> None:
+        """``needs``: servers this one cannot come up without (a worker node's head); when one of them
+        exits, waiting stops at once instead of at ``timeout``."""
+        self.name = name
         self.log_path = _HOME / f"{name}.log"
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
@@ -126,10 +130,12 @@ class BackgroundServer:
                 with socket.socket() as s:
                     if s.connect_ex((host, port)) == 0:
                         break
-                if self.proc.poll() is not None or time.monotonic() > deadline:
+                gone = [n.name for n in needs if n.proc.poll() is not None]
+                if self.proc.poll() is not None or gone or time.monotonic() > deadline:
                     tail = self.log_path.read_text()[-3000:]
                     self.stop()
-                    raise RuntimeError(f"{name} did not come up (exit {self.proc.poll()}):\n{tail}")
+                    why = f", and what it needs has exited: {gone}" if gone else ""
+                    raise RuntimeError(f"{name} did not come up (exit {self.proc.poll()}{why}):\n{tail}")
                 time.sleep(0.3)
 
     def stop(self, timeout: float = 60) -> None:
@@ -363,9 +369,18 @@ else:
 """
 
 
-def _ray_node(name: str, node_ip: str, args: list[str], temp_dir: str, cache: Path, manager_port: int):
+def _ray_node(
+    name: str,
+    node_ip: str,
+    args: list[str],
+    temp_dir: str,
+    cache: Path,
+    manager_port: int,
+    wait_ports: list[int],
+    needs: list[BackgroundServer] = (),
+) -> BackgroundServer:
     """One ``ray start --block`` node on ``node_ip`` with every port chosen here (distinct, all held until
-    picked), waited for on its node manager's port."""
+    picked), waited for on ``wait_ports`` (its node manager's, and the head's GCS port for the head)."""
     ray_bin = str(Path(sys.executable).parent / "ray")
     # the session sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (one node for every other test), which
     # makes `ray start --address` refuse to join on any platform: these nodes are a cluster on purpose
@@ -390,51 +405,94 @@ def _ray_node(name: str, node_ip: str, args: list[str], temp_dir: str, cache: Pa
         f"--runtime-env-agent-port={runtime_env}",
         f"--temp-dir={temp_dir}",
     ]
-    return BackgroundServer(name, cmd, ports=[manager_port], env=env, host=node_ip)
+    return BackgroundServer(name, cmd, ports=wait_ports, env=env, host=node_ip, needs=needs)
 
 
-def _join_worker(address: str, temp_dir: str, cache: Path, manager_port: int) -> BackgroundServer:
-    """The worker node, tried twice: on a loaded 2-core machine its raylet can miss Ray's own 30 s
-    deadline for registering with the head ("Failed to get node info ... Deadline Exceeded")."""
-    args = [f"--address={address}", "--num-gpus=1"]
+def _log_tail(server: BackgroundServer, chars: int = 3000) -> str:
+    return server.log_path.read_text(errors="replace")[-chars:] if server.log_path.exists() else ""
+
+
+def _start_two_nodes(root: Path, env: dict[str, str], temps: list[str]) -> tuple[list[BackgroundServer], dict]:
+    """Head, then worker, then both seen alive by a driver; on any failure every node started here is
+    stopped and the error names what the head was doing (a worker that cannot reach the head's GCS
+    usually means the head itself went down: its log says why)."""
+    port, client_port, head_manager, worker_manager = free_ports(4)
+    caches = {head_manager: root / "cache-head", worker_manager: root / "cache-worker"}
+    head_args = ["--head", f"--port={port}", "--include-dashboard=false", f"--ray-client-server-port={client_port}"]
+    address = f"{HEAD_IP}:{port}"
+    servers: list[BackgroundServer] = []
     try:
-        return _ray_node("ray-2node-worker", WORKER_IP, args, temp_dir, cache, manager_port)
-    except RuntimeError:  # the failed node was stopped by its process group; start afresh once
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        os.makedirs(temp_dir)
-        return _ray_node("ray-2node-worker", WORKER_IP, args, temp_dir, cache, manager_port)
+        head = _ray_node(
+            "ray-2node-head", HEAD_IP, head_args, temps[0], caches[head_manager], head_manager, [head_manager, port]
+        )
+        servers.append(head)
+        worker_args = [f"--address={address}", "--num-gpus=1"]
+        try:
+            servers.append(
+                _ray_node(
+                    "ray-2node-worker",
+                    WORKER_IP,
+                    worker_args,
+                    temps[1],
+                    caches[worker_manager],
+                    worker_manager,
+                    [worker_manager],
+                    needs=[head],
+                )
+            )
+        except RuntimeError as exc:
+            state = "running" if head.proc.poll() is None else f"exited {head.proc.poll()}"
+            raise RuntimeError(f"{exc}\n--- the head ({state}), last lines of its log:\n{_log_tail(head)}") from None
+        out = subprocess.run(
+            [sys.executable, "-c", _NODE_READY, address, "2"], capture_output=True, text=True, env=env, timeout=180
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"the two nodes were not both seen alive:\n{out.stdout}{out.stderr[-3000:]}")
+    except BaseException:
+        for server in reversed(servers):
+            server.stop(timeout=_RAY_STOP_GRACE)
+        raise
+    nodes = {}
+    for line in out.stdout.split("\n"):
+        if line.strip():
+            node_id, manager, gpus = line.split()
+            nodes[node_id] = {"cache": caches[int(manager)], "gpus": float(gpus)}
+    return servers, {"address": address, "nodes": nodes}
+
+
+_CLUSTER_STARTS = 3
 
 
 @pytest.fixture(scope="module")
 def two_node_cluster(tmp_path_factory):
-    """``{"address", "nodes": {node_id: {"cache": Path, "gpus": float}}}``; the caches start empty."""
-    root = tmp_path_factory.mktemp("two-node")
+    """``{"address", "nodes": {node_id: {"cache": Path, "gpus": float}}}``; the caches start empty.
+
+    The whole cluster is started up to three times, each time with fresh ports, temp dirs and caches:
+    on a loaded 2-core machine (CI, with the other pytest worker's Ray beside it) a worker raylet can
+    miss Ray's own registration deadline, and once CI's head went down before its worker could
+    reach the GCS; retrying only the worker against that head could never succeed."""
     env = dict(os.environ, RAY_AUTH_MODE="token")
     ensure_ray_auth_token(env)
-    port, client_port, head_manager, worker_manager = free_ports(4)
-    temps = [tempfile.mkdtemp(prefix="rayh-", dir="/tmp"), tempfile.mkdtemp(prefix="rayw-", dir="/tmp")]
-    caches = {head_manager: root / "cache-head", worker_manager: root / "cache-worker"}
-    head_args = ["--head", f"--port={port}", "--include-dashboard=false", f"--ray-client-server-port={client_port}"]
-    head = _ray_node("ray-2node-head", HEAD_IP, head_args, temps[0], caches[head_manager], head_manager)
-    address = f"{HEAD_IP}:{port}"
-    servers = [head]
-    try:
-        servers.append(_join_worker(address, temps[1], caches[worker_manager], worker_manager))
-        out = subprocess.run(
-            [sys.executable, "-c", _NODE_READY, address, "2"], capture_output=True, text=True, env=env, timeout=180
-        )
-        assert out.returncode == 0, out.stdout + out.stderr
-        nodes = {}
-        for line in out.stdout.split("\n"):
-            if line.strip():
-                node_id, manager, gpus = line.split()
-                nodes[node_id] = {"cache": caches[int(manager)], "gpus": float(gpus)}
-        yield {"address": address, "nodes": nodes}
-    finally:
-        for server in reversed(servers):
-            server.stop(timeout=_RAY_STOP_GRACE)
-        for temp in temps:
-            shutil.rmtree(temp, ignore_errors=True)
+    errors: list[str] = []
+    for attempt in range(1, _CLUSTER_STARTS + 1):
+        root = tmp_path_factory.mktemp(f"two-node-{attempt}")
+        temps = [tempfile.mkdtemp(prefix="rayh-", dir="/tmp"), tempfile.mkdtemp(prefix="rayw-", dir="/tmp")]
+        try:
+            servers, cluster = _start_two_nodes(root, env, temps)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            errors.append(f"start {attempt}: {exc}")
+            for temp in temps:
+                shutil.rmtree(temp, ignore_errors=True)
+            continue
+        try:
+            yield cluster
+        finally:
+            for server in reversed(servers):
+                server.stop(timeout=_RAY_STOP_GRACE)
+            for temp in temps:
+                shutil.rmtree(temp, ignore_errors=True)
+        return
+    raise RuntimeError(f"no 2-node Ray cluster in {_CLUSTER_STARTS} starts:\n" + "\n\n".join(errors))
 
 
 # --- warmray: the embedded default's warm Ray (launchers/embedded_ray.py) ------------------------------
