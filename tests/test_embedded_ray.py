@@ -109,6 +109,37 @@ def test_leases_of_ended_processes_are_dropped(tmp_path):
     assert not list((tmp_path / "leases").iterdir())
 
 
+def test_the_keeper_reads_its_idle_clock_after_dropping_ended_leases(tmp_path):
+    """What the keeper decides on: a job that ran longer than the idle timeout and has just ended
+    leaves a Ray idle for ~0 s, not for as long as the job ran."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    long_ago = time.time() - 3600
+    state = embedded_ray.EmbeddedRay(
+        address="127.0.0.1:1",
+        head_pid=0,
+        head_started=0,
+        keeper_pid=0,
+        temp_dir=str(tmp_path / "ray"),
+        ray_version=RAY_VERSION,
+        uid=os.getuid(),
+        auth_mode="disabled",
+        token_path=None,
+        idle_s=20.0,
+        started_at=long_ago,
+    )
+    with embedded_ray.locked(tmp_path):
+        embedded_ray.add_lease(tmp_path, os.getpid())
+        assert embedded_ray.idle_for(tmp_path, state) == 0.0  # a job holds it
+        embedded_ray.add_lease(tmp_path, ended.pid)
+        (tmp_path / "leases" / str(os.getpid())).unlink()
+        os.utime(tmp_path / "last_used", (long_ago, long_ago))  # the ended job's lease: an hour old
+        assert embedded_ray.idle_for(tmp_path, state) < 5  # its end was just seen: the clock restarted
+        assert not list((tmp_path / "leases").iterdir())
+        os.utime(tmp_path / "last_used", (long_ago, long_ago))
+        assert embedded_ray.idle_for(tmp_path, state) > 3500  # no lease, nothing ended: idle since then
+
+
 def test_the_launcher_tells_the_runtime_its_pid(tmp_path):
     launcher = LocalLauncher(ray_address="local")
     assert PARENT_PID_ENV == "BATCHINFER_PARENT_PID"
@@ -160,7 +191,8 @@ def test_stale_states_are_replaced(ray_dir):
 @pytest.mark.slow
 @pytest.mark.usefixtures("airflow_db")
 def test_jobs_share_one_warm_ray_until_it_idles_out(ray_dir, monkeypatch, text_length_model, tmp_path):
-    monkeypatch.setenv(embedded_ray.IDLE_ENV, "20")  # longer than a dag.test() run's own overhead
+    # longer than a dag.test() run's own overhead between two jobs (5-6 s at a load of 13 on 2 cores)
+    monkeypatch.setenv(embedded_ray.IDLE_ENV, "30")
     monkeypatch.setenv("BATCHINFER_IN_DRIVER_MAX_ROWS", "0")  # the jobs' actor pools run on the shared Ray
     data = write_tickets(tmp_path / "in", rows=200, files=2)
     runs = []
@@ -172,12 +204,12 @@ def test_jobs_share_one_warm_ray_until_it_idles_out(ray_dir, monkeypatch, text_l
     assert first is not None and second is not None
     history = (ray_dir / "history.log").read_text()
     assert second.address == first.address and second.head_pid == first.head_pid, history  # reused, warm
-    assert len(_starts(ray_dir)) == 1 and first.idle_s == 20.0, history
+    assert len(_starts(ray_dir)) == 1 and first.idle_s == 30.0, history
     assert not list((ray_dir / "leases").iterdir())  # both jobs gave their lease back
     assert _gone(first.head_pid, first.head_started, 90), "the embedded Ray did not stop after its idle timeout"
     with embedded_ray.locked(ray_dir):  # the keeper holds the lock until it has forgotten the stopped Ray
         assert embedded_ray.read_state(ray_dir) is None and not Path(first.temp_dir).exists()
-    assert "idle for 20s" in (ray_dir / "history.log").read_text()
+    assert "idle for 30s" in (ray_dir / "history.log").read_text()
     state, tasks, _ = run_dag("bi_test_error_mode", input=str(data), out=str(tmp_path / "out2"))
     assert state == "success", tasks
     third = embedded_ray.read_state(ray_dir)

@@ -378,6 +378,18 @@ def shutdown(directory: Path) -> bool:
 
 
 # --- the keeper ------------------------------------------------------------------------------------
+def idle_for(directory: Path, state: EmbeddedRay) -> float:
+    """Seconds since the embedded Ray was last used; 0 while a job holds a lease (call with the lock
+    held). Leases are checked first: dropping an ended job's lease restarts the clock, and a clock
+    read before that would still stand at the lease's start, so a job longer than the idle timeout
+    had its Ray stopped the moment its process exited (CI, round fifteen: Ray gone 6 s after a 34 s
+    job with a 20 s timeout, before the test could see it)."""
+    if live_leases(directory):
+        return 0.0
+    last = max([state.started_at] + [p.stat().st_mtime for p in directory.glob("last_used")])
+    return max(0.0, time.time() - last)
+
+
 def keep(directory: Path) -> int:
     """Poll the leases; stop Ray after ``idle_s`` seconds with none, or when Ray itself died."""
     me = os.getpid()
@@ -391,8 +403,7 @@ def keep(directory: Path) -> int:
                 print(f"{time.ctime()} keeper {me}: Ray at {state.address} died; cleaning up", flush=True)
                 _stop(directory, state, "Ray itself died")
                 return 0
-            last = max([state.started_at] + [p.stat().st_mtime for p in directory.glob("last_used")])
-            if not live_leases(directory) and time.time() - last >= state.idle_s:
+            if idle_for(directory, state) >= state.idle_s:
                 print(f"{time.ctime()} keeper {me}: idle {state.idle_s:g}s; stopping Ray {state.address}", flush=True)
                 _stop(directory, state, f"idle for {state.idle_s:g}s")
                 return 0
