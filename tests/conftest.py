@@ -114,7 +114,7 @@ class BackgroundServer:
         env: dict[str, str] | None = None,
         timeout: float = 120,
         host: str = "127.0.0.1",
-        needs: list[BackgroundServer] = (),
+        needs: tuple[BackgroundServer, ...] = (),
     ) -> None:
         """``needs``: servers this one cannot come up without (a worker node's head); when one of them
         exits, waiting stops at once instead of at ``timeout``."""
@@ -132,11 +132,14 @@ class BackgroundServer:
                         break
                 gone = [n.name for n in needs if n.proc.poll() is not None]
                 if self.proc.poll() is not None or gone or time.monotonic() > deadline:
-                    tail = self.log_path.read_text()[-3000:]
+                    tail = self.log_tail()
                     self.stop()
                     why = f", and what it needs has exited: {gone}" if gone else ""
                     raise RuntimeError(f"{name} did not come up (exit {self.proc.poll()}{why}):\n{tail}")
                 time.sleep(0.3)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
     def stop(self, timeout: float = 60) -> None:
         """SIGTERM to the group; SIGKILL to it if its leader has not exited after ``timeout`` s."""
@@ -377,7 +380,7 @@ def _ray_node(
     cache: Path,
     manager_port: int,
     wait_ports: list[int],
-    needs: list[BackgroundServer] = (),
+    needs: tuple[BackgroundServer, ...] = (),
 ) -> BackgroundServer:
     """One ``ray start --block`` node on ``node_ip`` with every port chosen here (distinct, all held until
     picked), waited for on ``wait_ports`` (its node manager's, and the head's GCS port for the head)."""
@@ -408,10 +411,6 @@ def _ray_node(
     return BackgroundServer(name, cmd, ports=wait_ports, env=env, host=node_ip, needs=needs)
 
 
-def _log_tail(server: BackgroundServer, chars: int = 3000) -> str:
-    return server.log_path.read_text(errors="replace")[-chars:] if server.log_path.exists() else ""
-
-
 def _start_two_nodes(root: Path, env: dict[str, str], temps: list[str]) -> tuple[list[BackgroundServer], dict]:
     """Head, then worker, then both seen alive by a driver; on any failure every node started here is
     stopped and the error names what the head was doing (a worker that cannot reach the head's GCS
@@ -437,12 +436,12 @@ def _start_two_nodes(root: Path, env: dict[str, str], temps: list[str]) -> tuple
                     caches[worker_manager],
                     worker_manager,
                     [worker_manager],
-                    needs=[head],
+                    needs=(head,),
                 )
             )
         except RuntimeError as exc:
             state = "running" if head.proc.poll() is None else f"exited {head.proc.poll()}"
-            raise RuntimeError(f"{exc}\n--- the head ({state}), last lines of its log:\n{_log_tail(head)}") from None
+            raise RuntimeError(f"{exc}\n--- the head ({state}), last lines of its log:\n{head.log_tail()}") from None
         out = subprocess.run(
             [sys.executable, "-c", _NODE_READY, address, "2"], capture_output=True, text=True, env=env, timeout=180
         )
