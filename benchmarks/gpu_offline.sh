@@ -6,7 +6,8 @@
 # and runs scripts/gpu_check.sh with that Python (no venv, no install, no tests) over MiniLM-L6's
 # architecture with random weights (see benchmarks/gpu_bench.py: minilm_folder).
 # Env: BUNDLE (default .device), SITE (default /tmp/batchinfer-site), GPU_PYTHON (default python3),
-# BENCH_ROWS (default 100000), MLP_ROWS (default 10000000), GPU_OUT.
+# BENCH_ROWS (default 100000), MLP_ROWS (default 10000000), GPU_BENCH_EXTRA (more gpu_bench.py
+# arguments, e.g. --variants), GPU_OUT.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUNDLE="${BUNDLE:-$REPO/.device}"
@@ -25,5 +26,5 @@ export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export AIRFLOW_HOME="${AIRFLOW_HOME:-$(mktemp -d)}"
 export GPU_TESTS=0
 export BENCH_ROWS="${BENCH_ROWS:-100000}"
-export GPU_BENCH_ARGS="--mlp-rows ${MLP_ROWS:-10000000} --minilm-dir $BUNDLE/minilm --no-cpu"
+export GPU_BENCH_ARGS="--mlp-rows ${MLP_ROWS:-10000000} --minilm-dir $BUNDLE/minilm --no-cpu ${GPU_BENCH_EXTRA:-}"
 exec bash "$REPO/scripts/gpu_check.sh"

@@ -112,3 +112,15 @@ def test_a_batch_is_never_larger_than_what_one_input_file_holds():
     assert batch_rows_for_input(65536, 256, 1_000_000, 4) == 65536
     assert batch_rows_for_input(1024, 256, 10_000, 4) == 1024
     assert batch_rows_for_input(256, 256, 50, 2) == 25 and batch_rows_for_input(256, 256, 0, 1) == 256
+
+
+def test_sentence_transformers_calls_are_encodes_32_on_cpu_and_max_batch_rows_on_a_gpu():
+    from airflow_provider_batchinfer.runtime.flavors.sentence_transformers import encode_batch_size
+
+    assert encode_batch_size({}, "cpu", 256) == 32
+    assert encode_batch_size({}, "cuda", 256) == 256
+    assert encode_batch_size({}, "cuda", None) == 32
+    # the job's own batch_size wins on either device, never above JobSpec.max_batch_rows
+    assert encode_batch_size({"batch_size": 64}, "cuda", 256) == 64
+    assert encode_batch_size({"batch_size": 64}, "cpu", 256) == 64
+    assert encode_batch_size({"batch_size": 1024}, "cpu", 256) == 256

@@ -9,7 +9,19 @@ from typing import Any
 # SentenceTransformer.encode sorts its input by length and cuts it into model calls of
 # ``batch_size`` texts: the more texts one call of encode sees, the less each model call pads.
 TRANSFER_ROWS = 1024
-DEFAULT_BATCH_SIZE = 32  # encode's own default
+DEFAULT_BATCH_SIZE = 32  # encode's own default, kept on CPU
+
+
+def encode_batch_size(params: dict[str, Any], device: str, max_rows: int | None) -> int:
+    """Texts per model call: ``params["batch_size"]`` if the job names one, else encode's own 32 on
+    CPU and ``max_rows`` (JobSpec.max_batch_rows, 256 by default) on a GPU; never above ``max_rows``.
+
+    Why a GPU gets larger calls: a call of 32 short texts is a few hundred small kernel launches
+    that leave the GPU idle, and the replica then spends its time launching them (MiniLM, 100k
+    texts on an H200: 4,248 rows/s steady at 32 against 9,804 for encode at 256 outside Ray)."""
+    default = DEFAULT_BATCH_SIZE if device == "cpu" else (max_rows or DEFAULT_BATCH_SIZE)
+    batch_size = int(params.get("batch_size", default))
+    return min(batch_size, max_rows) if max_rows else batch_size
 
 
 def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None):
@@ -23,12 +35,9 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
 
     def predict(inputs, params: dict[str, Any]) -> dict[str, Any]:
         texts = inputs.column(text_col).to_pylist()
-        batch_size = int(params.get("batch_size", DEFAULT_BATCH_SIZE))
-        if max_rows:
-            batch_size = min(batch_size, max_rows)
         embeddings = model.encode(
             texts,
-            batch_size=batch_size,
+            batch_size=encode_batch_size(params, device, max_rows),
             normalize_embeddings=bool(params.get("normalize_embeddings", False)),
             convert_to_numpy=True,
             show_progress_bar=False,
