@@ -318,7 +318,8 @@ def variants(work: Path) -> list[dict[str, Any]]:
 def mlp_batch_profile(work: Path, rows: int = 65536, repeats: int = 20, device: str = "cuda") -> dict[str, Any]:
     """Where one MLP batch's time goes on the GPU, outside Ray: reading a file, the flavor's
     ``features`` (Arrow columns to one float32 matrix), the copy to the GPU, the model, the copy
-    back; and the flavor's whole ``predict``. Medians over ``repeats`` batches, in milliseconds."""
+    back; ``feature_tensor`` (what ``predict`` uses: columns stacked whole, transposed on the GPU);
+    and the flavor's whole ``predict``. Medians over ``repeats`` batches, in milliseconds."""
     import statistics
 
     import pyarrow.parquet as pq
@@ -340,7 +341,9 @@ def mlp_batch_profile(work: Path, rows: int = 65536, repeats: int = 20, device: 
         if device == "cuda":
             torch.cuda.synchronize()
 
-    steps: dict[str, list[float]] = {k: [] for k in ("features", "to_cuda", "model", "to_cpu", "predict")}
+    steps: dict[str, list[float]] = {
+        k: [] for k in ("features", "to_cuda", "model", "to_cpu", "feature_tensor", "predict")
+    }
     with torch.inference_mode():
         for _ in range(repeats):
             t = time.monotonic()
@@ -357,6 +360,10 @@ def mlp_batch_profile(work: Path, rows: int = 65536, repeats: int = 20, device: 
             t = time.monotonic()
             y.cpu().numpy()
             steps["to_cpu"].append(time.monotonic() - t)
+            t = time.monotonic()
+            torchscript.feature_tensor(batch, device)
+            sync()
+            steps["feature_tensor"].append(time.monotonic() - t)
             t = time.monotonic()
             predict(batch, {})
             steps["predict"].append(time.monotonic() - t)

@@ -124,3 +124,24 @@ def test_sentence_transformers_calls_are_encodes_32_on_cpu_and_max_batch_rows_on
     assert encode_batch_size({"batch_size": 64}, "cuda", 256) == 64
     assert encode_batch_size({"batch_size": 64}, "cpu", 256) == 64
     assert encode_batch_size({"batch_size": 1024}, "cpu", 256) == 256
+
+
+def test_features_transposed_on_the_device_are_the_same_matrix_and_contiguous():
+    rng = np.random.default_rng(3)
+    inputs = pa.table(
+        {
+            "a": rng.standard_normal(1000).astype(np.float32),
+            "b": np.arange(1000, dtype=np.int64),
+            "c": rng.standard_normal(1000),  # float64
+        }
+    )
+    expected = torchscript.features(inputs)
+    there = torchscript.feature_tensor(inputs, "cpu", transpose_there=True)
+    here = torchscript.feature_tensor(inputs, "cpu")
+    assert there.shape == (1000, 3) and there.is_contiguous() and str(there.dtype) == "torch.float32"
+    np.testing.assert_array_equal(there.numpy(), expected)
+    np.testing.assert_array_equal(here.numpy(), expected)
+    single = pa.table({"v": pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float32(), 2))})
+    np.testing.assert_array_equal(
+        torchscript.feature_tensor(single, "cpu", transpose_there=True).numpy(), [[1, 2], [3, 4]]
+    )
