@@ -24,7 +24,9 @@ from airflow_provider_batchinfer.stage import sanitize_run_key
 from tests import hf_support as hf
 from tests.models import committed_manifest
 
-ATOL = 1e-5
+# float32 scores from padded batches of 16 against the pipeline's own batching: on two torch threads
+# they differed by up to 1.2e-5 (round sixteen, this test run alone); a wrong row or label is off by ~0.1
+ATOL = 5e-5
 CANDIDATES = ["sport", "money", "weather"]
 
 

@@ -24,8 +24,13 @@ def features(inputs) -> np.ndarray:
         width = col.type.list_size if pa.types.is_fixed_size_list(col.type) else None
         flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
         return flat.reshape(len(col), width or -1)
-    cols = [inputs.column(i).to_numpy().astype(np.float32, copy=False) for i in range(inputs.num_columns)]
+    cols = float32_columns(inputs)
     return np.column_stack(cols) if len(cols) > 1 else cols[0].reshape(-1, 1)
+
+
+def float32_columns(inputs) -> list[np.ndarray]:
+    """Each column of the batch as a float32 vector (no copy where it already is one)."""
+    return [inputs.column(i).to_numpy().astype(np.float32, copy=False) for i in range(inputs.num_columns)]
 
 
 def feature_tensor(inputs, device: str, transpose_there: bool | None = None):
@@ -49,10 +54,7 @@ def feature_tensor(inputs, device: str, transpose_there: bool | None = None):
     )
     if not (transpose_there and several_numeric):
         return torch.from_numpy(np.ascontiguousarray(features(inputs))).to(device)
-    by_column = np.stack(
-        [inputs.column(i).to_numpy().astype(np.float32, copy=False) for i in range(inputs.num_columns)]
-    )
-    return torch.from_numpy(by_column).to(device).T.contiguous()
+    return torch.from_numpy(np.stack(float32_columns(inputs))).to(device).T.contiguous()
 
 
 # tabular rows are small: hand a replica large batches and convert them to one matrix at once
