@@ -378,7 +378,7 @@ def mlp_batch_profile(work: Path, rows: int = 65536, repeats: int = 20, device: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=100_000, help="MiniLM rows (default 100000)")
+    parser.add_argument("--rows", type=int, default=100_000, help="MiniLM rows (default 100000; 0 skips)")
     parser.add_argument("--mlp-rows", type=int, default=10_000_000, help="MLP rows (default 10M; 0 skips)")
     parser.add_argument("--llm-rows", type=int, default=2000, help="vLLM rows (default 2000)")
     parser.add_argument(
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             "extra": {"stage_root": str(work / "stage"), "registry_root": str(work / "registry")},
         }
     )
-    results = minilm(work, args.rows, args.minilm_dir, cpu=not args.no_cpu)
+    results = minilm(work, args.rows, args.minilm_dir, cpu=not args.no_cpu) if args.rows else []
     if args.mlp_rows:
         results += mlp(work, args.mlp_rows)
         profile = mlp_batch_profile(work)

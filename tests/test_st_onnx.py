@@ -75,6 +75,17 @@ def test_the_export_is_made_once_per_model_version_and_reused(minilm):
     assert not any(p.name.startswith(".onnx_int8-") and p.is_dir() for p in minilm["dir"].parent.iterdir())
 
 
+def test_the_export_runs_eager_attention_without_a_nan_guard_per_layer(minilm):
+    """Format 2 exports the model with eager attention: PyTorch's fused attention exports with an
+    IsNaN/Where guard in each of MiniLM's six layers, which ONNX Runtime ran ~10% slower."""
+    import onnx
+
+    graph = onnx.load(str(minilm["dir"] / "model.onnx")).graph
+    ops = [node.op_type for node in graph.node]
+    assert minilm["dir"].name == f"onnx_int8-v{optimized_text.FORMAT}" and optimized_text.FORMAT == 2
+    assert ops.count("Softmax") == 6 and "IsNaN" not in ops and ops.count("MatMulInteger") == 36
+
+
 def test_the_int8_embeddings_match_pytorch_without_importing_torch(minilm):
     texts = ["the export is slow again", "refund for my order please", "x " * 400, "", "login"]
     code = (
@@ -197,3 +208,32 @@ def test_a_job_runs_on_the_cached_int8_export_and_a_stricter_one_is_refused(ray_
     assert error["type"] == "BackendRefusedError" and error["permanent"] is True
     assert "backend_min_cosine=0.99999" in error["error"] and "Nothing was scored" in error["error"]
     assert sorted(p.name for p in strict_dir.iterdir()) == ["_job.json"]  # no part, no _SUCCESS
+
+
+def test_a_job_in_the_driver_scores_with_two_one_thread_calls_as_one_encoder_would(
+    minilm, tmp_path, monkeypatch, capsys
+):
+    """On the embedded Ray a one-replica INT8 job is scored in the driver, from the job's two
+    threads, each call one thread on its own batch (``optimized_text.CONCURRENT_CALLS``): the rows
+    come back in their input order, each embedding as one encoder computes it."""
+    import ray
+
+    from airflow_provider_batchinfer.runtime import in_driver
+    from airflow_provider_batchinfer.runtime.driver import run
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("the job started Ray"))
+    monkeypatch.setenv(in_driver.EMBEDDED_ENV, "1")
+    monkeypatch.setenv("BATCHINFER_MODEL_CACHE", str(minilm["cache"]))
+    run_dir, job = ticket_job(tmp_path, minilm["registry"], minilm["version"], "threads", 400, backend="onnx_int8")
+    manifest = run(write_job_file(job))
+    printed = capsys.readouterr().out
+    assert "in the driver process" in printed and "2 one-thread model calls at a time, batches of 100 rows" in printed
+    assert "backend onnx_int8: cached export" in printed and manifest.counts.output_rows == 400
+    out = pq.read_table([str(run_dir / f.name) for f in manifest.files])
+    assert out["ticket_id"].to_pylist() == list(range(400))  # in order, though two calls ran at a time
+    # INT8 activations are quantized per model call, so each batch (a file) is encoded as the job
+    # did: its texts sorted by length into calls of max_batch_rows=20
+    encoder = optimized_text.OrtEncoder(minilm["dir"], threads=1)
+    files = sorted((tmp_path / "in-threads").glob("*.parquet"))
+    expected = np.concatenate([encoder.encode(pq.read_table(f)["text"].to_pylist(), batch_size=20) for f in files])
+    np.testing.assert_allclose(np.array(out["embedding"].to_pylist(), dtype=np.float32), expected, atol=1e-5)

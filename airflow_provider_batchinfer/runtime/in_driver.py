@@ -13,10 +13,11 @@ jobs). Two kinds of job gain nothing from paying it, and are scored here instead
 
 The driver runs the same :class:`MeteredReplica` with the same arguments, between a reader thread
 and a writer thread (``in_driver_io.py``) that overlap reading, scoring and writing as Ray Data's
-operators do. A flavor whose predictor takes concurrent calls (``CONCURRENT_CALLS``: XGBoost) is
-loaded with one thread and called from as many threads as the job has, batches kept in order:
-independent one-thread calls share the cores with the reader and writer better than one call whose
-OpenMP threads wait for each other (``flavors/xgboost_booster.py``). Each such call takes a whole
+operators do. A flavor whose predictor takes concurrent calls (``CONCURRENT_CALLS``: XGBoost, and
+the ONNX Runtime text encoder of ``JobSpec.backend``) is loaded with one thread and called from as
+many threads as the job has, batches kept in order: independent one-thread calls share the cores
+with the reader and writer better than one call whose threads wait for each other
+(``flavors/xgboost_booster.py``, ``flavors/optimized_text.py``). An XGBoost call takes a whole
 batch of up to ``CONCURRENT_BATCH_ROWS`` (``in_driver_io.py``). Parts are named and checksummed as
 Ray's write tasks name theirs, and the commit protocol after them is unchanged.
 ``in_driver_max_rows=0`` sends every job to the actor pool.
@@ -119,9 +120,9 @@ def scoring_threads(checked: CheckedJob, pool: ActorPool) -> int:
     flavor takes concurrent calls (each call then on one thread), else one call on all of them."""
     from airflow_provider_batchinfer.runtime.flavors import concurrent_calls
 
-    if pool["device"] != "cpu" or pool["threads"] <= 1 or checked.job.job_spec.backend not in (None, "torch"):
+    if pool["device"] != "cpu" or pool["threads"] <= 1:
         return 1
-    return int(pool["threads"]) if concurrent_calls(checked.job.model.flavor) else 1
+    return int(pool["threads"]) if concurrent_calls(checked.job.model.flavor, checked.job.job_spec.backend) else 1
 
 
 def scored_in_order(
@@ -161,8 +162,9 @@ def run(checked: CheckedJob) -> Any:
     pool = size_actor_pool(spec, resources.reservation(spec, 1))
     workers = scoring_threads(checked, pool)
     batch = driver_batch_rows(checked, concurrent_calls=workers > 1)
-    # concurrent calls: one thread each, on the whole batch (a one-thread call waits for no other thread)
-    max_rows = batch if workers > 1 else spec.max_batch_rows
+    # concurrent calls: one thread each (a one-thread call waits for no other thread), on the whole
+    # batch; an optimized backend cuts its own calls of at most max_batch_rows inside its batch
+    max_rows = batch if workers > 1 and spec.backend in (None, "torch") else spec.max_batch_rows
     calls = min(batch, model_call_rows(checked.job.model.flavor, "cpu", max_rows) or batch)
     threads = f"{workers} one-thread model calls at a time" if workers > 1 else f"{pool['threads']} thread(s)"
     print(

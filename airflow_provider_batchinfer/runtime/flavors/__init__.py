@@ -58,11 +58,15 @@ def _module(flavor: str):
     return importlib.import_module(_MODULES[flavor])
 
 
-def concurrent_calls(flavor: str) -> bool:
-    """Whether ``flavor``'s predictor may be called from several threads at once (its module's
-    ``CONCURRENT_CALLS``): the driver then loads it with one thread and calls it from as many threads
-    as the job has (``runtime/in_driver.py``)."""
-    return bool(getattr(_module(flavor), "CONCURRENT_CALLS", False))
+def concurrent_calls(flavor: str, backend: str | None = None) -> bool:
+    """Whether ``flavor``'s predictor (on ``backend``, when one is named) may be called from several
+    threads at once (its module's ``CONCURRENT_CALLS``): the driver then loads it with one thread and
+    calls it from as many threads as the job has (``runtime/in_driver.py``)."""
+    if backend not in (None, "torch"):
+        module = importlib.import_module(_OPTIMIZED[flavor]) if flavor in _OPTIMIZED else None
+    else:
+        module = _module(flavor)
+    return bool(getattr(module, "CONCURRENT_CALLS", False))
 
 
 def load_predictor(
