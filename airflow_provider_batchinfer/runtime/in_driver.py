@@ -162,10 +162,13 @@ def run(checked: CheckedJob) -> Any:
     pool = size_actor_pool(spec, resources.reservation(spec, 1))
     workers = scoring_threads(checked, pool)
     batch = driver_batch_rows(checked, concurrent_calls=workers > 1)
-    # concurrent calls: one thread each (a one-thread call waits for no other thread), on the whole
-    # batch; an optimized backend cuts its own calls of at most max_batch_rows inside its batch
-    max_rows = batch if workers > 1 and spec.backend in (None, "torch") else spec.max_batch_rows
-    calls = min(batch, model_call_rows(checked.job.model.flavor, "cpu", max_rows) or batch)
+    # concurrent calls: one thread each (a one-thread call waits for no other thread). A flavor whose
+    # CPU calls gain from size (CPU_CALL_ROWS: XGBoost) takes its whole batch in one call; the others
+    # (the ONNX Runtime text encoder) keep calls of at most max_batch_rows inside their batch
+    flavor = checked.job.model.flavor
+    whole_batch = workers > 1 and model_call_rows(flavor, "cpu", None) is not None
+    max_rows = batch if whole_batch else spec.max_batch_rows
+    calls = min(batch, model_call_rows(flavor, "cpu", max_rows) or batch)
     threads = f"{workers} one-thread model calls at a time" if workers > 1 else f"{pool['threads']} thread(s)"
     print(
         f"[batchinfer] scoring {checked.todo_rows:,} rows in the driver process, no actor pool "
