@@ -161,10 +161,10 @@ def check_before_ray(job: JobFile) -> CheckedJob:
 
 def check_backend(job: JobFile) -> None:
     """#18: an optimized backend only for the flavor that has one, refused before Ray starts."""
-    from airflow_provider_batchinfer.runtime.flavors import OPTIMIZED_FLAVORS
+    from airflow_provider_batchinfer.runtime.flavors import OPTIMIZED_FLAVORS, is_optimized
 
     backend = job.job_spec.backend
-    if backend not in (None, "torch") and job.model.flavor not in OPTIMIZED_FLAVORS:
+    if is_optimized(backend) and job.model.flavor not in OPTIMIZED_FLAVORS:
         from airflow_provider_batchinfer.runtime.flavors.optimized_cache import BackendRefusedError
 
         raise BackendRefusedError(

@@ -54,7 +54,7 @@ class ModelReplica:
         backend: str | None = None,
         min_cosine: float = 0.99,
     ) -> None:
-        from airflow_provider_batchinfer.runtime.flavors import load_optimized, load_predictor
+        from airflow_provider_batchinfer.runtime.flavors import is_optimized, load_optimized, load_predictor
 
         started = time.monotonic()
         node = node_identity()
@@ -72,7 +72,7 @@ class ModelReplica:
         verified = time.monotonic()
         # torch costs seconds to import: only flavors built on it pay for it (a plain Python model
         # that never touches torch starts without it)
-        optimized = backend not in (None, "torch")  # ONNX Runtime: a cached export needs no torch at all
+        optimized = is_optimized(backend)  # ONNX Runtime: a cached export needs no torch at all
         self.threads = set_torch_threads(
             device, threads, load_torch=manifest["flavor"] in TORCH_FLAVORS and not optimized
         )

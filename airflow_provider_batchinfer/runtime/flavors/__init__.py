@@ -58,11 +58,17 @@ def _module(flavor: str):
     return importlib.import_module(_MODULES[flavor])
 
 
+def is_optimized(backend: str | None) -> bool:
+    """Whether ``JobSpec.backend`` names an optimized (ONNX Runtime) backend: None and "torch" are
+    the flavor's own."""
+    return backend not in (None, "torch")
+
+
 def concurrent_calls(flavor: str, backend: str | None = None) -> bool:
     """Whether ``flavor``'s predictor (on ``backend``, when one is named) may be called from several
     threads at once (its module's ``CONCURRENT_CALLS``): the driver then loads it with one thread and
     calls it from as many threads as the job has (``runtime/in_driver.py``)."""
-    if backend not in (None, "torch"):
+    if is_optimized(backend):
         module = importlib.import_module(_OPTIMIZED[flavor]) if flavor in _OPTIMIZED else None
     else:
         module = _module(flavor)
