@@ -201,6 +201,39 @@ def test_the_guard_stops_when_the_estimate_would_pass_the_limit(tmp_path, regist
     )
 
 
+class _SlowCounter:
+    """A progress counter that answers after ``delay`` seconds and then fails, as a busy or
+    departed actor on a loaded machine does; ``reads`` counts the watcher's reads."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.reads = delay, 0
+        self.budget_view = self
+
+    def remote(self):
+        self.reads += 1
+        time.sleep(self.delay)
+        raise RuntimeError("the counter did not answer")
+
+
+def test_the_guard_decides_inside_the_limit_even_when_the_counter_is_slow(tmp_path, registry, text_length_model):
+    """2 CPUs at one unit per CPU-second and max_cost=2: the estimate reaches the limit after 1 s held.
+    The watcher's ticks wake half a tick early and take the time before reading the counter, so a
+    counter that takes 1.5 s to answer cannot carry the stop past the limit; the write (a sleep
+    here) is interrupted, and only then does anything read the counter."""
+    meter = _meter(tmp_path, registry, text_length_model, max_cost=2.0)
+    meter.counter = counter = _SlowCounter(delay=1.5)
+    assert meter.held_at_limit() == pytest.approx(1.0)
+    started = time.monotonic()
+    with meter:
+        time.sleep(10)  # the write: the guard's SIGINT ends it
+    assert time.monotonic() - started < 5, "the guard did not stop the write"
+    found = re.search(r"max_cost=2: ([\d.]+) after ([\d.]+)s holding 2 CPU / 0 GPU, 0 of 1,000", meter.reason or "")
+    assert found, meter.reason
+    assert 1.0 <= float(found[1]) <= 2.0 and float(found[2]) <= 1.0  # decided inside the limit
+    assert counter.reads == 1  # read once, after the decision; never on the ticks before it
+    assert meter.held_s() > 1.5  # the write ran on while the counter was read
+
+
 def test_a_budget_the_job_cannot_enforce_fails_before_ray_starts(tmp_path, registry, text_length_model, monkeypatch):
     """``max_cost`` without prices, ``max_output_tokens_total`` on a model that writes no tokens:
     permanent errors, before any compute (``ray.init`` is made to fail), with what to change."""
