@@ -1,6 +1,5 @@
 """The optimized sentence-transformers backend (#18): ONNX Runtime with dynamic INT8, exported once per
-model version, guarded by the cosine similarity of its embeddings to PyTorch's; and the PyTorch
-path's concurrent one-thread encodes.
+model version, guarded by the cosine similarity of its embeddings to PyTorch's.
 
 One export (the offline all-MiniLM-L6-v2, INT8) is shared by the module; the Ray test reuses it
 through the node's model cache, so only the unit part pays for an export (~5-10 s)."""
@@ -18,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.runtime.flavors import optimized_text, sentence_transformers
+from airflow_provider_batchinfer.runtime.flavors import optimized_text
 from airflow_provider_batchinfer.runtime.flavors.optimized_text import BackendRefusedError
 from airflow_provider_batchinfer.specs import JobSpec, SpecError
 from tests.models import committed_manifest, ticket_job, write_job_file
@@ -237,44 +236,4 @@ def test_a_job_in_the_driver_scores_with_two_one_thread_calls_as_one_encoder_wou
     encoder = optimized_text.OrtEncoder(minilm["dir"], threads=1)
     files = sorted((tmp_path / "in-threads").glob("*.parquet"))
     expected = np.concatenate([encoder.encode(pq.read_table(f)["text"].to_pylist(), batch_size=20) for f in files])
-    np.testing.assert_allclose(np.array(out["embedding"].to_pylist(), dtype=np.float32), expected, atol=1e-5)
-
-
-def test_a_batch_is_shared_by_length_so_each_encode_gets_the_same_mix():
-    lengths = [5, 1, 9, 3, 7, 2, 8]
-    assert sentence_transformers.shares(lengths, 2) == [[1, 3, 4, 2], [5, 0, 6]]
-    assert sentence_transformers.shares(lengths, 1) == [[1, 5, 3, 0, 4, 6, 2]]
-    assert sentence_transformers.shares([4], 2) == [[0], []]
-
-
-def test_the_pytorch_path_encodes_each_batch_as_two_one_thread_calls(minilm, tmp_path, monkeypatch, capsys):
-    """On CPU with two threads the flavor's own PyTorch path encodes each batch as two one-thread
-    ``encode`` calls at a time, one per share (``sentence_transformers.load``), sharing one model
-    and its fast tokenizer (configured at load, so no call mutates it while another runs). Run in
-    the driver: the rows come back in order, each embedding as one ``encode`` over all the texts
-    computes it."""
-    import ray
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    from airflow_provider_batchinfer.runtime import in_driver
-    from airflow_provider_batchinfer.runtime.driver import run
-
-    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("the job started Ray"))
-    monkeypatch.setenv(in_driver.EMBEDDED_ENV, "1")
-    threads = torch.get_num_threads()  # the flavor sets one intra-op thread, process-wide
-    try:
-        run_dir, job = ticket_job(tmp_path, minilm["registry"], minilm["version"], "torch", 400)
-        manifest = run(write_job_file(job))
-    finally:
-        torch.set_num_threads(threads)
-    printed = capsys.readouterr().out
-    assert "in the driver process" in printed and "2 thread(s), batches of 100 rows" in printed
-    assert "sentence-transformers on CPU: 2 one-thread encodes per batch" in printed
-    assert "1 torch thread(s)" in printed and manifest.counts.output_rows == 400
-    out = pq.read_table([str(run_dir / f.name) for f in manifest.files])
-    assert out["ticket_id"].to_pylist() == list(range(400))
-    files = sorted((tmp_path / "in-torch").glob("*.parquet"))
-    texts = pq.read_table(files)["text"].to_pylist()
-    expected = SentenceTransformer(str(_minilm_dir()), device="cpu", local_files_only=True).encode(texts)
     np.testing.assert_allclose(np.array(out["embedding"].to_pylist(), dtype=np.float32), expected, atol=1e-5)

@@ -95,8 +95,6 @@ class ModelReplica:
             self.predict = load_predictor(model_dir, manifest, device=device, threads=threads, max_rows=rows)
         if self.threads is None and "torch" in sys.modules:  # the user's own class imported it
             self.threads = set_torch_threads(device, threads, load_torch=True)
-        elif self.threads is not None:  # as the load left it (sentence-transformers: one per concurrent encode)
-            self.threads = int(sys.modules["torch"].get_num_threads())
         self.plan = plan
         self.params = dict(params)
         self.model = f"{manifest['name']}/{manifest['version']}"
