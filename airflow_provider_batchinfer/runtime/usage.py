@@ -231,7 +231,8 @@ class Meter:
         ``max_cost`` before the guard has decided (it did on a loaded machine: 30.04 of 30)."""
         while not self._done.wait(self._until_next_tick()):
             now = time.monotonic()
-            if self.job.job_spec.max_output_tokens_total is not None or self._cost_passes(now):
+            counts_tokens = self.job.job_spec.max_output_tokens_total is not None
+            if counts_tokens or self._cost_would_pass(self.held_s(now), self.interval):
                 self._read_counter()
             reason = self.over_budget(self._last, lookahead=self.interval, now=now)
             if reason is None:
@@ -260,9 +261,10 @@ class Meter:
         limit, per_second = self.job.job_spec.max_cost, self.cost(1.0)
         return None if limit is None or not per_second else limit / per_second
 
-    def _cost_passes(self, now: float) -> bool:
-        limit_s = self.held_at_limit()
-        return limit_s is not None and self.held_s(now) + self.interval > limit_s
+    def _cost_would_pass(self, held: float, lookahead: float) -> bool:
+        """Whether the estimate passes ``max_cost`` within ``lookahead`` seconds of ``held``."""
+        limit = self.job.job_spec.max_cost
+        return limit is not None and (self.cost(held + lookahead) or 0.0) > limit
 
     def _until_next_tick(self) -> float:
         """A tick's wait: ``interval``, cut short so the last tick before the cost limit comes half a
@@ -279,7 +281,7 @@ class Meter:
         rows, output_tokens = seen
         held = self.held_s(now)
         cost = self.cost(held) or 0.0
-        if spec.max_cost is not None and (self.cost(held + lookahead) or 0.0) > spec.max_cost:
+        if self._cost_would_pass(held, lookahead):
             return (
                 f"the estimated cost would exceed JobSpec.max_cost={spec.max_cost:g}: {cost:.6g} after {held:.1f}s "
                 f"holding {self.cpus:g} CPU / {self.gpus:g} GPU, {rows:,} of {self.todo_rows:,} rows scored"
