@@ -128,7 +128,8 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     if input_spec.id_column:
         check_unique_ids(files, input_spec.id_column, storage)
     kept = resume_state(job, run_dir)
-    batch_rows = transfer_rows(model.flavor, job.job_spec.max_batch_rows, row_bytes(files[0], plan["read"], storage))
+    read_bytes = row_bytes(files[0], plan["read"], storage)
+    batch_rows = transfer_rows(model.flavor, job.job_spec.max_batch_rows, read_bytes, gpu=job.job_spec.num_gpus > 0)
     batch_rows = batch_rows_for_input(batch_rows, job.job_spec.max_batch_rows, input_rows, len(files))  # #18
     plan["dereference"] = dereference_plan(
         input_spec.column_handling, plan["sources"], plan["model_inputs"], model.inputs, list(job.file_roots), storage

@@ -132,10 +132,15 @@ def allows_missing(flavor: str) -> bool:
 TRANSFER_BYTES = 32 << 20
 
 
-def transfer_rows(flavor: str, max_rows: int, row_bytes: float) -> int:
-    """Rows per batch Ray hands a replica: the flavor's preferred size, never below ``max_rows``,
-    and at most ``TRANSFER_BYTES`` of input (``row_bytes``: uncompressed bytes per input row)."""
-    preferred = getattr(_module(flavor), "TRANSFER_ROWS", 0)
+def transfer_rows(flavor: str, max_rows: int, row_bytes: float, gpu: bool = False) -> int:
+    """Rows per batch Ray hands a replica: the flavor's preferred size (``GPU_TRANSFER_ROWS`` on a
+    GPU where it names one: larger model calls want a larger sort window), never below
+    ``max_rows``, and at most ``TRANSFER_BYTES`` of input (``row_bytes``: uncompressed bytes per
+    input row)."""
+    module = _module(flavor)
+    preferred = getattr(module, "TRANSFER_ROWS", 0)
+    if gpu:
+        preferred = getattr(module, "GPU_TRANSFER_ROWS", preferred)
     if preferred <= max_rows:
         return max_rows
     by_bytes = int(TRANSFER_BYTES // max(row_bytes, 1.0))

@@ -6,9 +6,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_batchinfer.runtime.flavors.sentence_gpu import fast_features, overlapped_encode
+
 # SentenceTransformer.encode sorts its input by length and cuts it into model calls of
 # ``batch_size`` texts: the more texts one call of encode sees, the less each model call pads.
 TRANSFER_ROWS = 1024
+# On a GPU a call holds 256 texts (``encode_batch_size``): a 1,024-text batch sorted 4 calls' worth
+# and padded MiniLM's calls to 65.9 tokens a text where a sort over 8,192 texts pads to 39.3 (all
+# 100k texts: 37.4; #18's H100 profile, ``docs/gpu.md``). 32 calls a batch, as 32 of 32 on CPU.
+GPU_TRANSFER_ROWS = 8192
 DEFAULT_BATCH_SIZE = 32  # encode's own default, kept on CPU
 
 
@@ -33,12 +39,28 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
     (text_col,) = list(manifest["signature"]["inputs"]) or ["text"]
     (out_col,) = list(manifest["signature"]["outputs"]) or ["embedding"]
 
+    tokenize = None if device == "cpu" else fast_features(model)
+    if device != "cpu":
+        print(
+            f"[batchinfer] sentence_transformers on {device}: "
+            + (
+                "tokenizing overlapped with the model calls (fast tokenizer backend)"
+                if tokenize
+                else "SentenceTransformer.encode (the fast tokenizing path does not match this model's preprocess)"
+            ),
+            flush=True,
+        )
+
     def predict(inputs, params: dict[str, Any]) -> dict[str, Any]:
         texts = inputs.column(text_col).to_pylist()
+        batch_size = encode_batch_size(params, device, max_rows)
+        normalize = bool(params.get("normalize_embeddings", False))
+        if tokenize is not None:
+            return {out_col: overlapped_encode(model, texts, tokenize, batch_size, normalize, device)}
         embeddings = model.encode(
             texts,
-            batch_size=encode_batch_size(params, device, max_rows),
-            normalize_embeddings=bool(params.get("normalize_embeddings", False)),
+            batch_size=batch_size,
+            normalize_embeddings=normalize,
             convert_to_numpy=True,
             show_progress_bar=False,
         )
