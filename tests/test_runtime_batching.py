@@ -23,7 +23,7 @@ def test_transfer_batches_are_larger_than_model_calls_only_where_the_flavor_says
     assert transfer_rows("torchscript", 256, row_bytes=264.0) == 65536
     assert transfer_rows("torchscript", 256, row_bytes=4 << 20) == 256  # bounded by bytes, never below max_rows
     assert transfer_rows("torchscript", 100_000, row_bytes=8.0) == 100_000
-    assert transfer_rows("sentence_transformers", 256, row_bytes=500.0) == 1024
+    assert transfer_rows("sentence_transformers", 256, row_bytes=500.0) == 4096
     assert transfer_rows("python", 256, row_bytes=8.0) == 256  # a user's predict() sees what they asked for
 
 

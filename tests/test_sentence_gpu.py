@@ -86,7 +86,7 @@ def test_a_default_prompt_keeps_encode(minilm, monkeypatch):
 
 
 def test_a_gpu_job_hands_the_replica_larger_batches_to_sort():
-    assert transfer_rows("sentence_transformers", 256, 500.0) == 1024
+    assert transfer_rows("sentence_transformers", 256, 500.0) == 4096
     assert transfer_rows("sentence_transformers", 256, 500.0, gpu=True) == 8192
     assert transfer_rows("sentence_transformers", 256, 10_000.0, gpu=True) == 3355  # 32 MiB of input at most
     assert transfer_rows("torchscript", 256, 256.0, gpu=True) == transfer_rows("torchscript", 256, 256.0)

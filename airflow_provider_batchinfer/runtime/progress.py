@@ -55,7 +55,7 @@ class ProgressLog:
 def progress_line(done: int, total: int, current: float, overall: float) -> str:
     """One progress line: rows done of total, the rates and an ETA."""
     rate = current or overall
-    eta = f"{(total - done) / rate:,.0f}s" if rate > 0 else "unknown (model replicas starting)"
+    eta = f"{(total - done) / rate:,.0f}s" if rate > 0 else "unknown (no batch scored yet)"
     pct = 100.0 * done / total if total else 100.0
     return (
         f"[batchinfer] progress: {done:,}/{total:,} rows ({pct:.1f}%), {current:,.1f} rows/s now, "
