@@ -50,7 +50,9 @@ def test_overlapped_encode_gives_encodes_embeddings_in_the_input_order(minilm, b
     expected = minilm.encode(
         texts, batch_size=batch_size, normalize_embeddings=normalize, convert_to_numpy=True, show_progress_bar=False
     )
+    minilm.train()  # left in training mode (dropout on): the GPU path must not depend on encode having run first
     got = overlapped_encode(minilm, texts, tokenize, batch_size, normalize, "cpu")
+    assert not minilm.training
     assert got.dtype == np.float32 and got.shape == expected.shape == (len(texts), 384)
     assert np.array_equal(got, expected)  # same order, same calls, same padding: the same arithmetic
 

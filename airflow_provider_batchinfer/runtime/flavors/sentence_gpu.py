@@ -119,6 +119,7 @@ def overlapped_encode(
     if not texts:
         dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         return np.zeros((0, dimension() or 0), dtype=np.float32)
+    model.eval()  # as encode does on every call: no dropout, whatever mode the model was left in
     order = np.argsort([-len(t) for t in texts])  # encode's own order (BaseModel._input_length of a str)
     ordered = [texts[i] for i in order]
     calls = [ordered[start : start + batch_size] for start in range(0, len(ordered), batch_size)]
