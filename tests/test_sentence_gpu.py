@@ -92,3 +92,13 @@ def test_a_gpu_job_hands_the_replica_larger_batches_to_sort():
     assert transfer_rows("sentence_transformers", 256, 500.0, gpu=True) == 8192
     assert transfer_rows("sentence_transformers", 256, 10_000.0, gpu=True) == 3355  # 32 MiB of input at most
     assert transfer_rows("torchscript", 256, 256.0, gpu=True) == transfer_rows("torchscript", 256, 256.0)
+
+
+def test_a_tokenizer_the_fast_path_cannot_copy_keeps_encode(minilm, monkeypatch):
+    from airflow_provider_batchinfer.runtime.flavors import sentence_gpu
+
+    def cannot_copy(model, tokenizer):
+        raise TypeError("pad_token must be a string")  # what tokenizers says of a tokenizer without one
+
+    monkeypatch.setattr(sentence_gpu, "_backend_tokenize", cannot_copy)
+    assert fast_features(minilm) is None

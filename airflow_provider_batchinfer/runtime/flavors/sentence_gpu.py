@@ -53,12 +53,12 @@ def fast_features(model: Any, check: list[str] | None = None) -> Tokenize | None
         return None
     if getattr(model[0], "can_flatten_inputs", False):  # encode then interleaves lengths and drops padding
         return None
-    tokenize = _backend_tokenize(model, tokenizer)
     texts = check or CHECK_TEXTS
     try:
+        tokenize = _backend_tokenize(model, tokenizer)
         reference = model.preprocess(texts)
         ours = tokenize(texts)
-    except Exception:  # an unusual tokenizer: the library's own path then
+    except Exception:  # an unusual tokenizer (no pad token, a backend that will not copy): the library's own path then
         return None
     return tokenize if _same_features(reference, ours) else None
 

@@ -51,7 +51,7 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
             + (
                 "tokenizing overlapped with the model calls (fast tokenizer backend)"
                 if tokenize
-                else "SentenceTransformer.encode (the fast tokenizing path does not match this model's preprocess)"
+                else "SentenceTransformer.encode (the fast tokenizing path does not apply to this model)"
             ),
             flush=True,
         )
