@@ -58,6 +58,9 @@ def _run_on_the_pool(tmp_path: Path, registry, model, name: str, env: dict[str, 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     manifest = committed_manifest(str(run_dir))
     assert manifest is not None and manifest["counts"]["output_rows"] == 400
+    # four batches of 100: a steady rate from the progress log, or, in a job shorter than one
+    # progress report, from the times the counter actor got the batches' reports
+    assert manifest["timings"]["steady_rows_per_s"] > 0
     return run_dir
 
 

@@ -203,6 +203,8 @@ def test_a_small_job_is_scored_in_the_driver_and_committed_as_the_pool_would(in_
     assert [f.name for f in manifest.files] == [f"part-0000{i}-t01test.parquet" for i in range(3)]
     assert [f.rows for f in manifest.files] == [100, 100, 100]
     assert manifest.usage.batches == 9 and manifest.usage.rows == 300  # 3 x 100 rows in model calls of 40
+    # done within one progress interval: the steady rate comes from the counter's own batch reports
+    assert manifest.timings["steady_rows_per_s"] > 0
     committed = committed_manifest(str(run_dir))  # re-read: every part's size and sha256 check out
     assert committed is not None and committed["job"]["pool"]["in_driver"] is True
     out = pq.read_table([str(run_dir / f.name) for f in manifest.files]).sort_by("ticket_id")

@@ -88,3 +88,30 @@ def test_batch_range_names_ids_or_rows():
     batch = pa.table({"ticket_id": [7, 3, 9], "text": ["a", "b", "c"]})
     assert batch_range(batch, "ticket_id") == "the batch of 3 row(s) with ticket_id 3..9"
     assert batch_range(batch, None).startswith("a batch of 3 row(s) (rows 0..2 of the batch; set InputSpec(id_column")
+
+
+def test_the_counter_times_the_batches_reports_for_a_job_shorter_than_one_progress_report(monkeypatch):
+    """The progress log's steady rate needs a report that saw rows and rows after it; a job that
+    scores within one interval gets its rate from the counter instead: the rows reported after the
+    first report, over the time from the first report to the last (empty reports start nothing)."""
+    from airflow_provider_batchinfer.runtime import io
+    from airflow_provider_batchinfer.runtime.progress import ProgressLog
+
+    clock = iter([9.0, 10.0, 12.0, 14.0])
+    monkeypatch.setattr(io.time, "monotonic", lambda: next(clock))
+    counter = io.ProgressCounter()
+    assert counter.reported_rate() is None
+    counter.add(0)  # a block RESUME filtered empty
+    counter.add(100)
+    assert counter.reported_rate() is None  # one report: no span yet
+    counter.add(300)
+    counter.add(100)
+    assert counter.get() == 500 and counter.reported_rate() == 100.0  # 400 rows over 4 s
+    monkeypatch.undo()  # the real clock again
+
+    log = ProgressLog(lambda: 0, 500, 10.0)
+    assert log.steady_rate(20.0, 500) is None  # no report saw rows
+    log.first_rows_at, log.first_rows = 10.0, 500
+    assert log.steady_rate(20.0, 500) is None  # the first report saw them all: no rate, not 0
+    log.first_rows = 300
+    assert log.steady_rate(20.0, 500) == 20.0

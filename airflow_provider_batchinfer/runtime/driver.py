@@ -315,7 +315,10 @@ def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
     placements = replicas_per_node(ray.get(counter.placements.remote(), timeout=30))
     log_placements(placements)
     written = sum(p.rows for p in [*sink.parts, *sink.error_parts])
-    return _Streamed(sink, t_done - t_map, progress.steady_rate(t_done, written), placements, meter)
+    steady = progress.steady_rate(t_done, written)
+    if steady is None:  # no progress report saw rows: the job was shorter than its progress interval
+        steady = ray.get(counter.reported_rate.remote(), timeout=30)
+    return _Streamed(sink, t_done - t_map, steady, placements, meter)
 
 
 def run_pipeline(checked: CheckedJob) -> PipelineRun:

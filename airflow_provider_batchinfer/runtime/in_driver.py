@@ -187,12 +187,13 @@ def run(checked: CheckedJob) -> Any:
     meter.stats = counter.summary()
     done = time.monotonic()
     written = commit.Written(parts=parts, error_parts=error_parts)
+    steady = progress.steady_rate(done, written.rows + written.error_rows)  # else: shorter than one report
     return PipelineRun(
         written=written,
         pool=pool,
         ray_ready_at=started,
         pipeline_s=done - started,
-        steady_rows_per_s=progress.steady_rate(done, written.rows + written.error_rows),
+        steady_rows_per_s=steady if steady is not None else counter.reported_rate(),
         placements=[{"node_id": "driver", "node_ip": "127.0.0.1", "replicas": 1}],
         waited_s=0.0,
         meter=meter,

@@ -12,6 +12,7 @@ durable; see ``driver.py`` and ``commit.py``.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -83,12 +84,27 @@ class ProgressCounter:
     def __init__(self) -> None:
         self.rows = 0
         self.replicas: dict[str, tuple[str, str]] = {}  # actor id -> (node id, node IP)
+        self.first_report: tuple[float, int] | None = None  # (when, rows) of the first rows reported
+        self.last_report_at = 0.0
 
     def add(self, rows: int) -> None:
+        now = time.monotonic()  # this process's clock: reports from every node are timed alike
+        if rows and self.first_report is None:
+            self.first_report = (now, rows)
         self.rows += rows
+        self.last_report_at = now
 
     def get(self) -> int:
         return self.rows
+
+    def reported_rate(self) -> float | None:
+        """Rows/s from the first rows reported to the last, the first report's rows left out: the
+        steady rate of a job that ended before its progress log's second report (``ProgressLog``:
+        a 100,000-text job on a GPU scores within one 10 s interval). None before two reports."""
+        if self.first_report is None or self.last_report_at <= self.first_report[0]:
+            return None
+        first_at, first_rows = self.first_report
+        return round((self.rows - first_rows) / (self.last_report_at - first_at), 2)
 
     def placed(self, actor_id: str, node_id: str, node_ip: str) -> None:
         self.replicas[actor_id] = (node_id, node_ip)

@@ -45,9 +45,10 @@ class ProgressLog:
             last_rows, last_t = done, now
 
     def steady_rate(self, t_done: float, rows: int) -> float | None:
-        """Rows/s from the first progress tick that saw rows to the end: excludes Ray and actor start-up."""
+        """Rows/s from the first progress tick that saw rows to the end: excludes Ray and actor start-up.
+        None when no tick saw rows, or none arrived after it (the counter's own timing is used then)."""
         first = self.first_rows_at
-        if first is None or t_done - first <= 0:
+        if first is None or t_done - first <= 0 or rows <= self.first_rows:
             return None
         return round((rows - self.first_rows) / (t_done - first), 2)
 
