@@ -115,9 +115,12 @@ class BackgroundServer:
         timeout: float = 120,
         host: str = "127.0.0.1",
         needs: tuple[BackgroundServer, ...] = (),
+        ready_line: str | None = None,
     ) -> None:
         """``needs``: servers this one cannot come up without (a worker node's head); when one of them
-        exits, waiting stops at once instead of at ``timeout``."""
+        exits, waiting stops at once instead of at ``timeout``. ``ready_line``: a line its log prints
+        once it is up, waited for after the ports: an open port alone may be another process's (the
+        other pytest worker picks free ports at the same moment), not this server's."""
         self.name = name
         self.log_path = _HOME / f"{name}.log"
         self.log = open(self.log_path, "w")
@@ -137,6 +140,12 @@ class BackgroundServer:
                     why = f", and what it needs has exited: {gone}" if gone else ""
                     raise RuntimeError(f"{name} did not come up (exit {self.proc.poll()}{why}):\n{tail}")
                 time.sleep(0.3)
+        while ready_line is not None and ready_line not in self.log_tail(chars=1 << 20):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_tail()
+                self.stop()
+                raise RuntimeError(f"{name} did not come up (exit {self.proc.poll()}, no {ready_line!r}):\n{tail}")
+            time.sleep(0.3)
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
@@ -180,48 +189,66 @@ def ensure_ray_auth_token(env: dict[str, str]) -> None:
 _RAY_STOP_GRACE = 5
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """One real local Ray cluster (``ray start --head --block``, dashboard and Jobs API on 127.0.0.1)
-    for the session; local-launcher jobs attach to it through RAY_ADDRESS, ray_jobs submit to it."""
+def _ray_head(ray_bin: str, env: dict[str, str]) -> tuple[BackgroundServer, int, int, str]:
+    """``ray start --head --block`` on fresh ports in its own temp dir: (server, GCS port, dashboard
+    port, temp dir); RuntimeError when it did not come up (its temp dir removed)."""
     # distinct ports, all held until picked: one at a time the kernel may hand out one twice, and Ray
     # then refuses to start ("is trying to use a port number ... used by other components")
     port, dashboard_port, *more = free_ports(9)
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths live below it
+    try:
+        head = BackgroundServer(
+            "ray-head",
+            [
+                ray_bin,
+                "start",
+                "--head",
+                "--block",
+                f"--port={port}",
+                "--num-cpus=2",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dashboard_port}",
+                "--disable-usage-stats",
+                # every fixed default port picked anew: another Ray on the machine (a developer's, a stale
+                # one) holding 52365 leaves the Jobs API without an agent ("No available agent")
+                f"--ray-client-server-port={more[0]}",
+                f"--dashboard-agent-listen-port={more[1]}",
+                f"--dashboard-agent-grpc-port={more[2]}",
+                f"--metrics-export-port={more[3]}",
+                f"--runtime-env-agent-port={more[4]}",
+                f"--node-manager-port={more[5]}",
+                f"--object-manager-port={more[6]}",
+                # its own temp dir: the Jobs API points each driver at the cluster recorded in
+                # <temp dir>/ray_current_cluster, and in the shared /tmp/ray another Ray started later on
+                # the machine overwrites that record (the driver then waits on the other GCS forever)
+                f"--temp-dir={temp_dir}",
+            ],
+            ports=[port, dashboard_port],
+            env=env,
+            ready_line="Ray runtime started",
+        )
+    except RuntimeError:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+    return head, port, dashboard_port, temp_dir
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One real local Ray cluster (``ray start --head --block``, dashboard and Jobs API on 127.0.0.1)
+    for the session; local-launcher jobs attach to it through RAY_ADDRESS, ray_jobs submit to it."""
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = dict(os.environ, RAY_AUTH_MODE="token")
     # token auth needs ~/.ray/auth_token, which a fresh machine does not have (`ray start` then fails)
     ensure_ray_auth_token(env)
-    head = BackgroundServer(
-        "ray-head",
-        [
-            ray_bin,
-            "start",
-            "--head",
-            "--block",
-            f"--port={port}",
-            "--num-cpus=2",
-            "--include-dashboard=true",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard_port}",
-            "--disable-usage-stats",
-            # every fixed default port picked anew: another Ray on the machine (a developer's, a stale
-            # one) holding 52365 leaves the Jobs API without an agent ("No available agent")
-            f"--ray-client-server-port={more[0]}",
-            f"--dashboard-agent-listen-port={more[1]}",
-            f"--dashboard-agent-grpc-port={more[2]}",
-            f"--metrics-export-port={more[3]}",
-            f"--runtime-env-agent-port={more[4]}",
-            f"--node-manager-port={more[5]}",
-            f"--object-manager-port={more[6]}",
-            # its own temp dir: the Jobs API points each driver at the cluster recorded in
-            # <temp dir>/ray_current_cluster, and in the shared /tmp/ray another Ray started later on
-            # the machine overwrites that record (the driver then waits on the other GCS forever)
-            f"--temp-dir={temp_dir}",
-        ],
-        ports=[port, dashboard_port],
-        env=env,
-    )
+    for attempt in range(3):  # a port taken between picking it and Ray binding it: new ports, again
+        try:
+            head, port, dashboard_port, temp_dir = _ray_head(ray_bin, env)
+            break
+        except RuntimeError:
+            if attempt == 2:
+                raise
     address = f"127.0.0.1:{port}"
     os.environ["RAY_ADDRESS"] = address
     os.environ["RAY_AUTH_MODE"] = "token"
