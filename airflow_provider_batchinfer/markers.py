@@ -3,14 +3,23 @@
 A ``_SUCCESS`` is trusted only when it is a valid :class:`~airflow_provider_batchinfer.contract.Manifest`
 (one schema for the validator and every reader) and describes the files beside it: each listed file
 present with its size and a Parquet footer holding its row count; with ``verify_checksums`` also
-the sha256 of its bytes. ``read_committed`` hashes each file as it reads it. Storage layer: imports
-neither Airflow nor Ray.
+the sha256 of its bytes. ``read_committed`` hashes each file as it reads it.
+
+Hashing reads every byte of the output, so a reader that looks at the same marker again (a sensor's
+next poke, another sensor on the same run in the same process) passes a :class:`Verdicts` cache:
+once a marker's files hashed as committed, the same marker bytes at the same location skip the
+hashing (names, sizes and footers are still checked). The cache lives in the process only; a
+verdict on storage could be planted beside the files it vouches for. Storage layer: imports neither
+Airflow nor Ray.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -73,21 +82,29 @@ def _no_checksums(where: str, manifest: Manifest) -> ManifestError:
     )
 
 
-def _check_entry(run_dir: Stage, entry: FileEntry, present: dict[str, int], verify_checksums: bool) -> None:
+def _check_entry(run_dir: Stage, entry: FileEntry, present: dict[str, int]) -> None:
     check_relative_path(entry.name, "manifest file name")
     location = f"{run_dir.location}/{entry.name}"
     if entry.name not in present:
         raise ManifestError(f"{location} is listed in {SUCCESS_MARKER} but missing")
     if present[entry.name] != entry.size:
         raise ManifestError(f"{location} is {present[entry.name]} bytes but {SUCCESS_MARKER} says {entry.size}")
-    part = run_dir.child(*entry.name.split("/"))
-    rows = _footer_rows(part, entry.size)
+    rows = _footer_rows(run_dir.child(*entry.name.split("/")), entry.size)
     if rows != entry.rows:
         raise ManifestError(f"{location} holds {rows} rows but {SUCCESS_MARKER} says {entry.rows}")
-    if verify_checksums:
+
+
+def verify_contents(run_dir: Stage, manifest: Manifest) -> None:
+    """Every listed file's bytes against its sha256 in the manifest: one read of the whole output.
+    Raises ManifestError naming the first file that differs (or a marker with no checksums)."""
+    if manifest.format == _FORMAT_1:
+        raise _no_checksums(f"{run_dir.location}/{SUCCESS_MARKER}", manifest)
+    for entry in manifest.files + manifest.error_files:
+        check_relative_path(entry.name, "manifest file name")
+        location = f"{run_dir.location}/{entry.name}"
         if entry.sha256 is None:
             raise ManifestError(f"{location} has no sha256 in {SUCCESS_MARKER}; it cannot be verified")
-        _compare_sha256(location, file_sha256(part), entry.sha256)
+        _compare_sha256(location, file_sha256(run_dir.child(*entry.name.split("/"))), entry.sha256)
 
 
 def _compare_sha256(location: str, actual: str, expected: str) -> None:
@@ -128,24 +145,95 @@ def validate_manifest(run_dir: Stage, manifest: ManifestLike, *, verify_checksum
         raise _no_checksums(where, manifest)
     present = dict(run_dir.list_files())
     for entry in manifest.files + manifest.error_files:
-        _check_entry(run_dir, entry, present, verify_checksums)
+        _check_entry(run_dir, entry, present)
+    if verify_checksums:
+        verify_contents(run_dir, manifest)
+
+
+class Verdicts:
+    """Markers whose files this process hashed and found as committed, keyed by the marker's
+    location, the storage's public settings and the sha256 of the marker's bytes: any change to the
+    marker is a new key, so a verdict never outlives the manifest it was given for. Bounded (the
+    oldest verdicts go first) and thread-safe (a triggerer checks from several threads)."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(location: str, marker: bytes, storage_options: Mapping[str, Any] | None) -> str:
+        from airflow_provider_batchinfer.s3 import PUBLIC_KEYS
+
+        options = storage_options or {}
+        public = {k: options[k] for k in PUBLIC_KEYS if k in options}  # never a credential
+        where = json.dumps([_normalized(location), public], sort_keys=True, default=str).encode()
+        return hashlib.sha256(where + b"\0" + hashlib.sha256(marker).digest()).hexdigest()
+
+    def holds(self, key: str) -> bool:
+        with self._lock:
+            if key in self._seen:
+                self._seen.move_to_end(key)
+                return True
+            return False
+
+    def add(self, key: str) -> None:
+        with self._lock:
+            self._seen[key] = None
+            self._seen.move_to_end(key)
+            while len(self._seen) > self._limit:
+                self._seen.popitem(last=False)
+
+
+#: the process's verdicts: what the sensor and the trigger share
+PROCESS_VERDICTS = Verdicts()
 
 
 def read_valid_manifest(
-    location: str, storage_options: dict[str, Any] | None = None, *, verify_checksums: bool = False
+    location: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    verify_checksums: bool = False,
+    verdicts: Verdicts | None = None,
 ) -> Manifest | None:
     """The validated manifest of a run directory, or None while it has no marker. An
-    ``iceberg://<table>/<run key>`` location: the run's snapshot in the table (its manifest)."""
+    ``iceberg://<table>/<run key>`` location: the run's snapshot in the table (its manifest). With
+    ``verdicts``, files already hashed for these very marker bytes are not hashed again."""
     if location.startswith(TABLE_SCHEME):  # 17
-        from airflow_provider_batchinfer.tables.read import read_table_manifest
-
-        return read_table_manifest(location, storage_options, verify_checksums=verify_checksums)
+        return _read_table_manifest(location, storage_options, verify_checksums, verdicts)
     run_dir = Stage.open(location, storage_options)
     marker = run_dir.child(SUCCESS_MARKER)
     if not marker.exists():
         return None
-    manifest = Manifest.from_json(marker.read_bytes(), marker.location)
-    validate_manifest(run_dir, manifest, verify_checksums=verify_checksums)
+    data = marker.read_bytes()
+    manifest = Manifest.from_json(data, marker.location)
+    if verdicts is None or not verify_checksums:
+        validate_manifest(run_dir, manifest, verify_checksums=verify_checksums)
+        return manifest
+    key = verdicts.key(location, data, storage_options)
+    known = verdicts.holds(key)
+    validate_manifest(run_dir, manifest, verify_checksums=not known)
+    if not known:
+        verdicts.add(key)
+    return manifest
+
+
+def _read_table_manifest(
+    location: str, options: dict[str, Any] | None, verify_checksums: bool, verdicts: Verdicts | None
+) -> Manifest | None:
+    """The Iceberg side of :func:`read_valid_manifest`: the snapshot's manifest (its JSON) is the marker."""
+    from airflow_provider_batchinfer.tables.read import read_table_manifest, split_options
+
+    if verdicts is None or not verify_checksums:
+        return read_table_manifest(location, options, verify_checksums=verify_checksums)
+    manifest = read_table_manifest(location, options, verify_checksums=False)
+    if manifest is None:
+        return None
+    storage = split_options(options)[1]
+    key = verdicts.key(location, manifest.to_json().encode(), storage)
+    if not verdicts.holds(key):
+        verify_contents(Stage.open(manifest.run_dir, storage), manifest)
+        verdicts.add(key)
     return manifest
 
 

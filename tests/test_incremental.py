@@ -19,10 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER, Manifest, ManifestError
-from airflow_provider_batchinfer.contract.reuse import KEY_SCHEME, IndexFile, ReuseInfo, key_file_name
+from airflow_provider_batchinfer.contract.reuse import key_file_name
 from airflow_provider_batchinfer.runtime.reuse_keys import KeyShard, context_digest, row_keys, split_keys
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
 from airflow_provider_batchinfer.stage import Stage
+from tests import reuse_runs
 from tests.incremental_support import (
     SIGNATURE,
     TextFingerprint,
@@ -33,15 +34,7 @@ from tests.incremental_support import (
 )
 from tests.task_context import TaskInstanceStandIn
 
-CONTEXT = context_digest(
-    model="m/v1",
-    model_sha256="0" * 64,
-    flavor="python",
-    params={},
-    inputs=[("text", "text", "string")],
-    outputs={"length": "int64"},
-    engine=None,
-)
+CONTEXT = reuse_runs.CONTEXT
 
 # --- keys ------------------------------------------------------------------------------------------------
 
@@ -196,24 +189,7 @@ def test_resume_keeps_the_key_files_of_kept_parts_and_drops_broken_ones(tmp_path
 # --- the manifest section ------------------------------------------------------------------------------
 
 
-def _reuse_manifest(run_dir: Path, rows: int = 3, **reuse_fields) -> Manifest:
-    from tests.runs import manifest_for, write_part
-
-    entry = write_part(run_dir, "part-00000-t01a.parquet", list(range(rows)))
-    index = IndexFile(key_file_name(entry.name), entry.name, 10, rows, "a" * 64, reuse_fields.pop("reused", 1))
-    fields = {
-        "mode": "unchanged",
-        "scheme": KEY_SCHEME,
-        "context": CONTEXT,
-        "index": (index,),
-        "source_run": None,
-        "reused_rows": index.reused_rows,
-        "scored_rows": rows - index.reused_rows,
-    }
-    info = ReuseInfo(**{**fields, **reuse_fields})
-    import dataclasses
-
-    return dataclasses.replace(manifest_for(run_dir, (entry,)), reuse=info)
+_reuse_manifest = reuse_runs.reuse_manifest
 
 
 def test_the_reuse_section_round_trips_and_old_manifests_still_read(tmp_path):
@@ -278,25 +254,8 @@ def test_xcom_and_the_lineage_run_facet_carry_the_reuse_counts(text_length_model
 # --- choosing the earlier run ---------------------------------------------------------------------------
 
 
-def _committed(base: Path, key: str, finished_at: str, context: str = CONTEXT, with_keys: bool = True) -> Path:
-    """A committed run directory under ``base`` with a part, its key file and a reuse section."""
-    import dataclasses
-
-    run = base / key
-    manifest = _reuse_manifest(run, context=context)
-    key_path = run / key_file_name(manifest.files[0].name)
-    key_path.parent.mkdir(parents=True, exist_ok=True)
-    if with_keys:
-        key_path.write_bytes(b"k" * 10)
-    manifest = dataclasses.replace(manifest, finished_at=finished_at)
-    (run / SUCCESS_MARKER).write_text(manifest.to_json())
-    return run
-
-
-def _source_job(base: Path, run_id: str = "today"):
-    from tests.runs import OWNER, job_file
-
-    return job_file(base / run_id, owner=OWNER.__class__(**{**OWNER.to_dict(), "run_id": run_id}))
+_committed = reuse_runs.committed
+_source_job = reuse_runs.source_job
 
 
 def test_the_newest_compatible_valid_run_is_chosen_and_every_skip_is_noted(tmp_path):

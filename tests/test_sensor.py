@@ -1,6 +1,7 @@
 """SuccessMarkerSensor and its trigger on a real stage: waits without a marker, fails on a marker
-whose manifest does not hold (missing or resized files, forged parts, a minimal manifest), passes
-with a valid one (poke, deferrable, and through dag.test)."""
+whose manifest does not hold (missing or resized files, forged parts, a part with one flipped byte,
+a minimal manifest), passes with a valid one (poke, deferrable, and through dag.test), and hashes
+the output once per marker."""
 
 from __future__ import annotations
 
@@ -82,19 +83,61 @@ def test_a_minimal_manifest_fails_with_a_clear_message_not_a_key_error(tmp_path)
         _sensor(tmp_path / "run").poke({})
 
 
-def test_a_forged_part_with_a_valid_footer_fails_only_when_checksums_are_verified(tmp_path):
+def test_a_forged_part_with_a_valid_footer_fails_unless_checksums_are_opted_out(tmp_path):
     from airflow.sdk.exceptions import AirflowFailException
 
     manifest = commit(tmp_path / "run")
     forged = parquet_bytes([0, 1, 2], scores=[0.0, 1.0, 1.5])  # same size, same rows, other bytes
     assert len(forged) == manifest["files"][0]["size"]
     (tmp_path / "run" / PART).write_bytes(forged)
-    assert _sensor(tmp_path / "run").poke({}).is_done
     with pytest.raises(AirflowFailException, match=f"{PART} does not match its sha256 in _SUCCESS"):
-        _sensor(tmp_path / "run", verify_checksums=True).poke({})
+        _sensor(tmp_path / "run").poke({})
+    assert _sensor(tmp_path / "run", verify_checksums=False).poke({}).is_done
     # and publish, reading the XCom dict, refuses it by default
     with pytest.raises(ManifestError, match="does not match its sha256"):
         read_committed(manifest)
+
+
+def test_one_flipped_byte_in_a_data_page_fails_the_default_sensor_and_trigger(tmp_path):
+    """Size and footer stay intact (the part still reads as 3 rows): only its sha256 can tell."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger
+    from tests.damage import flip_data_page_byte
+
+    manifest = commit(tmp_path / "run")
+    flip_data_page_byte(tmp_path / "run" / PART)
+    assert (tmp_path / "run" / PART).stat().st_size == manifest["files"][0]["size"]
+    with pytest.raises(AirflowFailException, match=f"{PART} does not match its sha256 in _SUCCESS.*re-run the task"):
+        _sensor(tmp_path / "run").poke({})
+    event = asyncio.run(SuccessMarkerTrigger(location=str(tmp_path / "run"), poll_interval=0.2).run().__anext__())
+    assert event.payload["status"] == "failed" and f"{PART} does not match its sha256" in event.payload["message"]
+    assert _sensor(tmp_path / "run", verify_checksums=False).poke({}).is_done  # the opt-out sees names and footers
+
+
+def test_the_output_is_hashed_once_per_marker_and_again_when_the_marker_changes(tmp_path, monkeypatch):
+    """Bytes read from the part, counted under the filesystem: the first poke reads all of it (the
+    hash), a second poke of the same marker only its footer; a rewritten marker is hashed again."""
+    from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger
+    from tests.damage import count_reads
+
+    size = commit(tmp_path / "run")["files"][0]["size"]
+    part = str(tmp_path / "run" / PART)
+    reads = count_reads(monkeypatch)
+    assert _sensor(tmp_path / "run").poke({}).is_done
+    first, reads[part] = reads[part], 0
+    assert first >= size  # every byte, once for the hash (plus the footer)
+    assert _sensor(tmp_path / "run").poke({}).is_done  # another sensor object, same process
+    again, reads[part] = reads[part], 0
+    assert 0 < again < size  # the footer is still read; the part is not hashed again
+    trigger = SuccessMarkerTrigger(location=str(tmp_path / "run"), poll_interval=0.2)
+    assert asyncio.run(trigger.run().__anext__()).payload["status"] == "success"
+    assert 0 < reads[part] < size
+    reads[part] = 0
+    marker = tmp_path / "run" / SUCCESS_MARKER
+    marker.write_text(json.dumps(json.loads(marker.read_text())))  # same manifest, other bytes
+    assert _sensor(tmp_path / "run").poke({}).is_done
+    assert reads[part] >= size
 
 
 def test_a_marker_naming_another_run_directory_fails_the_sensor(tmp_path):
@@ -136,7 +179,7 @@ def test_trigger_serializes_and_fires_once_the_marker_is_valid(tmp_path):
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_provider_batchinfer.triggers.success_marker.SuccessMarkerTrigger"
     assert SuccessMarkerTrigger(**kwargs).serialize() == (classpath, kwargs)
-    assert kwargs["poll_interval"] == 0.2 and kwargs["verify_checksums"] is False
+    assert kwargs["poll_interval"] == 0.2 and kwargs["verify_checksums"] is True
 
     async def wait_for_event():
         gen = trigger.run()
@@ -165,15 +208,15 @@ def test_trigger_reports_an_invalid_manifest_as_a_failed_event(tmp_path):
         SuccessMarkerTrigger(location="x", poll_interval=0)
 
 
-def test_trigger_verifies_checksums_when_asked_and_times_out(tmp_path):
+def test_trigger_verifies_checksums_unless_opted_out_and_times_out(tmp_path):
     from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger
 
     manifest = commit(tmp_path / "run")
     (tmp_path / "run" / PART).write_bytes(parquet_bytes([0, 1, 2], scores=[0.0, 1.0, 1.5]))
     assert len(parquet_bytes([0, 1, 2], scores=[0.0, 1.0, 1.5])) == manifest["files"][0]["size"]
-    plain = SuccessMarkerTrigger(location=str(tmp_path / "run"), poll_interval=0.2)
+    plain = SuccessMarkerTrigger(location=str(tmp_path / "run"), poll_interval=0.2, verify_checksums=False)
     assert asyncio.run(plain.run().__anext__()).payload["status"] == "success"
-    checked = SuccessMarkerTrigger(location=str(tmp_path / "run"), poll_interval=0.2, verify_checksums=True)
+    checked = SuccessMarkerTrigger(location=str(tmp_path / "run"), poll_interval=0.2)
     event = asyncio.run(checked.run().__anext__()).payload
     assert event["status"] == "failed" and "sha256" in event["message"]
     late = SuccessMarkerTrigger(location=str(tmp_path / "never"), poll_interval=0.1, deadline=time.time() + 0.3)

@@ -1,21 +1,33 @@
 """Incremental scoring, before Ray starts: the run's key context, and which earlier run to reuse.
 
-The earlier run is the newest committed one (by its manifest's ``finished_at``) under the same
-``base_stage_location`` whose ``_SUCCESS`` has a ``reuse`` section with this run's key scheme and
-context (same model sha256, params, input columns and types, output schema). Before it is used it is
-checked like the sensor checks a run (schema, every part present with its size and Parquet footer)
-and every key file it lists must be present with its size; a run that fails is skipped with a note
-(the manifest's ``reuse.notes``) and the next older compatible one is tried. With none, every row
-is scored, and this run's keys still make the next run incremental.
+The earlier run is one of this task's own committed runs under the same ``base_stage_location``:
+its ``_SUCCESS`` names the same dag, task and map index, its ``_job.json`` claim names the same task
+and the attempt that committed, and its ``reuse`` section has this run's key scheme and context (same
+model sha256, params, input columns and types, output schema). Among those, the newest by commit
+order is tried first: the time the store recorded for the marker's write (its ``mtime``, S3's
+``LastModified``), never a date the writer put into the manifest. A marker the store dates in the
+future, or whose ``finished_at`` lies after its own commit, is never a source. Before it is used it
+is checked like the sensor checks a run, content included (schema, every part present with its
+size, Parquet footer and sha256) and every key file it lists must be present with its size; a run
+that fails is skipped with a note (the manifest's ``reuse.notes``) and the next older one is tried.
+With none, every row is scored, and this run's keys still make the next run incremental.
 """
 
 from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_batchinfer.contract import SUCCESS_MARKER, ContractError, JobFile, Manifest
+from airflow_provider_batchinfer.contract import (
+    JOB_SPEC_FILE,
+    SUCCESS_MARKER,
+    ContractError,
+    JobFile,
+    Manifest,
+    RunOwner,
+)
 from airflow_provider_batchinfer.contract.reuse import KEY_SCHEME
 from airflow_provider_batchinfer.runtime.errors import JobError
 from airflow_provider_batchinfer.runtime.reuse_keys import context_digest
@@ -134,44 +146,149 @@ def _candidates(base: Stage, job: JobFile) -> list[Stage]:
     return out
 
 
+#: how far a store's clock or a writer's may run ahead of this driver's before a date counts as future
+CLOCK_SKEW_S = 300.0
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A committed run of this task with a compatible key index, and when the store says it committed."""
+
+    run: Stage
+    manifest: Manifest
+    committed_at: datetime
+
+
+def _same_task(owner: RunOwner | None, job: JobFile) -> bool:
+    """Written by this job's dag, task and map index (any run, any try)."""
+    me = job.airflow
+    return owner is not None and (owner.dag_id, owner.task_id, owner.map_index) == (
+        me.dag_id,
+        me.task_id,
+        me.map_index,
+    )
+
+
+def _committed_at(marker: Stage) -> datetime | None:
+    """When the store recorded the marker's write (None: no marker). This is the commit order: the
+    writer chooses what the manifest says, not when the store saw its marker."""
+    import pyarrow.fs as pafs
+
+    with marker._io("look up"):
+        info = marker.fs.get_file_info(marker.path)
+    if info.type == pafs.FileType.NotFound:
+        return None
+    if info.type != pafs.FileType.File or info.mtime is None:
+        raise StageError(
+            f"the store records no modification time for {marker.location}, so its commit order is unknown"
+        )
+    mtime: datetime = info.mtime
+    return mtime if mtime.tzinfo else mtime.replace(tzinfo=timezone.utc)
+
+
 def find_source(base: Stage, job: JobFile, context: str, notes: list[str]) -> Source | None:
-    """The newest valid compatible earlier run under ``base``, or None (``notes`` say why)."""
-    compatible: list[tuple[str, Stage, Manifest]] = []
-    incompatible = 0
+    """The newest (by commit order) valid compatible earlier run of this task under ``base``, or
+    None (``notes`` say why)."""
+    compatible: list[_Candidate] = []
+    foreign = incompatible = 0
     for run in _candidates(base, job):
         marker = run.child(SUCCESS_MARKER)
         try:
-            if not marker.exists():
+            committed_at = _committed_at(marker)
+            if committed_at is None:
                 continue
             manifest = Manifest.from_json(marker.read_bytes(), marker.location)
         except (ContractError, StageError) as exc:
             notes.append(f"skipped {run.location}: its {SUCCESS_MARKER} cannot be read ({exc})")
             continue
+        if not _same_task(manifest.airflow, job):
+            foreign += 1
+            continue
         reuse = manifest.reuse
-        if reuse is None or reuse.scheme != KEY_SCHEME or reuse.context != context:
+        if (
+            reuse is None
+            or reuse.scheme != KEY_SCHEME
+            or reuse.context != context
+            or manifest.model.sha256 != job.model.sha256
+        ):
             incompatible += 1
             continue
-        compatible.append((manifest.finished_at, run, manifest))
+        compatible.append(_Candidate(run, manifest, committed_at))
+    if foreign:
+        notes.append(
+            f"{foreign} committed run(s) under {base.location} belong to another dag, task or map index; another "
+            "task's output is never reused"
+        )
     if incompatible:
         notes.append(
             f"{incompatible} earlier run(s) under {base.location} were scored without reuse or with another model "
             "sha256, params, input columns or output schema; none of their rows can be reused"
         )
-    for _finished, run, manifest in sorted(compatible, key=lambda c: c[0], reverse=True):
+    now = datetime.now(timezone.utc)
+    for candidate in sorted(compatible, key=lambda c: (c.committed_at, c.run.location), reverse=True):
         try:
-            return _checked_source(run, manifest)
+            return _checked_source(candidate, job, now)
         except (ContractError, StageError) as exc:
-            notes.append(f"skipped {run.location}: {exc}")
+            notes.append(f"skipped {candidate.run.location}: {exc}")
     if not compatible:
         notes.append(f"no earlier committed run under {base.location} has a compatible key index: every row is scored")
     return None
 
 
-def _checked_source(run: Stage, manifest: Manifest) -> Source:
-    """The earlier run as a Source, after the sensor's checks and a listing of its key files."""
+def _check_dates(candidate: _Candidate, now: datetime) -> None:
+    """Refuse a commit the store dates in the future, and a manifest that says it finished after its
+    own commit (or in the future): either clock lies, so the run's place in the order is unknown."""
+    skew = timedelta(seconds=CLOCK_SKEW_S)
+    committed = candidate.committed_at
+    if committed > now + skew:
+        raise StageError(
+            f"the store dates its {SUCCESS_MARKER} {committed.isoformat()}, in the future (now {now.isoformat()}); "
+            "a marker from the future is never reused"
+        )
+    text = candidate.manifest.finished_at
+    try:
+        finished = datetime.fromisoformat(text)
+    except ValueError:
+        raise StageError(f"its finished_at {text!r:.60} is not a date; not reusing it") from None
+    finished = finished if finished.tzinfo else finished.replace(tzinfo=timezone.utc)
+    if finished > now + skew:
+        raise StageError(
+            f"its manifest says it finished at {text}, in the future (now {now.isoformat()}); a marker from the "
+            "future is never reused"
+        )
+    if finished > committed + skew:
+        raise StageError(
+            f"its manifest says it finished at {text}, after its {SUCCESS_MARKER} was committed "
+            f"({committed.isoformat()}); not reusing it"
+        )
+
+
+def _check_claim(run: Stage, manifest: Manifest, job: JobFile) -> None:
+    """The run directory's claim names this task and the attempt that committed the marker."""
+    from airflow_provider_batchinfer.rundir import read_claim
+
+    claim = read_claim(run)
+    if claim is None:
+        raise StageError(f"it has no {JOB_SPEC_FILE}, so nothing says which task committed it; not reusing it")
+    if not _same_task(claim.airflow, job) or claim.attempt != manifest.job.attempt:
+        owner = claim.airflow
+        raise StageError(
+            f"its {JOB_SPEC_FILE} names {owner.dag_id}.{owner.task_id} (map index {owner.map_index}) attempt "
+            f"{claim.attempt}, not this task's attempt {manifest.job.attempt} that committed its {SUCCESS_MARKER}; "
+            "not reusing it"
+        )
+
+
+def _checked_source(candidate: _Candidate, job: JobFile, now: datetime) -> Source:
+    """The earlier run as a Source, after its dates, its claim, the sensor's checks with checksums (a
+    damaged part would otherwise be copied into a new commit under fresh checksums) and a listing of
+    its key files."""
     from airflow_provider_batchinfer.markers import validate_manifest
 
-    validate_manifest(run, manifest)
+    run, manifest = candidate.run, candidate.manifest
+    _check_dates(candidate, now)
+    _check_claim(run, manifest, job)
+    validate_manifest(run, manifest, verify_checksums=True)
     reuse = manifest.reuse
     assert reuse is not None  # find_source only passes runs with a reuse section
     present = dict(run.list_files())

@@ -1,10 +1,12 @@
 """SuccessMarkerSensor: gate downstream tasks on a committed run directory.
 
 It trusts only a ``_SUCCESS`` whose manifest follows the contract (``Manifest.from_dict``) and
-describes the files beside it: each listed file present with its size and a Parquet footer holding
-its row count, counts reconciled; with ``verify_checksums`` also each file's sha256. It pushes that
-manifest (its dict) to XCom so ``publish`` reads exactly the committed files and nothing else. A
-marker that exists but does not hold fails the task at once: waiting would not fix it.
+describes the files beside it: each listed file present with its size, a Parquet footer holding its
+row count and the sha256 of its bytes, counts reconciled. Hashing is one read of the output per
+marker; the verdict is kept in the process, keyed by the marker's bytes and location, so a later
+look at the same marker reads only names, sizes and footers. It pushes that manifest (its dict) to
+XCom so ``publish`` reads exactly the committed files and nothing else. A marker that exists but
+does not hold fails the task at once: waiting would not fix it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER, Manifest
-from airflow_provider_batchinfer.markers import read_valid_manifest
+from airflow_provider_batchinfer.markers import PROCESS_VERDICTS, read_valid_manifest
 from airflow_provider_batchinfer.stage import ManifestError, StageError
 from airflow_provider_batchinfer.triggers.base import WatchStatus, validate_event
 from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger, storage_options_for
@@ -36,8 +38,10 @@ class SuccessMarkerSensor(BaseSensorOperator):
         ``[operators] default_deferrable`` setting).
     :param model_service_conn_id: the ``batchinfer`` connection whose S3 settings and credentials
         open an ``s3://`` location (ignored for local paths).
-    :param verify_checksums: also re-hash every listed file against the sha256 in the manifest
-        (reads every byte; names, sizes and Parquet footers are always checked).
+    :param verify_checksums: re-hash every listed file against the sha256 in the manifest (the
+        default: reads every byte once per marker, so a part changed after the commit fails the
+        sensor). ``False`` checks only names, sizes and Parquet footers, and lets a marker without
+        checksums (format 1) pass.
     Supports ``mode="reschedule"`` like any sensor.
     """
 
@@ -50,7 +54,7 @@ class SuccessMarkerSensor(BaseSensorOperator):
         location: str,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         model_service_conn_id: str = "batchinfer_default",
-        verify_checksums: bool = False,
+        verify_checksums: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -83,6 +87,7 @@ class SuccessMarkerSensor(BaseSensorOperator):
                 self.location,
                 storage_options_for(self.location, self.model_service_conn_id),
                 verify_checksums=self.verify_checksums,
+                verdicts=PROCESS_VERDICTS,
             )
         except (ManifestError, StageError) as exc:
             raise AirflowFailException(self._does_not_hold(str(exc))) from exc

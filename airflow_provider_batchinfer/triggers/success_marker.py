@@ -15,7 +15,7 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
-from airflow_provider_batchinfer.markers import read_valid_manifest
+from airflow_provider_batchinfer.markers import PROCESS_VERDICTS, read_valid_manifest
 from airflow_provider_batchinfer.s3 import is_s3
 from airflow_provider_batchinfer.stage import ManifestError, StageError
 from airflow_provider_batchinfer.triggers.base import WatchStatus, WatchTrigger, make_event
@@ -42,7 +42,10 @@ class SuccessMarkerTrigger(WatchTrigger):
     message when a marker exists but does not hold (a retry would not fix it), ``timeout`` at
     ``deadline`` and ``error`` when the stage could not be looked at.
 
-    ``verify_checksums``: also re-hash every listed file against its sha256 (reads every byte).
+    ``verify_checksums`` (default true): re-hash every listed file against its sha256, once per
+    marker: the verdict is kept in the process (``markers.PROCESS_VERDICTS``), keyed by the marker's
+    bytes and location, so this trigger's later polls, and other triggers on the same run, do not
+    read the output again.
     ``poke_interval`` is the former name of ``poll_interval``, still accepted so that a trigger
     serialized by an earlier version resumes after an upgrade."""
 
@@ -52,7 +55,7 @@ class SuccessMarkerTrigger(WatchTrigger):
         poll_interval: float | None = None,
         deadline: float | None = None,
         model_service_conn_id: str = "batchinfer_default",
-        verify_checksums: bool = False,
+        verify_checksums: bool = True,
         poke_interval: float | None = None,
     ) -> None:
         if poke_interval is not None:
@@ -85,7 +88,11 @@ class SuccessMarkerTrigger(WatchTrigger):
                 if options is None:
                     options = await sync_to_async(storage_options_for)(self.location, self.model_service_conn_id)
                 manifest = await asyncio.to_thread(
-                    read_valid_manifest, self.location, options, verify_checksums=self.verify_checksums
+                    read_valid_manifest,
+                    self.location,
+                    options,
+                    verify_checksums=self.verify_checksums,
+                    verdicts=PROCESS_VERDICTS,
                 )
             except (ManifestError, StageError) as exc:
                 yield make_event(WatchStatus.FAILED, location=self.location, message=str(exc))
