@@ -1,39 +1,61 @@
-"""A job's identity: the task instance plus what it computes, never the try.
+"""What decides a run's rows (its *result identity*) and a job's identity, defined once.
 
-A retry whose worker died must not throw away a job that is still running and still computing the
-right thing; a retry after the input or the model changed must not re-attach to a job computing
-the old thing. So the identity digests both halves (``JobFile.identity``):
+**The result identity** names every field that decides a run's rows, each recorded as its own
+digest in ``_job.json`` (``JobFile.result``), so a retry can tell which one changed
+(:data:`RESULT_FIELDS`): the input's content (Parquet: every file with its size and modification
+time, from one listing per location, the time on S3 being the object's ``LastModified``; SQL: the
+query text and its connection, the materialized result being compared by checksum once it is
+re-run; Iceberg: the input URI, whose snapshot a retry pins as the earlier try did), the model
+sha256, ``InputSpec.params``, the backend and engine, the columns read with their mapping and
+handling, the passthrough columns and output schema, and ``JobSpec.rows_per_part`` (part
+boundaries). ``SaveMode.RESUME`` keeps the parts of an earlier attempt only when every field is the
+same (``rundir.prepare``); settings that only decide how the rows are computed (replicas, CPUs,
+timeouts, batch sizes, budgets) are not in it and never block a resume.
 
-- **the task instance**: dag, task, run and map index (:func:`task_key`), as the ``common.ai``
-  provider's ``LLMBatchOperator`` keys its batches (``compute_identity_key`` without the try);
-- **what it computes** (its *fingerprint*, as that operator calls it): the input (Parquet: every
-  file with its size and modification time, from one listing per location; SQL: the query text and
-  its connection id), the model version and sha256, the InputSpec and JobSpec, the save mode and
-  the run directory.
+**The job identity** digests the task instance, the result identity and the execution settings
+(the whole InputSpec and JobSpec, save mode, run directory): a retry whose worker died must not
+throw away a job that is still running and still computing the right thing, and a retry after any
+of these changed must not re-attach to a job computing the old thing (``JobFile.identity``). The
+task instance is dag, task, run and map index (:func:`task_key`), as the ``common.ai`` provider's
+``LLMBatchOperator`` keys its batches (``compute_identity_key`` without the try).
 
 From Airflow 3.3's ``ResumableJobMixin`` we take the decision table (a recorded job still running:
 re-attach; in a terminal state: submit anew) but close its documented gap between submit and
 record: the submission id is chosen and written to ``_job.json`` *before* the job is submitted, so
 a crash right after the submit leaves a claim that names a job the cluster knows.
 
-Imports neither Airflow nor Ray: the operator computes the identity, launchers only compare it.
+Imports neither Airflow nor Ray: the operator computes both identities, launchers and
+``rundir.prepare`` only compare them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_batchinfer.contract.placement import LLM_FLAVOR, chosen_engine
 from airflow_provider_batchinfer.stage import Stage
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.contract import RunOwner
     from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SaveMode
 
-#: bumped when what goes into the digest changes (an old claim then never matches: a fresh job)
-IDENTITY_VERSION = 1
+#: bumped when what goes into either identity changes (an old claim then never matches: a fresh job,
+#: and RESUME starts over)
+IDENTITY_VERSION = 2
+
+#: The fields of the result identity, in the order a mismatch names them, with what each covers.
+RESULT_FIELDS: dict[str, str] = {
+    "input": "the input's content: each file's size and modification time, or a query's text, connection and result",
+    "model_sha256": "the model's sha256",
+    "params": "InputSpec.params",
+    "engine": "the backend or engine: JobSpec.backend, engine, engine_kwargs and the connection's llm_engine",
+    "columns": "the columns read and how: InputSpec.columns, column_mapping, column_handling, id_column",
+    "output_schema": "the output schema: InputSpec.passthrough_columns and the model's output signature",
+    "rows_per_part": "the part boundaries: JobSpec.rows_per_part",
+}
 
 
 def task_key(owner: RunOwner) -> str:
@@ -81,29 +103,98 @@ def input_fingerprint(
     return parquet_fingerprint(locations, storage_options)
 
 
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def result_identity(
+    *,
+    input_fingerprint: Any,
+    model_sha256: str,
+    input_spec: InputSpec,
+    job_spec: JobSpec,
+    model_flavor: str | None = None,
+    model_signature: Mapping[str, Any] | None = None,
+    connection_engine: str | None = None,
+) -> dict[str, str]:
+    """What decides the run's rows, as ``{field: sha256 hex}`` for every field of
+    :data:`RESULT_FIELDS` plus ``version`` (:data:`IDENTITY_VERSION`). ``input_fingerprint``:
+    :func:`input_fingerprint`. ``connection_engine``: the connection's ``llm_engine``, which picks a
+    text generation model's engine when ``JobSpec.engine`` does not."""
+    llm = model_flavor == LLM_FLAVOR
+    values: dict[str, Any] = {
+        "input": input_fingerprint,
+        "model_sha256": model_sha256,
+        "params": input_spec.params,
+        "engine": {
+            "backend": job_spec.backend,
+            "engine": chosen_engine(job_spec.engine, connection_engine, job_spec.num_gpus) if llm else job_spec.engine,
+            "engine_kwargs": job_spec.engine_kwargs,
+        },
+        "columns": {
+            "columns": input_spec.columns,
+            "column_mapping": input_spec.column_mapping,
+            "column_handling": input_spec.column_handling,
+            "id_column": input_spec.id_column,
+        },
+        "output_schema": {
+            "passthrough_columns": input_spec.passthrough_columns,
+            "outputs": (model_signature or {}).get("outputs"),
+        },
+        "rows_per_part": job_spec.rows_per_part,
+    }
+    return {"version": str(IDENTITY_VERSION), **{name: _digest(values[name]) for name in RESULT_FIELDS}}
+
+
+def result_differences(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
+    """The fields of :data:`RESULT_FIELDS` whose digests differ, in that order; ``["version"]``
+    when ``recorded`` was made by another version of the definition (its digests are not comparable)."""
+    if recorded.get("version") != current.get("version"):
+        return ["version"]
+    return [name for name in RESULT_FIELDS if recorded.get(name) != current.get(name)]
+
+
+def describe_fields(names: Sequence[str]) -> str:
+    """The fields named for a log line: ``input (the input's content: ...); params (InputSpec.params)``."""
+    known = {**RESULT_FIELDS, "version": "how the identity is made: another version of the provider"}
+    return "; ".join(f"{name} ({known[name]})" if name in known else name for name in names)
+
+
+def materialized_digest(directory: Stage) -> str:
+    """The sha256 over a materialized input's files (name and sha256 of each), read in 1 MiB
+    chunks; the digest of no files when the directory is absent. A re-run query is compared by it."""
+    outer = hashlib.sha256()
+    for name, _size in directory.list_files():
+        inner = hashlib.sha256()
+        with directory._io("read"), directory.fs.open_input_stream(directory.child(*name.split("/")).path) as f:
+            while chunk := f.read(1 << 20):
+                inner.update(chunk)
+        outer.update(f"{name}\x00{inner.hexdigest()}\n".encode())
+    return outer.hexdigest()
+
+
 def job_identity(
     owner: RunOwner,
     *,
     run_dir: str,
-    input_fingerprint: Any,
-    model_sha256: str,
+    result: Mapping[str, str],
     model: str,
     input_spec: InputSpec,
     job_spec: JobSpec,
     save_mode: SaveMode,
 ) -> str:
-    """The job's identity: a sha256 hex digest (256 bits) of the task instance and of what it
-    computes. ``input_fingerprint``: :func:`parquet_fingerprint` or :func:`sql_fingerprint`."""
-    material = {
-        "version": IDENTITY_VERSION,
-        "task": task_key(owner),
-        "run_dir": run_dir,
-        "input": input_fingerprint,
-        "model": model,
-        "model_sha256": model_sha256,
-        "input_spec": input_spec.to_dict(),
-        "job_spec": job_spec.to_dict(),
-        "save_mode": save_mode.name,
-    }
-    text = json.dumps(material, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """The job's identity: a sha256 hex digest (256 bits) of the task instance, the result identity
+    (:func:`result_identity`) and the execution settings."""
+    return _digest(
+        {
+            "version": IDENTITY_VERSION,
+            "task": task_key(owner),
+            "run_dir": run_dir,
+            "result": dict(result),
+            "model": model,
+            "input_spec": input_spec.to_dict(),
+            "job_spec": job_spec.to_dict(),
+            "save_mode": save_mode.name,
+        }
+    )

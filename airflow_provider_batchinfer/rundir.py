@@ -19,7 +19,7 @@ and :func:`commit`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from airflow_provider_batchinfer.contract import (
@@ -32,6 +32,7 @@ from airflow_provider_batchinfer.contract import (
     ManifestError,
     RunOwner,
 )
+from airflow_provider_batchinfer.identity import describe_fields, materialized_digest, result_differences
 from airflow_provider_batchinfer.markers import validate_manifest
 from airflow_provider_batchinfer.specs import SaveMode
 from airflow_provider_batchinfer.stage import Stage, StageError
@@ -46,6 +47,7 @@ __all__ = [
     "check_fence",
     "claim",
     "commit",
+    "confirm_requeried_input",
     "prepare",
     "read_claim",
 ]
@@ -85,11 +87,14 @@ class ReconcileError(RunDirectoryError):
 @dataclass(frozen=True)
 class Preparation:
     """What :func:`prepare` did. ``resume``: RESUME keeps the earlier parts (the marker is already
-    removed). ``messages``: what was done, for the task log."""
+    removed). ``messages``: what was done, for the task log. ``input_digest``: for a kept query
+    input, the digest of the result the kept parts were scored from (see
+    :func:`confirm_requeried_input`); None otherwise."""
 
     resume: bool
     removed_files: int
     messages: tuple[str, ...] = ()
+    input_digest: str | None = None
 
 
 # --- the claim and the fence -----------------------------------------------------------------------
@@ -159,71 +164,90 @@ def prepare(
     owner: RunOwner,
     mode: SaveMode,
     *,
-    model_sha256: str,
-    input_locations: Sequence[str] | None,
-    id_column: str | None,
+    result: Mapping[str, str],
     materialized_input: bool,
+    requeried_input: bool = False,
 ) -> Preparation:
     """Make the run directory ready for a new attempt of ``owner``, before any work starts.
 
-    ``SaveMode.RESUME`` keeps earlier parts only when they were written for this very result (same
-    task instance, model sha256, input and id column; ``input_locations`` None: a materialized query,
-    which is re-run); otherwise the directory is handled as with OVERWRITE. Raises
-    ForeignRunDirectoryError or RunDirectoryNotEmptyError (both permanent) and changes nothing then.
+    ``SaveMode.RESUME`` keeps earlier parts only when they were written for this very result: the
+    same task instance and the same result identity (``result``, ``identity.result_identity``),
+    compared field by field with the one the claim records; otherwise the directory is handled as
+    with OVERWRITE and the log names what differed. ``materialized_input``: the input is
+    materialized under ``_input/`` by each attempt (removed here); ``requeried_input``: it is a
+    query whose result may have changed, so its old result's digest is kept for
+    :func:`confirm_requeried_input`. Raises ForeignRunDirectoryError or RunDirectoryNotEmptyError
+    (both permanent) and changes nothing then.
     """
     messages: list[str] = []
-    if mode is SaveMode.RESUME and _resume_allowed(run_dir, owner, model_sha256, input_locations, id_column, messages):
-        return _clear_for_resume(run_dir, materialized_input, messages)
+    if mode is SaveMode.RESUME and _resume_allowed(run_dir, owner, result, messages):
+        return _clear_for_resume(run_dir, materialized_input, requeried_input, messages)
     return _apply_save_mode(run_dir, owner, mode, messages)
 
 
-def _resume_allowed(
-    run_dir: Stage,
-    owner: RunOwner,
-    model_sha256: str,
-    input_locations: Sequence[str] | None,
-    id_column: str | None,
-    messages: list[str],
-) -> bool:
+def _resume_allowed(run_dir: Stage, owner: RunOwner, result: Mapping[str, str], messages: list[str]) -> bool:
+    """Whether the claim's attempt computed this very result; when not, the reason is logged."""
     try:
         recorded = read_claim(run_dir)
     except ContractError:
         return False
     if recorded is None:
         return False
-    same = {
-        "task and run": recorded.airflow.same_task_instance(owner),
-        "model sha256": recorded.model.sha256 == model_sha256,
-        "input": input_locations is None or list(recorded.input_locations) == list(input_locations),
-        "id column": recorded.input_spec.id_column == id_column,
-    }
-    differs = [what for what, ok in same.items() if not ok]
-    if differs:
+    where = f"SaveMode.RESUME: the earlier attempt in {run_dir.location}"
+    if not recorded.airflow.same_task_instance(owner):
+        differs = ["task and run"]
+    elif recorded.result is None:
         messages.append(
-            f"SaveMode.RESUME: the earlier attempt in {run_dir.location} differs in "
-            f"{', '.join(differs)}; starting over as with OVERWRITE"
+            f"{where} recorded no result identity in its {JOB_SPEC_FILE} (an older version of the provider wrote "
+            "it), so what its parts were scored from is unknown; starting over as with OVERWRITE"
         )
+        return False
+    else:
+        differs = result_differences(recorded.result, result)
+    if differs:
+        messages.append(f"{where} differs in {describe_fields(differs)}; starting over as with OVERWRITE")
         return False
     return True
 
 
-def _clear_for_resume(run_dir: Stage, materialized_input: bool, messages: list[str]) -> Preparation:
+def _clear_for_resume(
+    run_dir: Stage, materialized_input: bool, requeried_input: bool, messages: list[str]
+) -> Preparation:
     """Keep the parts (the runtime decides which are complete); remove the marker first, so a stale
-    one never sits beside new parts, and a materialized SQL input, which is re-queried."""
+    one never sits beside new parts, and a materialized input, which is written again (a query's
+    old result is digested first: see :func:`confirm_requeried_input`)."""
     removed = 0
     marker = run_dir.child(SUCCESS_MARKER)
     if marker.exists():
         marker.delete()
         removed += 1
+    digest = None
     if materialized_input:
         inputs = run_dir.child(INPUT_DIR)
+        digest = materialized_digest(inputs) if requeried_input else None
         removed += len(inputs.list_files())
         inputs.delete()
     messages.append(
         f"SaveMode.RESUME: keeping the parts of earlier attempts in {run_dir.location}; only the "
         "remaining rows will be scored"
     )
-    return Preparation(resume=True, removed_files=removed, messages=tuple(messages))
+    return Preparation(resume=True, removed_files=removed, messages=tuple(messages), input_digest=digest)
+
+
+def confirm_requeried_input(run_dir: Stage, before: str) -> tuple[str, ...]:
+    """After a resumed attempt re-ran its query into ``_input/``: when the result differs from the
+    one the kept parts were scored from (``before``, :attr:`Preparation.input_digest`), remove every
+    kept part (all but ``_job.json`` and ``_input/``) so that every row is scored from the new
+    result. Returns what was done, for the task log."""
+    if materialized_digest(run_dir.child(INPUT_DIR)) == before:
+        return (f"SaveMode.RESUME: the query's result is the one the kept parts were scored from ({INPUT_DIR}/)",)
+    kept = [n for n, _ in run_dir.list_files() if n != JOB_SPEC_FILE and not n.startswith(INPUT_DIR + "/")]
+    for name in kept:
+        run_dir.child(*name.split("/")).delete()
+    return (
+        f"SaveMode.RESUME: the earlier attempt in {run_dir.location} differs in {describe_fields(['input'])}: the "
+        f"query's result changed; removed the {len(kept)} file(s) it kept, every row will be scored",
+    )
 
 
 def _recorded_owner(run_dir: Stage, sample: str, count: int) -> RunOwner | None:

@@ -17,7 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import JobFile, RunOwner
-from airflow_provider_batchinfer.identity import job_identity, parquet_fingerprint, sql_fingerprint, task_key
+from airflow_provider_batchinfer.identity import (
+    job_identity,
+    parquet_fingerprint,
+    result_identity,
+    sql_fingerprint,
+    task_key,
+)
 from airflow_provider_batchinfer.launchers.ray_jobs import belongs_to, job_metadata, submission_id_for
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SaveMode
 from tests import test_ray_jobs
@@ -56,11 +62,16 @@ op.execute({"ti": TaskInstanceStandIn(run_id=args["run_id"], try_number=args["tr
 
 
 def _identity(owner=OWNER, fingerprint=None, sha="a" * 64, job_spec=None, mode=SaveMode.OVERWRITE) -> str:
+    result = result_identity(
+        input_fingerprint=fingerprint if fingerprint is not None else [["/in/a.parquet", 10, 1]],
+        model_sha256=sha,
+        input_spec=InputSpec(),
+        job_spec=job_spec or JobSpec(),
+    )
     return job_identity(
         owner,
         run_dir="/stage/out",
-        input_fingerprint=fingerprint if fingerprint is not None else [["/in/a.parquet", 10, 1]],
-        model_sha256=sha,
+        result=result,
         model="m/v1",
         input_spec=InputSpec(),
         job_spec=job_spec or JobSpec(),

@@ -17,6 +17,7 @@ from airflow_provider_batchinfer.contract import (
     RunOwner,
     part_name,
 )
+from airflow_provider_batchinfer.identity import result_identity
 from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.rundir import (
     FencedError,
@@ -28,18 +29,31 @@ from airflow_provider_batchinfer.rundir import (
     check_fence,
     claim,
     commit,
+    confirm_requeried_input,
     prepare,
     read_claim,
 )
-from airflow_provider_batchinfer.specs import SaveMode
+from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SaveMode
 from airflow_provider_batchinfer.stage import Stage, StageError
 from tests.runs import MODEL, OWNER, committed_run, job_file, manifest_for, write_part
 
 SHA = MODEL.sha256
+INPUT = [["/data/in/a.parquet", 100, 1]]
+
+
+def _result(fingerprint=INPUT, sha=SHA, input_spec=None, **job) -> dict[str, str]:
+    """The result identity of the attempts in these tests, with whatever differs from it."""
+    return result_identity(
+        input_fingerprint=fingerprint,
+        model_sha256=sha,
+        input_spec=input_spec or InputSpec(id_column="id"),
+        job_spec=JobSpec(**job),
+        model_flavor=MODEL.flavor,
+    )
 
 
 def _prepare(run: Path, mode: SaveMode, owner: RunOwner = OWNER, **kwargs) -> Preparation:
-    args = {"model_sha256": SHA, "input_locations": ["/data/in"], "id_column": "id", "materialized_input": False}
+    args = {"result": _result(), "materialized_input": False}
     args.update(kwargs)
     return prepare(Stage.open(str(run)), owner, mode, **args)
 
@@ -48,9 +62,13 @@ def _files(run: Path) -> list[str]:
     return sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
 
 
-def _earlier_attempt(run: Path, owner: RunOwner = OWNER, marker: bool = False, **job) -> list[str]:
-    """What an earlier attempt leaves: its claim, a part, and (when it committed) the marker."""
-    claim(Stage.open(str(run)), job_file(run, owner=owner, **job))
+def _earlier_attempt(
+    run: Path, owner: RunOwner = OWNER, marker: bool = False, result: dict[str, str] | None = None, **job
+) -> list[str]:
+    """What an earlier attempt leaves: its claim (recording ``result``, by default the tests' own),
+    a part, and (when it committed) the marker."""
+    recorded = _result() if result is None else result
+    claim(Stage.open(str(run)), dataclasses.replace(job_file(run, owner=owner, **job), result=recorded))
     if marker:
         committed_run(run)
     else:
@@ -182,10 +200,11 @@ def test_resume_re_queries_a_materialized_input(tmp_path):
     _earlier_attempt(run, inputs=(f"{run}/{INPUT_DIR}",))
     (run / INPUT_DIR).mkdir()
     (run / INPUT_DIR / "part-00000.parquet").write_bytes(b"rows")
-    # a materialized query has no input locations to compare: it is re-run, and its old result removed
-    done = _prepare(run, SaveMode.RESUME, input_locations=None, materialized_input=True)
+    # a materialized input is written again by every attempt: its old copy is removed
+    done = _prepare(run, SaveMode.RESUME, materialized_input=True)
     assert done.resume and done.removed_files == 1 and not (run / INPUT_DIR).exists()
     assert _files(run) == [JOB_SPEC_FILE, part_name(0, "t01aaaa")]
+    assert done.input_digest is None  # not a query (an Iceberg snapshot, pinned as the earlier try did)
 
 
 @pytest.mark.parametrize(
@@ -193,9 +212,19 @@ def test_resume_re_queries_a_materialized_input(tmp_path):
     [
         ({"owner": dataclasses.replace(OWNER, run_id="run0")}, "task and run"),
         ({"owner": dataclasses.replace(OWNER, map_index=3)}, "task and run"),
-        ({"model_sha256": "1" * 64}, "model sha256"),
-        ({"input_locations": ["/data/other"]}, "input"),
-        ({"id_column": "ticket_id"}, "id column"),
+        ({"result": _result(sha="1" * 64)}, "model_sha256 (the model's sha256)"),
+        ({"result": _result(fingerprint=[["/data/other/a.parquet", 100, 1]])}, "input (the input's content: "),
+        # the same location rewritten: same name, another size or modification time
+        ({"result": _result(fingerprint=[["/data/in/a.parquet", 100, 2]])}, "input (the input's content: "),
+        ({"result": _result(fingerprint=[["/data/in/a.parquet", 101, 1]])}, "input (the input's content: "),
+        ({"result": _result(input_spec=InputSpec(id_column="id", params={"t": 0.5}))}, "params (InputSpec.params)"),
+        ({"result": _result(backend="onnx_int8")}, "engine (the backend or engine: JobSpec.backend"),
+        ({"result": _result(engine_kwargs={"dtype": "half"})}, "engine (the backend or engine: "),
+        ({"result": _result(input_spec=InputSpec(id_column="ticket_id"))}, "columns (the columns read and how: "),
+        ({"result": _result(input_spec=InputSpec(id_column="id", column_mapping={"a": "b"}))}, "columns ("),
+        ({"result": _result(input_spec=InputSpec(id_column="id", column_handling={"p": "bytes"}))}, "columns ("),
+        ({"result": _result(input_spec=InputSpec(id_column="id", passthrough_columns=("x",)))}, "output_schema ("),
+        ({"result": _result(rows_per_part=2000)}, "rows_per_part (the part boundaries: JobSpec.rows_per_part)"),
     ],
 )
 def test_resume_starts_over_when_the_earlier_attempt_computed_something_else(tmp_path, change, what):
@@ -203,10 +232,91 @@ def test_resume_starts_over_when_the_earlier_attempt_computed_something_else(tmp
     _earlier_attempt(run, marker=True)
     done = _prepare(run, SaveMode.RESUME, **change)
     assert done.resume is False and _files(run) == []
-    assert done.messages[0] == (
-        f"SaveMode.RESUME: the earlier attempt in {run} differs in {what}; starting over as with OVERWRITE"
-    )
+    assert done.messages[0].startswith(f"SaveMode.RESUME: the earlier attempt in {run} differs in {what}")
+    assert done.messages[0].endswith("; starting over as with OVERWRITE")
     assert done.messages[1].startswith(f"retry clean-up: removed {SUCCESS_MARKER} then 2 other file(s)")
+
+
+def test_resume_names_every_field_that_differs(tmp_path):
+    run = tmp_path / "run"
+    _earlier_attempt(run)
+    changed = _result(sha="1" * 64, input_spec=InputSpec(id_column="id", params={"t": 1}), backend="onnx")
+    message = _prepare(run, SaveMode.RESUME, result=changed).messages[0]
+    assert message.startswith(f"SaveMode.RESUME: the earlier attempt in {run} differs in model_sha256 (")
+    assert "); params (InputSpec.params); engine (" in message
+
+
+@pytest.mark.parametrize(
+    "execution",
+    [
+        {"replicas": 4, "num_workers": 2, "num_cpus": 2.0, "memory": 1 << 30},
+        {"max_batch_rows": 7, "progress_interval_s": 2.0, "resource_wait_s": 5.0, "in_driver_max_rows": 0},
+        {"on_error": "dead_letter", "max_error_fraction": 0.05, "max_cost": 9.5, "max_output_tokens_total": 10},
+        {"backend_min_cosine": 0.9},
+    ],
+)
+def test_settings_that_only_decide_how_rows_are_computed_never_block_a_resume(tmp_path, execution):
+    run = tmp_path / "run"
+    _earlier_attempt(run)
+    done = _prepare(run, SaveMode.RESUME, result=_result(**execution))
+    assert done.resume is True and part_name(0, "t01aaaa") in _files(run)
+
+
+def test_a_claim_without_a_result_record_is_never_resumed(tmp_path):
+    """An older provider's claim names no result identity: what its parts were scored from is unknown."""
+    run = tmp_path / "run"
+    claim(Stage.open(str(run)), job_file(run))
+    write_part(run, part_name(0, "t01aaaa"), [1, 2])
+    done = _prepare(run, SaveMode.RESUME, owner=dataclasses.replace(OWNER, try_number=2))
+    assert done.resume is False and _files(run) == []
+    assert done.messages[0] == (
+        f"SaveMode.RESUME: the earlier attempt in {run} recorded no result identity in its {JOB_SPEC_FILE} (an "
+        "older version of the provider wrote it), so what its parts were scored from is unknown; starting over as "
+        "with OVERWRITE"
+    )
+
+
+def test_a_record_made_by_another_version_of_the_definition_is_never_resumed(tmp_path):
+    run = tmp_path / "run"
+    _earlier_attempt(run, result={**_result(), "version": "1"})
+    done = _prepare(run, SaveMode.RESUME)
+    assert done.resume is False and "differs in version (how the identity is made: " in done.messages[0]
+
+
+def _query_result(run: Path, texts: list[str]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (run / INPUT_DIR).mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": [1, 2], "text": texts}), run / INPUT_DIR / "part-00000.parquet")
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_a_resumed_query_keeps_the_parts_only_when_its_result_is_the_same(tmp_path, same):
+    """A query is re-run by every attempt: its new result is compared with the one the kept parts
+    were scored from (the files under ``_input/``, by checksum) once it is materialized."""
+    run = tmp_path / "run"
+    _earlier_attempt(run)
+    _query_result(run, ["a", "b"])
+    (run / "_errors").mkdir()
+    write_part(run / "_errors", part_name(1, "t01aaaa"), [3])
+    done = _prepare(run, SaveMode.RESUME, materialized_input=True, requeried_input=True)
+    assert done.resume and done.input_digest is not None and not (run / INPUT_DIR).exists()
+    _query_result(run, ["a", "b"] if same else ["a", "B"])  # the retry's materialization
+    messages = confirm_requeried_input(Stage.open(str(run)), done.input_digest)
+    kept = [f"_errors/{part_name(1, 't01aaaa')}", JOB_SPEC_FILE, f"{INPUT_DIR}/part-00000.parquet"]
+    if same:
+        assert _files(run) == sorted([*kept, part_name(0, "t01aaaa")])
+        assert messages == (
+            f"SaveMode.RESUME: the query's result is the one the kept parts were scored from ({INPUT_DIR}/)",
+        )
+    else:
+        assert _files(run) == sorted([JOB_SPEC_FILE, f"{INPUT_DIR}/part-00000.parquet"])
+        assert messages == (
+            f"SaveMode.RESUME: the earlier attempt in {run} differs in input (the input's content: each file's size "
+            "and modification time, or a query's text, connection and result): the query's result changed; removed "
+            "the 2 file(s) it kept, every row will be scored",
+        )
 
 
 # --- claim, fence ------------------------------------------------------------------------------------------

@@ -52,6 +52,9 @@ class JobFile:
     # directory under the table's location) and the table snapshot it reads
     table_output: TableOutput | None = None
     table_input: TableInput | None = None
+    # what decided this attempt's rows, field by field (``identity.result_identity``): a RESUME keeps
+    # the parts only when a retry's is the same; None (older job files): never resumed
+    result: Mapping[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +79,7 @@ class JobFile:
             "prices": dict(self.prices),  # 16.2
             **({"table_output": self.table_output.to_dict()} if self.table_output else {}),
             **({"table_input": self.table_input.to_dict()} if self.table_input else {}),
+            **({"result": dict(self.result)} if self.result is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -121,6 +125,7 @@ class JobFile:
             prices=check_prices(_opt(data, "prices", dict, where, err, {}), f"{where}.prices", err),  # 16.2
             table_output=_table(data, "table_output", TableOutput, where),
             table_input=_table(data, "table_input", TableInput, where),
+            result=_result(data, where),
         )
 
     @classmethod
@@ -130,6 +135,14 @@ class JobFile:
         except (ValueError, UnicodeDecodeError) as exc:
             raise ContractError(f"{where} is not valid JSON: {exc}") from exc
         return cls.from_dict(data, where)
+
+
+def _result(data: Mapping[str, Any], where: str) -> dict[str, str] | None:
+    """The optional ``result`` record: field name -> digest, every value a string."""
+    section = _opt(data, "result", dict, where, ContractError)
+    if section is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in section.items()):
+        raise ContractError(f"{where}.result must map field names to digest strings")
+    return section
 
 
 def _table(data: Mapping[str, Any], key: str, kind: Any, where: str) -> Any:

@@ -32,7 +32,7 @@ from airflow_provider_batchinfer.contract import (
     RunOwner,
 )
 from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
-from airflow_provider_batchinfer.identity import input_fingerprint, job_identity
+from airflow_provider_batchinfer.identity import input_fingerprint, job_identity, result_identity
 from airflow_provider_batchinfer.inputs import InputError, list_input_files
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
@@ -250,14 +250,22 @@ class BatchInferenceOperator(BaseOperator):
         ``_job.json`` stay as they are, the job fences on the attempt recorded there); else clear
         the way, prepare the run directory and start a new job."""
         input_locations = self._input_locations()
+        result = result_identity(
+            input_fingerprint=input_fingerprint(  # an iceberg:// input counts by its URI (its snapshot is pinned)
+                input_locations, self.sql or str(self.input), self.conn_id, self.hook.storage_options
+            ),
+            model_sha256=mv.sha256,
+            input_spec=self.input_spec,
+            job_spec=self.job_spec,
+            model_flavor=mv.flavor,
+            model_signature=mv.signature,
+            connection_engine=self.hook.config.llm_engine,
+        )
         identity = job_identity(
             owner,
             run_dir=run_dir.location,
-            input_fingerprint=input_fingerprint(  # 17: an iceberg:// input counts by its URI
-                input_locations, self.sql or str(self.input), self.conn_id, self.hook.storage_options
-            ),
+            result=result,
             model=f"{mv.name}/{mv.version}",
-            model_sha256=mv.sha256,
             input_spec=self.input_spec,
             job_spec=self.job_spec,
             save_mode=self.save_mode,
@@ -275,7 +283,7 @@ class BatchInferenceOperator(BaseOperator):
                 )
                 return launcher.attach(existing.job_id, existing.attempt, self.log)
         launcher.before_start(owner, self.log, identity)
-        job = self._prepare(launcher, owner, mv, run_dir, input_locations, identity)
+        job = self._prepare(launcher, owner, mv, run_dir, input_locations, identity, result)
         return launcher.start(job, run_dir.child(JOB_SPEC_FILE).location, self.log)
 
     def _claim_for_reattach(self, run_dir: Stage) -> JobFile | None:
@@ -295,6 +303,7 @@ class BatchInferenceOperator(BaseOperator):
         run_dir: Stage,
         input_locations: list[str] | None,
         identity: str,
+        result: dict[str, str],
     ) -> JobFile:
         """Everything before the launch: save mode, the job file, SQL materialization."""
         pinned = table_io.pinned_input(self, run_dir)  # 17: read before the claim is cleared
@@ -303,16 +312,16 @@ class BatchInferenceOperator(BaseOperator):
                 run_dir,
                 owner,
                 table_io.claim_mode(self, run_dir),  # 17: ERROR on a table is checked against the table
-                model_sha256=mv.sha256,
-                input_locations=input_locations,
-                id_column=self.input_spec.id_column,
+                result=result,
                 materialized_input=self.sql is not None or is_table_input(self.input),
+                requeried_input=self.sql is not None,
             )
         except rundir.RunDirectoryError as exc:
             raise airflow_error(exc, exc.permanent) from exc
         for message in prep.messages:
             self.log.info("%s", message)
         job = build_job_file(self, launcher, owner, mv, run_dir, input_locations, prep.resume, identity)
+        job = dataclasses.replace(job, result=result)  # what decided these rows: a RESUME compares it
         job = table_io.bind(self, job, run_dir, pinned)  # 17: table input snapshot, table output
         # claimed before anything else is written into it (so a retry recognizes whatever this
         # attempt leaves behind as its own) and before the submit (so a retry finds the job even
@@ -321,6 +330,9 @@ class BatchInferenceOperator(BaseOperator):
         self.log.info("Job %s: spec at %s", job.job_id, run_dir.child(JOB_SPEC_FILE).location)
         if self.sql is not None and self.conn_id:
             materialize_sql(self.conn_id, self.sql, run_dir.child(INPUT_DIR), self.materialize_chunk_rows, self.log)
+            if prep.input_digest is not None:  # RESUME kept parts scored from the query's earlier result
+                for message in rundir.confirm_requeried_input(run_dir, prep.input_digest):
+                    self.log.info("%s", message)
         table_io.materialize_input(self, job, run_dir)  # 17
         return job
 

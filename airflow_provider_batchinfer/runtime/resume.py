@@ -4,8 +4,9 @@ A preempted attempt leaves complete parts (each one a whole Parquet file with it
 by one Ray write task) and perhaps one part cut off mid-write (no footer). The next attempt of the
 same run keeps every complete part, deletes the cut-off ones, collects the ids those parts hold
 (``InputSpec.id_column``) and filters those rows out of the input, so each row ends up in exactly
-one listed file of the final manifest. The operator decides whether resuming is allowed (same
-task, run, model sha256 and input; see ``rundir.prepare``); this module only reads and filters.
+one listed file of the final manifest. The operator decides whether resuming is allowed (the same
+task instance and result identity: input content, model, params, engine, columns, output schema
+and part boundaries; see ``rundir.prepare``); this module only reads and filters.
 
 The earlier attempt recorded nothing about its parts (it died before its commit), so their sizes
 and sha256 checksums for the manifest are computed here, from the same single read that checks
