@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Lowest supported versions smoke job: install the floors (constraints/lowest-3.11.txt) into their own
-# virtualenv and check that the provider imports, that `airflow providers list` shows it, and that one
+# virtualenv and check that the provider imports, that the embedded Ray runs with token auth at the
+# Ray floor (scripts/embedded_ray_auth_check.py), that `airflow providers list` shows it, and that one
 # example DAG (batchinfer_tabular_scoring: train, score on a local Ray, sensor, publish) succeeds
 # through dag.test() on a SQLite metadata DB in a throw-away AIRFLOW_HOME.
 # Usage: scripts/lowest_versions_smoke.sh   (make smoke-lowest; part of make test). ~5 min cold, ~1 min warm.
@@ -68,6 +69,9 @@ assert "size" in inspect.signature(ray.data.ActorPoolStrategy).parameters
 assert "write_returns" in WriteResult.__dataclass_fields__
 print("  ok: repartition(target_num_rows_per_block), ActorPoolStrategy(size), WriteResult.write_returns")
 '
+
+echo "== the embedded Ray refuses calls without its token (GCS, Ray Client server)"
+"$PY" scripts/embedded_ray_auth_check.py --start "$BATCHINFER_RAY_DIR"
 
 echo "== airflow providers list"
 "$REPO/$VENV/bin/airflow" db migrate > "$home/migrate.log" 2>&1 || { tail -50 "$home/migrate.log"; exit 1; }

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_provider_batchinfer.launchers import embedded_ray
+from airflow_provider_batchinfer.launchers import embedded_ray, state_dirs
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.launchers.local import PARENT_PID_ENV, LocalLauncher
 from airflow_provider_batchinfer.launchers.procs import proc_alive, proc_start_time
@@ -70,22 +70,51 @@ def test_state_dir_and_idle_timeout_come_from_the_environment():
         LocalLauncher(idle_s=-1)
 
 
-def test_a_state_dir_of_another_user_is_refused(tmp_path, monkeypatch):
-    foreign = tmp_path / "theirs"
-    foreign.mkdir()
+@pytest.mark.slow
+def test_a_state_dir_of_another_user_is_passed_over_for_a_private_one(tmp_path, monkeypatch):
+    """The launcher's embedded Ray lives in the private fallback; the foreign directory stays empty
+    (``tests/test_local_trust.py`` attacks the directory itself without starting Ray)."""
     if os.getuid() != 0:
         pytest.skip("needs root to hand a directory to another uid")
+    foreign = Path(tempfile.mkdtemp(prefix="bir-theirs-", dir="/tmp"))
     os.chown(foreign, 65534, 65534)
+    runtime = Path(tempfile.mkdtemp(prefix="bir-xdg-", dir="/tmp"))
     monkeypatch.setenv(embedded_ray.DIR_ENV, str(foreign))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    with pytest.raises(
-        LaunchError, match=rf"state directory {foreign} belongs to uid 65534, not to .* BATCHINFER_RAY_DIR"
-    ):
-        # a job that needs the actor pool: a one-replica job starts no Ray and never reads the directory
-        on_pool = SimpleNamespace(
-            job_spec=JobSpec(replicas=2), model=SimpleNamespace(flavor="python_class"), llm_engine=None
-        )
-        LocalLauncher().start(on_pool, "unused", LOG)  # type: ignore[arg-type]
+    fallback = runtime / "batchinfer-ray"
+    warnings: list[str] = []
+
+    class Log:
+        def info(self, msg, *args):
+            LOG.info(msg, *args)
+
+        def warning(self, msg, *args):
+            warnings.append(msg % args)
+
+        error = warning
+
+    # a job that needs the actor pool: a one-replica job starts no Ray
+    on_pool = SimpleNamespace(
+        job_id="foreign-dir",
+        attempt="t01",
+        job_spec=JobSpec(replicas=2),
+        model=SimpleNamespace(flavor="python_class"),
+        llm_engine=None,
+    )
+    launcher = LocalLauncher()
+    try:
+        handle = launcher.start(on_pool, "unused", Log())  # type: ignore[arg-type]
+        state = embedded_ray.read_state(fallback)
+        assert state is not None and state.auth_mode == "token", state
+        assert any(f"state directory {foreign} is not used: {foreign} belongs to uid 65534" in w for w in warnings)
+        launcher.wait(handle, LOG.info)  # its job file does not exist: it fails, and gives its lease back
+        assert not list((fallback / "leases").iterdir())
+        assert os.listdir(foreign) == []
+    finally:
+        embedded_ray.shutdown(fallback)
+        shutil.rmtree(runtime, ignore_errors=True)
+        shutil.rmtree(foreign, ignore_errors=True)
 
 
 def test_leases_of_ended_processes_are_dropped(tmp_path):
@@ -153,7 +182,7 @@ def test_the_launcher_tells_the_runtime_its_pid(tmp_path):
 @pytest.mark.slow
 def test_stale_states_are_replaced(ray_dir):
     # a state whose processes and port are long gone (a reboot, a killed worker): replaced, its temp dir removed
-    leftover = Path(tempfile.mkdtemp(prefix="bir-old-", dir="/tmp"))
+    leftover = Path(state_dirs.make_ray_temp_dir(ray_dir))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (ray_dir / "state.json").write_text(
@@ -173,10 +202,17 @@ def test_stale_states_are_replaced(ray_dir):
             }
         )
     )
-    with embedded_ray.locked(ray_dir):
-        first = embedded_ray.acquire(ray_dir, 600.0, RAY_VERSION, dict(os.environ), LOG)
+    with embedded_ray.locked(ray_dir):  # a worker's RAY_AUTH_MODE (for some cluster) never turns auth off
+        first = embedded_ray.acquire(ray_dir, 600.0, RAY_VERSION, {**os.environ, "RAY_AUTH_MODE": "disabled"}, LOG)
     assert first.address != "127.0.0.1:1" and not leftover.exists()
     assert "stale" in (ray_dir / "history.log").read_text()
+    # its GCS and Ray Client server answer a call without the token with UNAUTHENTICATED
+    check = [sys.executable, str(REPO / "scripts" / "embedded_ray_auth_check.py"), str(ray_dir)]
+    probed = subprocess.run(
+        check, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    assert probed.returncode == 0, probed.stdout + probed.stderr
+    assert "Ray Client server without the token" in probed.stdout and first.auth_mode == "token"
     # a real Ray whose keeper died (nobody would ever stop it): its head is stopped, a new one started
     os.kill(first.keeper_pid, signal.SIGKILL)
     assert _gone(first.keeper_pid, 0, 10)

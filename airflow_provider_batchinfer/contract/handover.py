@@ -5,16 +5,21 @@ A spare listens on ``<kind>.<pid>.sock`` once it is ready; ``….sock.starting``
 importing; a launcher claims a spare by renaming its socket to ``….sock.claimed``. The request is
 one length-prefixed JSON object ``{args, env, cwd}``, sent with the job's output pipe attached; the
 spare answers with JSON lines, ``{"pid": …}`` then ``{"exit": …}`` (or ``{"refused": …}``).
+Each side checks the other's kernel-reported credentials first: the request carries the job's
+environment, credentials included, so the launcher sends it only to the spare its socket's name
+says (that pid, this uid), and a spare takes a job only from this uid.
 Imports neither side.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import struct
 from typing import Any
 
 LENGTH = struct.Struct("!I")
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 def socket_name(kind: str, pid: int) -> str:
@@ -56,3 +61,10 @@ def decode_request(data: bytes) -> dict[str, Any]:
 
 def encode_message(message: dict[str, Any]) -> bytes:
     return json.dumps(message).encode() + b"\n"
+
+
+def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process at the other end of a connected Unix socket, as the kernel
+    recorded them when it connected or listened (``SO_PEERCRED``): not something the peer can claim."""
+    pid, uid, gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return pid, uid, gid

@@ -6,12 +6,16 @@ configured, asks this module for *the* embedded Ray: the first job starts it (``
 --block`` in its own session, loopback only, every port picked free, its own short temp dir), later
 and concurrent jobs attach to it, and a small keeper process stops it after an idle timeout.
 
-Everything lives in a state directory (``BATCHINFER_RAY_DIR``, default ``/tmp/batchinfer-ray-<uid>``,
-mode 0700, refused when another user owns it)::
+It always runs with Ray's token authentication (Ray 2.52 or later; an older Ray is refused): its
+ports, the Ray Client server's among them, listen on loopback, where any local user could otherwise
+connect and run code as this worker's user, reading the jobs' credentials from ``/proc``.
+
+Everything lives in a private state directory (``launchers/state_dirs.py``: ``BATCHINFER_RAY_DIR``,
+default ``/tmp/batchinfer-ray-<uid>``, created 0700; one that is not private is never used)::
 
     lock          fcntl lock: starting, leasing and reaping are serialized on it
     state.json    the running Ray: GCS address, head/keeper pids, temp dir, Ray version, owner uid
-    auth_token    the token this Ray and its drivers share (when token auth is on)
+    auth_token    the token this Ray and its drivers share (0600)
     leases/<pid>  one per running job, named after the runtime process (its start time inside)
     last_used     touched on every lease and release: the idle clock starts from its mtime
     history.log   one line per start and stop (who, when, why)
@@ -30,26 +34,38 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
 from airflow_provider_batchinfer.launchers.base import LaunchError, TaskLog
 from airflow_provider_batchinfer.launchers.procs import (
-    file_lock,
     free_ports,
     group_cmdlines,
     port_open,
     proc_alive,
     proc_start_time,
+)
+from airflow_provider_batchinfer.launchers.state_dirs import (
+    DIR_ENV,
+    add_lease,
+    drop_lease,
+    is_one_off,
+    live_leases,
+    locked,
+    made_for,
+    make_ray_temp_dir,
+    mark_used,
+    private_state_dir,
+    state_dir,
 )
 
 __all__ = [
@@ -62,16 +78,21 @@ __all__ = [
     "drop_lease",
     "idle_seconds",
     "installed_ray_version",
+    "live_leases",
+    "locked",
+    "private_state_dir",
     "read_state",
+    "require_token_auth",
     "shutdown",
     "state_dir",
 ]
 
-DIR_ENV = "BATCHINFER_RAY_DIR"
 IDLE_ENV = "BATCHINFER_RAY_IDLE_S"
 DEFAULT_IDLE_S = 600.0
 START_TIMEOUT_S = 120.0
 _READY_LINE = "Ray runtime started"
+#: the first Ray release with token authentication (RAY_AUTH_MODE=token)
+TOKEN_AUTH_SINCE = (2, 52)
 #: never handed to the shared Ray: another cluster's address and token, a job's parent pid
 _NOT_INHERITED = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "BATCHINFER_PARENT_PID")
 
@@ -86,10 +107,21 @@ def installed_ray_version() -> str | None:
         return None
 
 
-def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """``BATCHINFER_RAY_DIR``, else ``/tmp/batchinfer-ray-<uid>`` (short: Ray's sockets are not here,
-    but its temp dir is a sibling under /tmp for the same reason)."""
-    return Path(environ.get(DIR_ENV) or f"/tmp/batchinfer-ray-{os.getuid()}")
+def require_token_auth(ray_version: str | None) -> None:
+    """Refuse to run the embedded Ray on a Ray without token authentication: it would listen on
+    this machine's loopback ports for any local user."""
+    found = re.match(r"(\d+)\.(\d+)", ray_version or "")
+    if found and (int(found[1]), int(found[2])) >= TOKEN_AUTH_SINCE:
+        return
+    since = ".".join(map(str, TOKEN_AUTH_SINCE))
+    has = f"Ray {ray_version}" if found else "no usable Ray"
+    raise LaunchError(
+        f"the embedded Ray needs Ray {since} or later, the first release with token authentication; this "
+        f"worker has {has}. Without it the embedded Ray's ports, "
+        f"its Ray Client server among them, would accept any local user's code, run as this worker's user. "
+        f"Install ray[data,default]>={since}, or give the job a Ray cluster's address",
+        permanent=True,
+    )
 
 
 def idle_seconds(value: float | None = None, environ: Mapping[str, str] = os.environ) -> float:
@@ -132,27 +164,7 @@ class EmbeddedRay:
         return env
 
 
-# --- the state directory -------------------------------------------------------------------------
-def _prepare(directory: Path) -> None:
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (directory / "leases").mkdir(mode=0o700, exist_ok=True)
-    owner = directory.stat().st_uid
-    if owner != os.getuid():
-        raise LaunchError(
-            f"the embedded Ray's state directory {directory} belongs to uid {owner}, not to this worker's uid "
-            f"{os.getuid()}; set {DIR_ENV} to a directory of your own",
-            permanent=True,
-        )
-
-
-@contextlib.contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """Hold the state directory's lock (released by the kernel if this process dies)."""
-    _prepare(directory)
-    with file_lock(directory / "lock"):
-        yield
-
-
+# --- the state -------------------------------------------------------------------------------------
 def read_state(directory: Path) -> EmbeddedRay | None:
     """The recorded Ray, or None (no state, or one this version cannot read)."""
     try:
@@ -173,47 +185,6 @@ def _note(directory: Path, event: str, state: EmbeddedRay, why: str) -> None:
             f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {event} {state.address} head={state.head_pid} "
             f"by pid {os.getpid()}: {why}\n"
         )
-
-
-def _touch(directory: Path) -> None:
-    (directory / "last_used").touch()
-
-
-def live_leases(directory: Path) -> list[int]:
-    """Pids of the jobs that hold a lease and still run; stale leases are removed.
-
-    Removing one restarts the idle clock, as :func:`drop_lease` does: the job's process has just
-    been seen gone. Without that, a job that ran longer than the idle timeout left a clock still
-    at its lease's start, and the keeper stopped Ray the moment the job's process exited, before
-    the launcher released the lease (round fourteen: a 47 s job, a 20 s timeout, Ray gone 6 s later).
-    """
-    live, ended = [], False
-    for lease in (directory / "leases").iterdir():
-        try:
-            pid, started = int(lease.name), int(lease.read_text() or 0)
-        except (ValueError, FileNotFoundError):
-            pid, started = -1, 0
-        if pid > 0 and proc_alive(pid, started):
-            live.append(pid)
-        else:
-            lease.unlink(missing_ok=True)
-            ended = True
-    if ended:
-        _touch(directory)
-    return live
-
-
-def add_lease(directory: Path, pid: int) -> None:
-    """Record that the job in process ``pid`` uses the embedded Ray (call with the lock held)."""
-    (directory / "leases" / str(pid)).write_text(str(proc_start_time(pid) or 0))
-    _touch(directory)
-
-
-def drop_lease(directory: Path, pid: int) -> None:
-    """The job in ``pid`` ended: its lease goes and the idle clock restarts."""
-    with locked(directory):
-        (directory / "leases" / str(pid)).unlink(missing_ok=True)
-        _touch(directory)
 
 
 # --- start, check, stop ------------------------------------------------------------------------
@@ -246,7 +217,8 @@ def _stop(directory: Path, state: EmbeddedRay, why: str, grace_s: float = 5.0) -
     if _ours(state):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(state.head_pid, signal.SIGKILL)  # whatever of Ray's processes is left in its group
-    shutil.rmtree(state.temp_dir, ignore_errors=True)
+    if made_for(state.temp_dir, directory):  # never a directory the provider did not make for this Ray
+        shutil.rmtree(state.temp_dir, ignore_errors=True)
     (directory / "state.json").unlink(missing_ok=True)
 
 
@@ -264,16 +236,16 @@ def _ray_command() -> str:
     return found
 
 
-def _auth(directory: Path, environ: Mapping[str, str]) -> tuple[str, str | None]:
-    """Token auth unless the environment turns it off; the token is this Ray's own file, so another
+def _auth(directory: Path) -> tuple[str, str]:
+    """Token auth, whatever the environment says; the token is this Ray's own file, so another
     `ray start` on the machine regenerating ``~/.ray/auth_token`` cannot lock our drivers out."""
-    if environ.get("RAY_AUTH_MODE", "token").lower() != "token":
-        return "disabled", None
     token = directory / "auth_token"
-    if not token.exists():
-        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_hex(32))
+    try:
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return "token", str(token)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_hex(32))
     return "token", str(token)
 
 
@@ -281,12 +253,11 @@ def _start(directory: Path, idle_s: float, ray_version: str, environ: Mapping[st
     ports = ["ray-client-server", "dashboard", "dashboard-agent-listen", "dashboard-agent-grpc", "metrics-export"]
     ports += ["runtime-env-agent", "node-manager", "object-manager"]
     port, *picked = free_ports(1 + len(ports))  # distinct: Ray refuses to start when two components share one
-    temp_dir = tempfile.mkdtemp(prefix="bir-", dir="/tmp")  # short: Ray's unix sockets live below it
-    auth_mode, token_path = _auth(directory, environ)
+    temp_dir = make_ray_temp_dir(directory)
+    auth_mode, token_path = _auth(directory)
     env = {k: v for k, v in environ.items() if k not in _NOT_INHERITED}
     env.update(RAY_AUTH_MODE=auth_mode, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    if token_path:
-        env["RAY_AUTH_TOKEN_PATH"] = token_path
+    env["RAY_AUTH_TOKEN_PATH"] = token_path
     cmd = [_ray_command(), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1"]
     cmd += [f"--temp-dir={temp_dir}", "--include-dashboard=false", "--disable-usage-stats"]
     cmd += [f"--{name}-port={p}" for name, p in zip(ports, picked, strict=True)]  # never collide with another Ray here
@@ -310,7 +281,7 @@ def _start(directory: Path, idle_s: float, ray_version: str, environ: Mapping[st
     )
     _write_state(directory, state)
     _wait_ready(directory, state, head)
-    _touch(directory)  # the idle clock starts when Ray is up
+    mark_used(directory)  # the idle clock starts when Ray is up
     _note(directory, "start", state, f"Ray {ray_version}, up in {time.time() - state.started_at:.1f}s")
     with open(directory / "keeper.log", "a") as out:
         keeper = subprocess.Popen(
@@ -341,20 +312,22 @@ def _wait_ready(directory: Path, state: EmbeddedRay, head: subprocess.Popen[byte
 def acquire(directory: Path, idle_s: float, ray_version: str, environ: Mapping[str, str], log: TaskLog) -> EmbeddedRay:
     """The running embedded Ray, started or replaced as needed; call with :func:`locked` held and
     add the job's lease before releasing it."""
+    require_token_auth(ray_version)
     state = read_state(directory)
     if state is not None and not _healthy(state):
         log.warning("The embedded Ray recorded in %s is gone or unreachable; starting a new one", directory)
         _stop(directory, state, "stale: its head, keeper or GCS port is gone")
         state = None
-    if state is not None and state.ray_version != ray_version:
+    if state is not None and (state.ray_version != ray_version or state.auth_mode != "token"):
+        differs = f"runs Ray {state.ray_version} with auth {state.auth_mode}, not Ray {ray_version} with token auth"
         busy = live_leases(directory)
         if busy:
             raise LaunchError(
-                f"the embedded Ray in {directory} runs Ray {state.ray_version}, this worker has Ray {ray_version}, "
-                f"and {len(busy)} job(s) still use it; a retry after they end starts one on Ray {ray_version}"
+                f"the embedded Ray in {directory} {differs}, and {len(busy)} job(s) still use it; a retry after "
+                "they end starts a new one"
             )
-        log.warning("The embedded Ray runs Ray %s, not %s: replacing it", state.ray_version, ray_version)
-        _stop(directory, state, f"it runs Ray {state.ray_version}, the worker has {ray_version}")
+        log.warning("The embedded Ray %s: replacing it", differs)
+        _stop(directory, state, f"it {differs}")
         state = None
     if state is None:
         return _start(directory, idle_s, ray_version, environ, log)
@@ -406,6 +379,8 @@ def keep(directory: Path) -> int:
             if idle_for(directory, state) >= state.idle_s:
                 print(f"{time.ctime()} keeper {me}: idle {state.idle_s:g}s; stopping Ray {state.address}", flush=True)
                 _stop(directory, state, f"idle for {state.idle_s:g}s")
+                if is_one_off(directory):  # one task's fallback: no later job comes back to it
+                    shutil.rmtree(directory, ignore_errors=True)
                 return 0
             poll = min(1.0, max(0.2, state.idle_s / 4))
         time.sleep(poll)

@@ -197,7 +197,7 @@ class LocalLauncher(Launcher):
     def _start_embedded(self, cmd: list[str], env: dict[str, str], log: TaskLog) -> None:
         """Start the job on the embedded Ray: get (or start) it and lease it under one lock, so the
         keeper never stops a Ray between handing out its address and the job's lease."""
-        directory = embedded_ray.state_dir(env)
+        directory = embedded_ray.private_state_dir(env, log)  # a fallback when the configured one is not private
         idle_s = embedded_ray.idle_seconds(self.idle_s, env)
         with embedded_ray.locked(directory):
             # the shared Ray gets this worker's environment, never one job's connection credentials
@@ -218,7 +218,7 @@ class LocalLauncher(Launcher):
         warm = None
         if warm_runtime.enabled(env) and cmd[:3] == [sys.executable, "-m", RUNTIME_MODULE]:
             self._spare_kind = kind
-            warm = warm_runtime.hand_over(cmd[3:], env, *kind, self.spare_environment())
+            warm = warm_runtime.hand_over(cmd[3:], env, *kind, self.spare_environment(), log)
         if warm is None:
             log.info("Launching batch inference job: %s (scored in that process: %s)", " ".join(cmd), why)
             self._spawn(cmd, env)

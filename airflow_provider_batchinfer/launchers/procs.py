@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,9 +73,10 @@ def group_cmdlines(pgid: int) -> list[str]:
 
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (created if missing; released by the kernel if this
-    process dies, so a killed holder never leaves it locked)."""
-    with open(path, "a") as handle:
+    """Hold an exclusive lock on ``path`` (created 0600 if missing, never through a symbolic link;
+    released by the kernel if this process dies, so a killed holder never leaves it locked)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with open(fd, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

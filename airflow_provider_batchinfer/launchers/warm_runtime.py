@@ -5,7 +5,11 @@ Only for jobs the ``local`` launcher scores in the runtime's own process with no
 replica on the embedded default): there the imports are most of a small job and a third of a 1M-row
 tabular one. A job on Ray imports its library in Ray's workers, which a spare cannot warm.
 
-Spares live in ``<embedded Ray state dir>/spares/<fingerprint>``, a 0700 directory of this user.
+Spares live in ``<embedded Ray state dir>/spares/<fingerprint>``, private directories of this user
+(``contract/private_dir.py``; the state directory is the embedded Ray's, its fallback included, and
+a one-off fallback gets no spares: no later job would find them). A launcher sends a job, its
+credentials included, only to the process its claimed socket's name says: the listener's
+``SO_PEERCRED`` must show that pid and this uid.
 The fingerprint covers the interpreter, this package's source files and the environment variables
 read when a library is imported (``PYTHONPATH``, thread counts, ``LD_PRELOAD``…): a spare started
 before a change is never handed a job; it sits out its ``idle_s`` (the embedded Ray's idle timeout)
@@ -19,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import select
 import signal
@@ -30,8 +35,9 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from airflow_provider_batchinfer.contract import handover
+from airflow_provider_batchinfer.contract import handover, private_dir
 from airflow_provider_batchinfer.launchers import embedded_ray
+from airflow_provider_batchinfer.launchers.base import TaskLog
 from airflow_provider_batchinfer.launchers.procs import file_lock, proc_alive
 
 __all__ = ["ENABLE_ENV", "WarmProcess", "enabled", "hand_over", "prestart", "spares_dir", "stop_spares", "wait_ready"]
@@ -55,6 +61,7 @@ _IMPORT_TIME_ENV = (
 )
 #: a Unix socket's path must fit in 107 bytes; beyond this, no spares (jobs start as before)
 _MAX_SOCKET_PATH = 107
+_LOG = logging.getLogger(__name__)
 
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
@@ -78,8 +85,13 @@ def fingerprint(environ: Mapping[str, str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def spares_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    return embedded_ray.state_dir(environ) / "spares" / fingerprint(environ)
+def spares_dir(environ: Mapping[str, str] = os.environ, log: TaskLog | None = None) -> Path:
+    """Where spares for this setup wait: below the embedded Ray's private state directory."""
+    return embedded_ray.private_state_dir(environ, log) / "spares" / fingerprint(environ)
+
+
+def _spares_wanted(directory: Path) -> bool:
+    return not embedded_ray.is_one_off(directory.parent.parent)
 
 
 def kind_of(flavor: str, backend: str | None) -> str:
@@ -89,9 +101,7 @@ def kind_of(flavor: str, backend: str | None) -> str:
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[None]:
     for level in (directory.parent.parent, directory.parent, directory):  # state dir, spares/, <fingerprint>/
-        level.mkdir(mode=0o700, parents=True, exist_ok=True)  # no level another user could write to
-        if level.stat().st_uid != os.getuid():
-            raise PermissionError(f"{level} does not belong to uid {os.getuid()}")
+        private_dir.ensure(level)  # no level another user could write to or link elsewhere
     with file_lock(directory / "lock"):
         yield
 
@@ -176,12 +186,31 @@ def _claim(directory: Path, kind: str) -> Path | None:
     return None
 
 
+def _check_peer(conn: socket.socket, claimed: Path) -> None:
+    """The listener is the spare the socket's name says, of this uid: else nothing is sent to it."""
+    pid, uid, _gid = handover.peer_credentials(conn)
+    expected = handover.pid_of(claimed.name)
+    if uid != os.getuid() or pid != expected:
+        raise PermissionError(
+            f"the process listening on {claimed} is pid {pid} of uid {uid}, not spare {expected} of uid "
+            f"{os.getuid()}; nothing was sent to it"
+        )
+
+
 def hand_over(
-    args: list[str], env: Mapping[str, str], flavor: str, backend: str | None, environ: Mapping[str, str]
+    args: list[str],
+    env: Mapping[str, str],
+    flavor: str,
+    backend: str | None,
+    environ: Mapping[str, str],
+    log: TaskLog | None = None,
 ) -> WarmProcess | None:
     """Run the job in a ready spare of its kind; None when there is none (start it as before)."""
-    directory = spares_dir(environ)
-    if not directory.is_dir():
+    try:
+        directory = spares_dir(environ, log)
+    except OSError:  # no private state directory at all: the job starts as without spares
+        return None
+    if not directory.is_dir() or not _spares_wanted(directory):
         return None
     try:
         with _locked(directory):
@@ -195,6 +224,7 @@ def hand_over(
     try:
         conn.settimeout(30)
         conn.connect(str(claimed))
+        _check_peer(conn, claimed)
         request = handover.encode_request({"args": args, "env": dict(env), "cwd": os.getcwd()})
         socket.send_fds(conn, [request], [write_fd])
         os.close(write_fd)
@@ -210,8 +240,9 @@ def hand_over(
         if "pid" not in message:
             raise ConnectionError(f"the spare refused the job: {message.get('refused', message)}")
         conn.settimeout(None)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
         # nothing ran: the spare takes on the job only after it has answered with its pid
+        (log or _LOG).warning("Not handing the job to spare %s (%s); it starts in a fresh process", claimed, exc)
         conn.close()
         os.close(read_fd)
         if write_fd >= 0:
@@ -228,7 +259,7 @@ def prestart(env: Mapping[str, str], flavor: str, backend: str | None, idle_s: f
     directory = spares_dir(env)
     kind = kind_of(flavor, backend)
     longest = directory / f".{handover.socket_name(kind, 4_194_304)}.binding"  # the largest pid Linux gives
-    if len(str(longest).encode()) > _MAX_SOCKET_PATH or idle_s <= 0:
+    if len(str(longest).encode()) > _MAX_SOCKET_PATH or idle_s <= 0 or not _spares_wanted(directory):
         return None
     with _locked(directory):
         _forget_the_dead(directory)

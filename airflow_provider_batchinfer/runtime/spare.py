@@ -12,13 +12,15 @@ Why a waiting process and not a fork server: forking a process that has imported
 torch copies their native thread pools (OpenBLAS and jemalloc start threads at import). A spare is
 an ordinary ``python`` started by exec, so a job in it runs as in a fresh one, its imports done.
 
-The hand-over, over one Unix socket in a 0700 directory of its owner:
+The hand-over, over one Unix socket in a private directory of its owner (``contract/private_dir.py``:
+0700, not a symbolic link; checked before the spare listens):
 
 1. the spare imports, then binds ``<dir>/<kind>.<pid>.sock`` (under a temporary name, renamed when
    listening: a socket that exists is ready);
 2. a launcher claims it by renaming that file to ``….claimed`` (atomic: one launcher wins),
-   connects, and sends one length-prefixed JSON request ``{args, env, cwd}`` with the job's output
-   pipe attached (``SCM_RIGHTS``);
+   connects, checks that the listener is this spare (``SO_PEERCRED``: the pid in the name, the
+   launcher's uid), and only then sends one length-prefixed JSON request ``{args, env, cwd}`` with
+   the job's output pipe attached (``SCM_RIGHTS``); the spare checks the launcher's uid likewise;
 3. the spare answers ``{"pid": …}`` and becomes the job: its output to that pipe, the job's
    environment, working directory and arguments, the watchdog armed as in a fresh runtime;
 4. when the job ends it sends ``{"exit": code}`` and leaves with ``os._exit(code)``. The
@@ -35,14 +37,13 @@ import importlib
 import logging
 import os
 import socket
-import struct
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_batchinfer.contract import handover
+from airflow_provider_batchinfer.contract import handover, private_dir
 
 #: the libraries each model kind imports when it loads; a spare imports them before it waits
 _LIBRARIES = {
@@ -108,8 +109,7 @@ def _receive_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
 def _same_user(conn: socket.socket) -> bool:
     """Only this user's launchers may hand a job to this process (the directory is 0700 as well)."""
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
+    _pid, uid, _gid = handover.peer_credentials(conn)
     return uid == os.getuid()
 
 
@@ -220,6 +220,11 @@ def serve(directory: Path, kind: str, flavor: str, backend: str | None, idle_s: 
     )
     with contextlib.suppress(FileNotFoundError):
         (directory / handover.starting_name(name)).unlink()
+    try:
+        private_dir.check(directory)  # its socket is where launchers send jobs' credentials
+    except OSError as exc:
+        print(f"{time.ctime()} spare {os.getpid()} ({kind}): not listening: {exc}", flush=True)
+        return 1
     conn = _wait_for_job(directory, name, idle_s)
     if conn is None:
         print(f"{time.ctime()} spare {os.getpid()} ({kind}): not needed; exiting", flush=True)
