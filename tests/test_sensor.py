@@ -140,6 +140,32 @@ def test_the_output_is_hashed_once_per_marker_and_again_when_the_marker_changes(
     assert reads[part] >= size
 
 
+def test_an_iceberg_runs_files_are_hashed_once_per_snapshot_manifest(tmp_path, monkeypatch):
+    """The table side: the snapshot's manifest is the marker. The catalog lookup is stood in for (the
+    Iceberg tests run it for real); what is checked here is the hashing and its verdict."""
+    from airflow_provider_batchinfer.markers import Verdicts, read_valid_manifest
+    from airflow_provider_batchinfer.tables import read as table_read
+    from tests.damage import count_reads, flip_data_page_byte
+
+    manifest = committed_run(tmp_path / "run", attempt="t01abc")
+    asked: list[bool] = []
+
+    def snapshot_manifest(location, options, *, verify_checksums=False):
+        asked.append(verify_checksums)
+        return manifest
+
+    monkeypatch.setattr(table_read, "read_table_manifest", snapshot_manifest)
+    monkeypatch.setattr(table_read, "split_options", lambda options: ({}, None))
+    part, size = str(tmp_path / "run" / PART), manifest.files[0].size
+    reads, verdicts = count_reads(monkeypatch), Verdicts()
+    for _ in range(2):
+        assert read_valid_manifest("iceberg://ns.t/run1", {}, verify_checksums=True, verdicts=verdicts) == manifest
+    assert reads[part] == size and asked == [False, False]  # hashed once, by the verdict's caller
+    flip_data_page_byte(tmp_path / "run" / PART)
+    with pytest.raises(ManifestError, match=f"{PART} does not match its sha256"):
+        read_valid_manifest("iceberg://ns.t/run1", {}, verify_checksums=True, verdicts=Verdicts())
+
+
 def test_a_marker_naming_another_run_directory_fails_the_sensor(tmp_path):
     """Readers open the files under the manifest's ``run_dir``: a marker copied (or forged) into a
     directory it was not committed in must not send ``publish`` to files the sensor never checked."""
