@@ -173,7 +173,7 @@ def test_stage_files_inside_chat_messages_are_inlined_and_checked(stage_root, mo
             "content": [
                 {"type": "text", "text": "What is this?"},
                 {"type": "image_url", "image_url": {"url": str(stage_root / "images" / "p.png"), "detail": "low"}},
-                {"type": "image_url", "image_url": {"url": "https://cdn.example.com/x.png"}},
+                {"type": "text", "text": "and this?"},  # http(s) URLs: tests/test_reference_bounds.py
                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
                 {"type": "input_audio", "input_audio": {"data": str(stage_root / "call.mp3")}},
                 {"type": "input_audio", "input_audio": {"data": "//uQxAAAAAAA", "format": "mp3"}},  # base64 data

@@ -11,6 +11,7 @@ from airflow_provider_batchinfer.contract._fields import _get, _opt, _strings
 from airflow_provider_batchinfer.contract.layout import JOB_FORMAT, JOB_SPEC_FILE, ContractError
 from airflow_provider_batchinfer.contract.records import ModelRef, RunOwner
 from airflow_provider_batchinfer.contract.tables import TableInput, TableOutput
+from airflow_provider_batchinfer.contract.url_hosts import parse_url_hosts
 from airflow_provider_batchinfer.contract.usage import check_prices
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 
@@ -39,6 +40,8 @@ class JobFile:
     registry_root: str
     airflow: RunOwner
     file_roots: tuple[str, ...] = ()
+    # the connection's allowed_url_hosts: the only hosts a message's http(s) URL is fetched from
+    allowed_url_hosts: tuple[str, ...] = ()
     llm_engine: str | None = None
     ray_address: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -69,6 +72,7 @@ class JobFile:
             "model": self.model.to_dict(),
             "registry_root": self.registry_root,
             "file_roots": list(self.file_roots),
+            "allowed_url_hosts": list(self.allowed_url_hosts),
             "llm_engine": self.llm_engine,
             "airflow": self.airflow.to_dict(),
             "ray": {"address": self.ray_address},
@@ -116,6 +120,7 @@ class JobFile:
             registry_root=_get(data, "registry_root", str, where, err),
             airflow=RunOwner.from_dict(_get(data, "airflow", dict, where, err), f"{where}.airflow"),
             file_roots=_strings(_opt(data, "file_roots", list, where, err, []), f"{where}.file_roots", err),
+            allowed_url_hosts=parse_url_hosts(_opt(data, "allowed_url_hosts", list, where, err, []), where, err),
             llm_engine=_opt(data, "llm_engine", str, where, err),
             ray_address=_opt(ray, "address", str, f"{where}.ray", err),
             storage_options=_opt(data, "storage_options", dict, where, err, {}),

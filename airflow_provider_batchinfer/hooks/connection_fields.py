@@ -43,6 +43,13 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "Besides the stage root, where InputSpec.column_handling may read the files a column points at: "
         "comma-separated absolute paths or URIs (s3://bucket/prefix).",
     ),
+    "allowed_url_hosts": _field(
+        "Allowed URL hosts",
+        "Hosts whose http(s) URLs in chat messages (image_url, audio_url, ...) the job fetches: comma-separated "
+        "names (cdn.example.com), patterns (*.images.example.com, or * for any public host), IP addresses or CIDR "
+        "networks. Empty: no URL is fetched and such rows fail. A pattern never reaches a private, loopback or "
+        "link-local address (169.254.169.254, 10.x, ...); name the host or its network to allow one.",
+    ),
     "llm_engine": _field(
         "LLM engine",
         "Default engine of text_generation jobs: 'vllm' (GPU, ray.data.llm) or 'transformers' (CPU). "

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_batchinfer.contract.url_hosts import parse_url_hosts
 from airflow_provider_batchinfer.contract.usage import check_prices
 from airflow_provider_batchinfer.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES, launcher_class
 from airflow_provider_batchinfer.s3 import public_options
@@ -92,6 +93,7 @@ class ServiceConfig:
     python: str = "python"
     s3: dict[str, Any] = field(default_factory=dict)  # endpoint_url, region: never credentials
     allowed_roots: tuple[str, ...] = ()  # beyond stage_root: where column_handling may read files
+    allowed_url_hosts: tuple[str, ...] = ()  # hosts whose http(s) URLs in messages are fetched (none by default)
     llm_engine: str | None = None  # default engine of text_generation jobs: vllm | transformers
     #: local launcher without an address: seconds the shared embedded Ray stays up with no job
     #: (None: ``$BATCHINFER_RAY_IDLE_S``, else 600)
@@ -115,6 +117,7 @@ class ServiceConfig:
             "python": self.python,
             "s3": dict(self.s3),
             "allowed_roots": list(self.allowed_roots),
+            "allowed_url_hosts": list(self.allowed_url_hosts),
             "llm_engine": self.llm_engine,
             "local_ray_idle_s": self.local_ray_idle_s,
             "prices": dict(self.prices),  # 16.2
@@ -186,6 +189,7 @@ class ServiceConfig:
             python=str(extra.get("python") or "python"),
             s3=public_options(storage_options),
             allowed_roots=_allowed_roots(extra.get("allowed_roots"), conn_id),
+            allowed_url_hosts=parse_url_hosts(extra.get("allowed_url_hosts"), f"connection {conn_id!r}", ValueError),
             llm_engine=llm_engine,
             local_ray_idle_s=_idle_seconds(extra.get("local_ray_idle_s"), conn_id),
             storage_options=storage_options,

@@ -44,6 +44,7 @@ def build_job_file(
         registry_root=config.registry_root,
         airflow=owner,
         file_roots=tuple(config.file_roots),  # InputSpec.column_handling reads only below these
+        allowed_url_hosts=tuple(config.allowed_url_hosts),  # messages' http(s) URLs are fetched only from these
         llm_engine=config.llm_engine,
         ray_address=launcher.job_ray_address,  # a Jobs API driver finds its cluster by itself
         storage_options=hook.runtime_storage_options(),

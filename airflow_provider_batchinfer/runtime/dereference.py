@@ -7,10 +7,16 @@ on the Ray side (where the data is) and turned into what the model expects: raw 
 ``input_audio`` part that points at a stage file is replaced by its content.
 
 A location is checked against the allowed roots *before* anything is opened: ``..`` segments,
-relative paths, other schemes, other buckets, absolute paths elsewhere and symlinks that lead out
-of a root all fail that row with :class:`FileReferenceError`. This is a boundary: an input table
-written by someone else must not make a worker read ``/etc/shadow`` or another team's bucket.
-The functions here are pure apart from :func:`_read`, so every rule is tested without Ray.
+relative paths, other schemes, other buckets, absolute paths elsewhere, NUL bytes and symlinks that
+lead out of a root all fail that row with :class:`FileReferenceError`. The check resolves a local
+path through its symlinks, and the *resolved* path is what is opened, one component at a time and
+never through a symlink (``local_open.py``): a symlink swapped in between the check and the open
+fails the row instead of being followed out of the root. ``http(s)`` URLs in messages are fetched
+here too, only from the connection's ``allowed_url_hosts`` (``url_fetch.py``), and handed on as
+``data:`` URLs, so Ray's multimodal stage never fetches an address itself. This is a boundary: an
+input table written by someone else must not make a worker read ``/etc/shadow``, another team's
+bucket or the cloud metadata endpoint. The functions here are pure apart from :func:`_read` and the
+URL fetch, so every rule is tested without Ray.
 """
 
 from __future__ import annotations
@@ -22,11 +28,17 @@ import os
 import posixpath
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
+from airflow_provider_batchinfer.runtime.local_open import NotFollowedError, NotRegularError, read_local
+from airflow_provider_batchinfer.runtime.url_fetch import UrlReferenceError, fetch_url
 from airflow_provider_batchinfer.stage import Stage
 
 MESSAGES_DTYPE = "messages"  # signature dtype of a chat-messages model input
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_HTTP = re.compile(r"^https?://", re.IGNORECASE)
+# message parts whose URL vLLM would fetch or open, and the key that holds it
+_URL_PARTS = {"image_url": "image_url", "input_image": "image_url", "audio_url": "audio_url", "video_url": "video_url"}
 _MAGIC = (
     (b"\x89PNG\r\n\x1a\n", "image/png"),
     (b"\xff\xd8\xff", "image/jpeg"),
@@ -74,14 +86,22 @@ def normalize_roots(roots: list[str] | tuple[str, ...]) -> list[tuple[str, str]]
 
 
 def check_location(location: Any, roots: list[tuple[str, str]], column: str = "") -> str:
-    """Return the location when it lies under an allowed root; raise FileReferenceError otherwise.
+    """Where to open ``location`` when it lies under an allowed root; raise FileReferenceError otherwise.
 
     Never opens the file: only string checks and, for local paths, ``realpath`` (which follows
-    symlinks with lstat/readlink), so a symlink inside a root that points elsewhere is refused too."""
+    symlinks with lstat/readlink), so a symlink inside a root that points elsewhere is refused too.
+    A local location comes back *resolved* (``/root/link.png`` -> ``/root/real.png``): that path
+    is what :func:`_read` opens, without following symlinks, so the file read is the file checked."""
     where = f"column {column!r}: " if column else ""
     allowed = ", ".join(f"{s}://{p}" if s != "file" else p for s, p in roots) or "none configured"
     if not isinstance(location, str) or not location.strip():
         raise FileReferenceError(f"{where}expected a file location (a local path or s3:// URI), got {location!r}")
+    if "\x00" in location:
+        raise FileReferenceError(f"{where}{location!r} contains a NUL byte; no file name does")
+    try:
+        location.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise FileReferenceError(f"{where}{location!r} cannot be encoded as a file name ({exc.reason})") from None
     scheme, path = _split(location)
     if scheme not in ("file", "s3"):
         raise FileReferenceError(f"{where}{location!r}: only local paths and s3:// URIs can be read, not {scheme}://")
@@ -99,7 +119,7 @@ def check_location(location: Any, roots: list[tuple[str, str]], column: str = ""
         resolved = posixpath.normpath(path)
     for root_scheme, root in roots:
         if root_scheme == scheme and (resolved == root or resolved.startswith(root + "/")):
-            return location
+            return resolved if scheme == "file" else location
     moved = f" (it resolves to {resolved})" if scheme == "file" and resolved != posixpath.normpath(path) else ""
     raise FileReferenceError(
         f"{where}{location!r}{moved} is outside the allowed roots ({allowed}); move the file under one of them or "
@@ -114,6 +134,8 @@ def _read(location: str, storage_options: dict[str, Any] | None) -> bytes:
     """The one place that opens a referenced file (tests count its calls). One filesystem per
     scheme and options for the worker's life: an S3 client per row would cost more than the read."""
     scheme, path = _split(location)
+    if scheme == "file":
+        return read_local(path)
     key = json.dumps([scheme, storage_options or {}], sort_keys=True, default=str)
     fs = _FILESYSTEMS.get(key)
     if fs is None:
@@ -131,9 +153,16 @@ def read_location(
     try:
         return _read(checked, storage_options)
     except FileNotFoundError:
-        raise FileReferenceError(f"{where}file {checked} does not exist; fix the location in data_prep") from None
+        raise FileReferenceError(f"{where}file {location} does not exist; fix the location in data_prep") from None
+    except NotFollowedError as exc:
+        raise FileReferenceError(
+            f"{where}{location!r}: a symbolic link appeared on {checked} after it was checked ({exc.strerror}); "
+            "it is not followed"
+        ) from None
+    except (IsADirectoryError, NotRegularError) as exc:
+        raise FileReferenceError(f"{where}cannot read {location}: {exc.strerror}") from None
     except OSError as exc:
-        raise FileReferenceError(f"{where}cannot read {checked}: {exc}") from None
+        raise FileReferenceError(f"{where}cannot read {location}: {exc}") from None
 
 
 # --- encodings -------------------------------------------------------------------------------------
@@ -213,40 +242,75 @@ def parse_messages(value: Any, column: str = "messages") -> list[dict[str, Any]]
     return messages
 
 
+def _inline_url(
+    url: Any, roots: list[tuple[str, str]], storage_options: dict[str, Any] | None, column: str, url_hosts: Any
+) -> str:
+    """A ``data:`` URL for one media part's URL: ``data:`` as it is, ``http(s)`` fetched under the
+    allow-list, anything else read as a stage file under the roots. Nothing else is handed on:
+    what vLLM would fetch or open itself is exactly what must not leave the box."""
+    where = f"column {column!r}: " if column else ""
+    if not isinstance(url, str) or not url.strip():
+        raise FileReferenceError(f"{where}a media part without a URL: {url!r:.80}")
+    if url[:5].lower() == "data:":
+        return url
+    if not _HTTP.match(url):
+        return str(encode(read_location(url, roots, storage_options, column), "data_url", url))
+    if "\x00" in url:
+        raise FileReferenceError(f"{where}{url!r} contains a NUL byte")
+    try:
+        data, mime = fetch_url(url, tuple(url_hosts or ()))
+    except UrlReferenceError as exc:
+        raise FileReferenceError(f"{where}{url!r}: {exc}") from None
+    if mime in (None, "application/octet-stream"):
+        mime = guess_mime_type(urlsplit(url).path, data)
+    return str(encode(data, "data_url", url, mime))
+
+
+def _inline_part(
+    part: dict[str, Any],
+    roots: list[tuple[str, str]],
+    storage_options: dict[str, Any] | None,
+    column: str,
+    url_hosts: Any,
+) -> dict[str, Any]:
+    part = dict(part)
+    key = _URL_PARTS.get(str(part.get("type")))
+    if key is not None:
+        media = part.get(key)
+        url = media.get("url") if isinstance(media, dict) else media
+        inlined = _inline_url(url, roots, storage_options, column, url_hosts)
+        if isinstance(media, dict):
+            part[key] = {**media, "url": inlined}
+        else:  # the Responses API's input_image holds the URL itself; the others hold {"url": ...}
+            part[key] = inlined if part["type"] == "input_image" else {"url": inlined}
+    elif part.get("type") == "input_audio":
+        audio = dict(part.get("input_audio") or {})
+        if _is_location(audio.get("data")):
+            location = audio["data"]
+            audio["data"] = encode(read_location(location, roots, storage_options, column), "base64")
+            audio.setdefault("format", posixpath.splitext(location)[1].lstrip(".").lower() or "wav")
+            part["input_audio"] = audio
+    return part
+
+
 def dereference_messages(
     messages: list[dict[str, Any]],
     roots: list[tuple[str, str]],
     storage_options: dict[str, Any] | None,
     column: str = "messages",
+    url_hosts: tuple[str, ...] | list[str] = (),
 ) -> list[dict[str, Any]]:
-    """Replace ``image_url`` parts that point at stage files with data URLs and ``input_audio`` parts
-    with base64 data (and their format); text, http(s) and data: parts are left as they are."""
+    """Replace the URL of every ``image_url`` / ``input_image`` / ``audio_url`` / ``video_url`` part
+    with a data URL (stage files read under ``roots``, ``http(s)`` fetched from ``url_hosts`` only)
+    and stage files in ``input_audio`` parts with base64 data (and their format); text and data
+    parts are left as they are. A reference that may not be read fails the row (FileReferenceError)."""
     out = []
     for message in messages:
         content = message.get("content")
         if not isinstance(content, list):
             out.append(message)
             continue
-        parts = []
-        for part in content:
-            part = dict(part)
-            if part.get("type") == "image_url":
-                image = part.get("image_url")
-                url = image.get("url") if isinstance(image, dict) else image
-                if _is_location(url):
-                    data = read_location(url, roots, storage_options, column)
-                    part["image_url"] = {
-                        **(image if isinstance(image, dict) else {}),
-                        "url": encode(data, "data_url", str(url)),
-                    }
-            elif part.get("type") == "input_audio":
-                audio = dict(part.get("input_audio") or {})
-                if _is_location(audio.get("data")):
-                    location = audio["data"]
-                    audio["data"] = encode(read_location(location, roots, storage_options, column), "base64")
-                    audio.setdefault("format", posixpath.splitext(location)[1].lstrip(".").lower() or "wav")
-                    part["input_audio"] = audio
-            parts.append(part)
+        parts = [_inline_part(p, roots, storage_options, column, url_hosts) for p in content]
         out.append({**message, "content": parts})
     return out
 
@@ -261,9 +325,11 @@ def dereference_plan(
     signature_inputs: dict[str, str],
     roots: list[str],
     storage_options: dict[str, Any] | None,
+    url_hosts: tuple[str, ...] | list[str] = (),
 ) -> dict[str, Any] | None:
     """What :func:`dereference_inputs` does to each batch, keyed by model input name (the batch's
-    column names at that point); ``None`` when no column needs it."""
+    column names at that point); ``None`` when no column needs it. ``url_hosts``: the connection's
+    ``allowed_url_hosts``, the only hosts a message's ``http(s)`` URL is fetched from."""
     names = dict(zip(sources, model_inputs or sources, strict=False))
     unread = sorted(set(input_spec_handling) - set(names))
     if unread:
@@ -279,7 +345,13 @@ def dereference_plan(
     ]
     if not handling and not messages:
         return None
-    return {"handling": handling, "messages": messages, "roots": list(roots), "storage_options": storage_options}
+    return {
+        "handling": handling,
+        "messages": messages,
+        "roots": list(roots),
+        "storage_options": storage_options,
+        "url_hosts": list(url_hosts),
+    }
 
 
 def dereference_inputs(table: Any, plan: dict[str, Any] | None) -> Any:
@@ -297,7 +369,7 @@ def dereference_inputs(table: Any, plan: dict[str, Any] | None) -> Any:
         table = table.set_column(table.column_names.index(name), name, arr)
     for name in plan["messages"]:
         rows = [
-            json.dumps(dereference_messages(parse_messages(v, name), roots, storage, name))
+            json.dumps(dereference_messages(parse_messages(v, name), roots, storage, name, plan.get("url_hosts", ())))
             for v in table.column(name).to_pylist()
         ]
         table = table.set_column(table.column_names.index(name), name, pa.array(rows, pa.string()))

@@ -132,7 +132,13 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     batch_rows = transfer_rows(model.flavor, job.job_spec.max_batch_rows, read_bytes, gpu=job.job_spec.num_gpus > 0)
     batch_rows = batch_rows_for_input(batch_rows, job.job_spec.max_batch_rows, input_rows, len(files))  # #18
     plan["dereference"] = dereference_plan(
-        input_spec.column_handling, plan["sources"], plan["model_inputs"], model.inputs, list(job.file_roots), storage
+        input_spec.column_handling,
+        plan["sources"],
+        plan["model_inputs"],
+        model.inputs,
+        list(job.file_roots),
+        storage,
+        job.allowed_url_hosts,  # the only hosts a message's http(s) URL is fetched from
     )
     check_backend(job)
     engine = llm.resolve_engine(model.flavor, job.job_spec, job.llm_engine)

@@ -167,6 +167,7 @@ class Preprocess:
                 normalize_roots(self.dereference["roots"]),
                 self.dereference.get("storage_options"),
                 self.message_col,
+                self.dereference.get("url_hosts", ()),
             )
         sp = sampling_params(self.params, row.get("sampling_params"))
         return {
