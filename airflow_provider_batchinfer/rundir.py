@@ -11,10 +11,11 @@ and :func:`commit`.
   leftovers of an earlier try of this task instance), ``OVERWRITE`` removes ``_SUCCESS`` first and
   then the rest, and a directory another dag/task owns, or files no batchinfer task wrote, are
   never touched.
-- :func:`claim` writes ``_job.json`` naming the attempt, before anything else is written.
+- :func:`claim` revokes every earlier attempt's right to commit, then writes ``_job.json`` naming
+  the attempt, before anything else is written.
 - :func:`commit` fences (only the attempt ``_job.json`` names may commit: a zombie cannot commit
   over a newer attempt), reconciles the counts, validates the manifest against the files and then
-  writes ``_SUCCESS``, last.
+  writes ``_SUCCESS``, last, in one conditional step that fails once the claim moved (``fence``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from airflow_provider_batchinfer.contract import (
     ManifestError,
     RunOwner,
 )
+from airflow_provider_batchinfer.fence import ClaimLost, Hold, claims_for
 from airflow_provider_batchinfer.identity import describe_fields, materialized_digest, result_differences
 from airflow_provider_batchinfer.markers import validate_manifest
 from airflow_provider_batchinfer.specs import SaveMode
@@ -48,6 +50,8 @@ __all__ = [
     "claim",
     "commit",
     "confirm_requeried_input",
+    "ensure_held",
+    "hold",
     "prepare",
     "read_claim",
 ]
@@ -101,9 +105,20 @@ class Preparation:
 
 
 def claim(run_dir: Stage, job: JobFile) -> None:
-    """Write ``_job.json`` naming this attempt: call it before anything else is written into the
-    directory, so a retry recognizes whatever this attempt leaves behind as its own."""
+    """Take the directory for ``job``'s attempt: call it before anything else is written into it,
+    so a retry recognizes whatever this attempt leaves behind as its own.
+
+    Earlier attempts lose the right to commit first (their tokens are revoked: ``fence``), so none
+    can commit from here on; then a marker one of them committed after :func:`prepare` ran is
+    removed (prepare leaves none in any mode, and a stale marker must never sit beside new parts);
+    then ``_job.json`` is written and this attempt gets its token."""
+    store = claims_for(run_dir)
+    store.revoke()
+    marker = run_dir.child(SUCCESS_MARKER)
+    if marker.exists():
+        marker.delete()
     run_dir.child(JOB_SPEC_FILE).write_bytes(job.to_json().encode("utf-8"))
+    store.grant(job.attempt)
 
 
 def read_claim(run_dir: Stage) -> JobFile | None:
@@ -118,32 +133,73 @@ def read_claim(run_dir: Stage) -> JobFile | None:
 def check_fence(run_dir: Stage, attempt: str) -> JobFile:
     """The claim, when it names ``attempt``; else FencedError: a newer attempt took the directory
     over (or cleared it), and this one is a zombie that must not write or commit."""
+    return hold(run_dir, attempt).job
+
+
+def hold(run_dir: Stage, attempt: str) -> Hold:
+    """``attempt``'s hold on the claim, as read now: what a conditional commit is made against.
+    FencedError when the claim names another attempt, is gone or unreadable, or when the token
+    the claim granted is gone (revoked by a newer claim; or the directory was claimed by a version
+    of the provider that granted none: a retry of the task claims it again)."""
+    store = claims_for(run_dir)
     try:
-        job = read_claim(run_dir)
+        read = store.read()
+        job = None if read is None else JobFile.from_json(read[0], store.job_file.location)
     except ContractError as exc:
         raise FencedError(
             f"attempt {attempt} cannot tell who owns {run_dir.location}: {exc}; not committing. "
             "A retry of the task writes a new claim"
         ) from exc
-    if job is None:
+    if job is None or read is None:
         raise FencedError(
             f"attempt {attempt} is no longer the owner of {run_dir.location}: its {JOB_SPEC_FILE} "
             "is gone (a newer attempt cleared the directory); not committing"
         )
     if job.attempt != attempt:
+        raise FencedError(_taken_over(run_dir, attempt, job))
+    if not store.granted(attempt):
         raise FencedError(
-            f"attempt {attempt} is no longer the owner of {run_dir.location}: attempt {job.attempt} "
-            f"(try {job.airflow.try_number}) took over; not committing"
+            f"attempt {attempt} holds no commit token in {run_dir.location} (a newer claim revoked it, or the "
+            "directory was claimed without one); not committing. A retry of the task claims it again"
         )
-    return job
+    return Hold(job, store.token(attempt, read[1]))
+
+
+def ensure_held(run_dir: Stage, held: Hold) -> None:
+    """FencedError unless ``held`` still holds the claim (its token is unchanged)."""
+    if not claims_for(run_dir).held(held):
+        raise _lost(run_dir, held.attempt, "its claim changed")
+
+
+def _taken_over(run_dir: Stage, attempt: str, job: JobFile) -> str:
+    return (
+        f"attempt {attempt} is no longer the owner of {run_dir.location}: attempt {job.attempt} "
+        f"(try {job.airflow.try_number}) took over; not committing"
+    )
+
+
+def _lost(run_dir: Stage, attempt: str, why: str) -> FencedError:
+    """The FencedError of an attempt whose conditional step failed, naming the claim's owner now."""
+    try:
+        now = read_claim(run_dir)
+    except (ContractError, StageError):
+        now = None
+    if now is not None and now.attempt != attempt:
+        return FencedError(f"{_taken_over(run_dir, attempt, now)} ({why})")
+    return FencedError(
+        f"attempt {attempt} is no longer the owner of {run_dir.location}: {why} (a newer attempt claimed or "
+        "cleared the directory); not committing"
+    )
 
 
 def commit(run_dir: Stage, manifest: Manifest) -> None:
-    """The commit: fence on the manifest's attempt, reconcile the counts, check the manifest's schema
-    (as every reader will read it) and the files it lists (names, sizes, Parquet footers), fence
-    again, then write ``_SUCCESS`` last. Checksums are not re-computed: the writer computed them."""
+    """The commit: hold the claim for the manifest's attempt, reconcile the counts, check the
+    manifest's schema (as every reader will read it) and the files it lists (names, sizes, Parquet
+    footers), then write ``_SUCCESS`` last, conditioned on the hold: the write fails, and nothing is
+    committed, once a newer attempt claimed or cleared the directory, however long this process was
+    stopped in between (``fence``). Checksums are not re-computed: the writer computed them."""
     where = f"{run_dir.location}/{SUCCESS_MARKER}"
-    check_fence(run_dir, manifest.job.attempt)
+    held = hold(run_dir, manifest.job.attempt)
     try:
         manifest.check_counts(where)
     except ManifestError as exc:
@@ -152,8 +208,10 @@ def commit(run_dir: Stage, manifest: Manifest) -> None:
         ) from exc
     Manifest.from_dict(manifest.to_dict(), where)  # one schema: what readers accept is what is written
     validate_manifest(run_dir, manifest)
-    check_fence(run_dir, manifest.job.attempt)  # validation reads every footer: narrow the race
-    run_dir.child(SUCCESS_MARKER).write_bytes(manifest.to_json().encode("utf-8"))
+    try:
+        claims_for(run_dir).write_marker(held, manifest.to_json().encode("utf-8"))
+    except ClaimLost as exc:
+        raise _lost(run_dir, held.attempt, str(exc)) from exc
 
 
 # --- prepare: RESUME or the save mode ----------------------------------------------------------------

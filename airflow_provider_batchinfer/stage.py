@@ -11,6 +11,8 @@ Layout of one run directory::
     <run dir>/part-<block>-<attempt>.parquet predictions
     <run dir>/_errors/part-*.parquet        dead-lettered rows (ids + error), JobSpec(on_error="dead_letter")
     <run dir>/_SUCCESS                      JSON manifest, written last; readers trust only its files
+    <run dir>/_claims/<attempt>/            local stores: the claiming attempt's commit token, an
+                                            empty directory (``fence``), gone once it committed
 """
 
 from __future__ import annotations
@@ -231,18 +233,22 @@ class Stage:
                 self.fs.delete_dir(self.path)
 
     def clear_run_directory(self) -> int:
-        """Empty a run directory for OVERWRITE: ``_SUCCESS`` goes first, so a reader never sees an
-        old marker beside new parts; then every other file. Returns how many files were removed.
+        """Empty a run directory for OVERWRITE: the claim is revoked first, so no earlier attempt
+        can commit from then on (``fence``; one that committed before is removed next); then
+        ``_SUCCESS``, so a reader never sees an old marker beside new parts; then every other file.
+        Returns how many files were removed.
 
         On S3 pyarrow lists ``<key>/`` (so ``run1`` never touches ``run10/``) and deletes in
         DeleteObjects batches of up to 1,000 keys; nothing relies on a rename."""
         import pyarrow.fs as pafs
 
+        from airflow_provider_batchinfer.fence import claims_for
+
+        removed = len(self.list_files())
+        claims_for(self).revoke()
         marker = self.child(SUCCESS_MARKER)
-        had_marker = marker.exists()
-        if had_marker:
+        if marker.exists():
             marker.delete()
-        removed = len(self.list_files()) + int(had_marker)
         with self._io("delete the contents of"):
             if self.fs.get_file_info(self.path).type == pafs.FileType.Directory:
                 self.fs.delete_dir_contents(self.path, missing_dir_ok=True)

@@ -151,13 +151,15 @@ def ticket_job(tmp_path, registry, model, name: str, rows: int, *, ray_address: 
 
 
 def write_job_file(job) -> str:
-    """Write ``job`` (a JobFile) into its run directory as ``_job.json``; its location."""
+    """Claim ``job``'s run directory for it (``_job.json`` and its commit token, as the operator
+    does); the job file's location."""
+    from airflow_provider_batchinfer import rundir
     from airflow_provider_batchinfer.contract import JOB_SPEC_FILE
     from airflow_provider_batchinfer.stage import Stage
 
-    claim = Stage.open(job.run_dir).child(JOB_SPEC_FILE)
-    claim.write_bytes(job.to_json().encode("utf-8"))
-    return claim.location
+    run_dir = Stage.open(job.run_dir)
+    rundir.claim(run_dir, job)
+    return run_dir.child(JOB_SPEC_FILE).location
 
 
 def committed_manifest(location: str) -> dict | None:

@@ -1,5 +1,6 @@
 """The end of a job: reconcile the counts, apply the error policy, build the ``Manifest`` and commit
-it through the storage layer (``rundir.commit``: fence, check, then ``_SUCCESS`` last)."""
+it through the storage layer (``rundir.commit``: hold the claim, check, then ``_SUCCESS`` last, in
+one step that fails once a newer attempt claimed the directory: ``fence``)."""
 
 from __future__ import annotations
 
@@ -165,7 +166,8 @@ def pool_record(
 
 
 def commit(run_dir: Stage, manifest: Manifest) -> None:
-    """Commit through the storage layer (fence, check, ``_SUCCESS`` last) and say what was committed."""
+    """Commit through the storage layer (hold, check, ``_SUCCESS`` last and conditional) and say what
+    was committed; ``rundir.FencedError`` when the claim moved, and then nothing was committed."""
     rundir.commit(run_dir, manifest)
     counts = manifest.counts
     if counts.error_rows:

@@ -8,12 +8,15 @@ the table's location (``<table>/data/batchinfer_run_key=<run key>/<attempt>/``; 
 1. the counts reconcile and every file is checked (``commit.build_manifest``, ``validate_manifest``);
 2. the manifest is written beside the files (``_manifest.json``: what the snapshot will point at);
 3. the table is created on first use (schema of the parts, partitioned by the run key);
-4. the attempt must still own its claim (``_job.json`` in the run's claim directory: the fence),
-   the save mode is checked against the table as it is now (``error``: no rows of this run key;
+4. the save mode is checked against the table as it is now (``error``: no rows of this run key;
    ``overwrite``: this run key's files are replaced), and ONE snapshot is committed, carrying the
-   run key and the manifest's summary in its properties. A concurrent commit of another run makes
-   pyiceberg refresh and retry (fast appends do not conflict); a conflict on this run key's own
-   files (a zombie attempt or a newer one committed in between) starts the check over.
+   run key and the manifest's summary in its properties. Every commit request, pyiceberg's own
+   retries included, first checks that the attempt still holds its claim (``_job.json`` in the
+   run's claim directory) and that the run key's files are the ones planned against
+   (``table_fence``); the catalog applies a request only on top of the metadata it was built from.
+   A concurrent commit of another run makes pyiceberg refresh and retry (fast appends do not
+   conflict); a change to this run key's own files starts the check over; a lost claim fails the
+   commit, and a snapshot that landed although the claim moved is rolled back.
 
 Nothing is visible to readers before step 4's commit: a killed or failed run leaves only
 unreferenced files under its attempt directory (delete them with the table's orphan-file clean-up).
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer import rundir
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
     from airflow_provider_batchinfer.contract import JobFile
+    from airflow_provider_batchinfer.fence import Hold
 
 _CONFLICT_TRIES = 5
 
@@ -151,9 +156,14 @@ def ensure_table(catalog: Catalog, target: TableOutput, schema: pa.Schema) -> Ta
     return table
 
 
-def _commit_once(table: Table, target: TableOutput, paths: list[str], props: dict[str, str]) -> int:
-    """One try: the save mode against the table as it is now, then one snapshot. Its id."""
+def _commit_once(
+    table: Table, target: TableOutput, paths: list[str], props: dict[str, str], ensure_claim: Callable[[], None]
+) -> int:
+    """One try: the save mode against the table as it is now, then one snapshot, each request
+    guarded by ``ensure_claim`` and the run key's planned files (``table_fence``). Its id."""
     from pyiceberg.table import _parquet_files_to_data_files
+
+    from airflow_provider_batchinfer.runtime import table_fence
 
     table.refresh()
     existing = run_files(table, target.run_key)
@@ -163,7 +173,7 @@ def _commit_once(table: Table, target: TableOutput, paths: list[str], props: dic
             f"Iceberg table {target.identifier} already holds {rows:,} row(s) of run key {target.run_key} and the "
             "save mode is SaveMode.ERROR; nothing was committed. Use OutputSpec(mode=SaveMode.OVERWRITE) to replace them"
         )
-    tx = table.transaction()
+    tx = table_fence.FencedTable(table, table_fence.guard(ensure_claim, target.run_key, existing)).transaction()
     try:
         data_files = list(_parquet_files_to_data_files(tx.table_metadata, paths, table.io))
     except ValueError as exc:  # the parts do not fit the table's schema
@@ -187,6 +197,7 @@ def commit_table(job: JobFile, run_dir: Stage, manifest: Manifest) -> Manifest:
     from pyiceberg.exceptions import CommitFailedException, ValidationException
 
     from airflow_provider_batchinfer.markers import validate_manifest
+    from airflow_provider_batchinfer.runtime.table_fence import RunKeyMoved
 
     target = job.table_output
     if target is None:
@@ -199,16 +210,16 @@ def commit_table(job: JobFile, run_dir: Stage, manifest: Manifest) -> Manifest:
     marker.write_bytes(manifest.to_json().encode("utf-8"))
     paths = [join(run_dir.location, f.name) for f in manifest.files]
     claim_dir = Stage.open(target.claim_dir, storage)
+    held = rundir.hold(claim_dir, manifest.job.attempt)
     props = summary_properties(manifest, target, marker.location)
     try:
         catalog = open_catalog(target.catalog, storage)
         table = ensure_table(catalog, target, _parts_schema(run_dir, manifest))
         for tries in range(1, _CONFLICT_TRIES + 1):
-            rundir.check_fence(claim_dir, manifest.job.attempt)
             try:
-                snapshot_id = _commit_once(table, target, paths, props)
+                snapshot_id = _commit_once(table, target, paths, props, lambda: rundir.ensure_held(claim_dir, held))
                 break
-            except (CommitFailedException, ValidationException) as exc:
+            except (CommitFailedException, ValidationException, RunKeyMoved) as exc:
                 if tries == _CONFLICT_TRIES:
                     raise TableCommitError(
                         f"could not commit into {target.identifier} after {tries} tries: {exc}", False
@@ -217,6 +228,7 @@ def commit_table(job: JobFile, run_dir: Stage, manifest: Manifest) -> Manifest:
                 time.sleep(0.2 * tries)
     except CatalogError as exc:
         raise TableCommitError(str(exc), exc.permanent) from exc
+    _check_still_held(table, claim_dir, held, snapshot_id)
     c = manifest.counts
     print(
         f"[batchinfer] committed {c.output_rows:,} rows in {len(manifest.files)} file(s) to Iceberg table "
@@ -224,6 +236,23 @@ def commit_table(job: JobFile, run_dir: Stage, manifest: Manifest) -> Manifest:
         flush=True,
     )
     return dataclasses.replace(manifest, table=target.with_snapshot(snapshot_id))
+
+
+def _check_still_held(table: Table, claim_dir: Stage, held: Hold, snapshot_id: int) -> None:
+    """The claim once more after the commit: unchanged since before it, the snapshot was committed
+    while this attempt held it. Changed, it may not have been: roll it back and fail."""
+    from airflow_provider_batchinfer.runtime.table_fence import roll_back
+
+    try:
+        rundir.ensure_held(claim_dir, held)
+    except rundir.FencedError as exc:
+        undone = roll_back(table, snapshot_id)
+        outcome = (
+            "it was rolled back"
+            if undone
+            else "it stays: other commits came after it (a newer attempt's OVERWRITE replaces its rows)"
+        )
+        raise rundir.FencedError(f"{exc}; its snapshot {snapshot_id} landed as the claim moved, and {outcome}") from exc
 
 
 def _parts_schema(run_dir: Stage, manifest: Manifest) -> pa.Schema:

@@ -1,0 +1,311 @@
+"""The claim and the conditional commit: the marker is written only while the claim names the
+writing attempt, decided in the same atomic step as the write.
+
+Reading ``_job.json`` and then writing ``_SUCCESS`` is not enough: an attempt that pauses between
+the two (a GC pause, a stopped VM, SIGSTOP) and resumes after a newer try claimed the directory, or
+even committed it, would write its marker over the newer one. Each store therefore gets a protocol
+in which the write itself fails once the claim moved, and in which nobody ever waits for anybody
+(a stopped process keeps its ``flock``; a lock would let a stopped zombie block every retry):
+
+Local and POSIX filesystems (:class:`LocalClaims`): a claim grants its attempt a *token*, the empty
+directory ``_claims/<attempt>/``; claiming (and clearing for OVERWRITE) revokes every other token
+first, by removing its files and then the directory. The commit writes the marker *into its token*
+(``_claims/<attempt>/_SUCCESS``, created without creating parents) and then renames it to
+``_SUCCESS``. Both steps fail with ENOENT once the token is revoked: creating a file in a removed
+directory is refused, and a rename and an unlink of the same name are serialized by the kernel, so
+the rename either happens before the revoke (the attempt still held the claim: a valid commit,
+which the newer attempt's clean-up removes next) or not at all. No lock, so a zombie stopped
+anywhere blocks nothing. An empty directory is not a file: ``list_files`` never shows a token;
+a committed attempt removes its token (and ``_claims/`` when empty).
+
+S3 (:class:`S3Claims`): the token is the ETag of ``_job.json`` as read by the commit (a newer claim
+writes different bytes, so a different ETag). The marker is written with ``If-None-Match: *``, so
+a marker that is there already, a newer attempt's committed one included, is never overwritten;
+then the claim's ETag is read again. Unchanged before and after the write means the claim was this
+attempt's when the write happened (a valid commit). Changed means it may not have been: the
+attempt deletes its own marker with ``If-Match: <its ETag>`` (never anybody else's) and fails. A
+marker found at the key is replaced (``If-Match`` on its ETag) only by the attempt that holds the
+claim, after checking that it still does: it can only be a zombie's. S3 writes are per key, so
+there is a window no conditional write can close: between a zombie's write and its own re-check,
+its marker is visible beside the newer attempt's claim; readers that must not see it compare the
+marker's ``job.attempt`` with ``_job.json``'s.
+
+Any other filesystem (:class:`PlainClaims`): check, then write, with no atomicity; see
+``docs/commit-protocol.md``.
+
+Storage layer: imports neither Airflow nor Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+import signal
+from dataclasses import dataclass
+
+from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, JobFile
+from airflow_provider_batchinfer.stage import Stage, StageError
+
+__all__ = [
+    "CLAIMS_DIR",
+    "PAUSE_ENV",
+    "ClaimLost",
+    "ClaimStore",
+    "Hold",
+    "claims_for",
+    "pause_for_test",
+]
+
+#: the directory of commit tokens inside a local run directory: ``_claims/<attempt>/``
+CLAIMS_DIR = "_claims"
+#: test-only: the name of a point at which the process stops itself (SIGSTOP); see pause_for_test
+PAUSE_ENV = "BATCHINFER_TEST_PAUSE_AT"
+_REVOKE_ROUNDS = 100
+_MARKER_ROUNDS = 5
+
+
+class ClaimLost(StageError):
+    """The conditional step found that the claim no longer names this attempt; nothing of it is
+    committed."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """An attempt's hold on a claim: the job file as read and the token the commit is conditioned
+    on (local: the attempt, whose token directory must still exist; S3: the claim's ETag)."""
+
+    job: JobFile
+    token: str
+
+    @property
+    def attempt(self) -> str:
+        return self.job.attempt
+
+
+def pause_for_test(point: str) -> None:
+    """Test-only: stop this process (SIGSTOP) when ``BATCHINFER_TEST_PAUSE_AT`` names ``point``, so
+    a test can let another attempt act and then continue it (SIGCONT). Never set in production."""
+    if os.environ.get(PAUSE_ENV) == point:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class ClaimStore:
+    """The claim protocol of one run directory's store (see the module docstring)."""
+
+    def __init__(self, run_dir: Stage) -> None:
+        self.run_dir = run_dir
+        self.job_file = run_dir.child(JOB_SPEC_FILE)
+        self.marker = run_dir.child(SUCCESS_MARKER)
+
+    def read(self) -> tuple[bytes, str] | None:
+        """The claim's bytes and its version (the token's ingredient); None when there is none."""
+        if not self.job_file.exists():
+            return None
+        return self.job_file.read_bytes(), ""
+
+    def token(self, attempt: str, version: str) -> str:
+        return attempt
+
+    def granted(self, attempt: str) -> bool:
+        """Whether the token a claim grants ``attempt`` is there (always, where the token is the
+        claim's version itself)."""
+        return True
+
+    def held(self, hold: Hold) -> bool:
+        """Whether the claim is still ``hold``'s, now."""
+        read = self.read()
+        return read is not None and JobFile.from_json(read[0], self.job_file.location).attempt == hold.attempt
+
+    def revoke(self) -> None:
+        """From here on, no attempt holding the claim so far can commit."""
+
+    def grant(self, attempt: str) -> None:
+        """Give ``attempt`` (whose claim was just written) the right to commit."""
+
+    def write_marker(self, hold: Hold, data: bytes) -> None:
+        """Write ``data`` as ``_SUCCESS`` only while ``hold`` still holds the claim; ClaimLost else."""
+        pause_for_test("marker:checked")
+        if not self.held(hold):
+            raise ClaimLost("the claim moved before the marker was written")
+        self.marker.write_bytes(data)
+
+
+class LocalClaims(ClaimStore):
+    """Token directories and a rename: see the module docstring."""
+
+    def _tokens(self) -> str:
+        return posixpath.join(self.run_dir.path, CLAIMS_DIR)
+
+    def _token_dir(self, attempt: str) -> str:
+        return posixpath.join(self._tokens(), attempt)
+
+    def read(self) -> tuple[bytes, str] | None:
+        try:
+            with open(self.job_file.path, "rb") as f:
+                return f.read(), ""
+        except FileNotFoundError:
+            return None
+
+    def granted(self, attempt: str) -> bool:
+        return os.path.isdir(self._token_dir(attempt))
+
+    def held(self, hold: Hold) -> bool:
+        return self.granted(hold.attempt)
+
+    def revoke(self) -> None:
+        try:
+            names = os.listdir(self._tokens())
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for name in names:
+            _remove_token(posixpath.join(self._tokens(), name))
+
+    def grant(self, attempt: str) -> None:
+        for _ in range(_REVOKE_ROUNDS):  # an attempt that just committed may remove an empty _claims/
+            os.makedirs(self._tokens(), exist_ok=True)
+            try:
+                os.mkdir(self._token_dir(attempt))
+                return
+            except FileExistsError:
+                return
+            except FileNotFoundError:
+                continue
+        raise StageError(f"could not create the commit token {self._token_dir(attempt)}")
+
+    def write_marker(self, hold: Hold, data: bytes) -> None:
+        staged = posixpath.join(self._token_dir(hold.attempt), SUCCESS_MARKER)
+        pause_for_test("marker:checked")
+        try:  # no O_CREAT of parents: a revoked token directory refuses the file
+            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        except FileNotFoundError as exc:
+            raise ClaimLost(f"its commit token {posixpath.dirname(staged)} was revoked") from exc
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        pause_for_test("marker:written")
+        try:
+            os.rename(staged, self.marker.path)
+        except FileNotFoundError as exc:
+            raise ClaimLost(f"its commit token {posixpath.dirname(staged)} was revoked") from exc
+        _fsync_dir(self.run_dir.path)
+        # committed: the token has done its job, and a committed directory holds no _claims/
+        with contextlib.suppress(OSError):
+            os.rmdir(self._token_dir(hold.attempt))
+            os.rmdir(self._tokens())
+
+
+def _remove_token(path: str) -> None:
+    """Revoke one token: remove what its attempt staged in it, then the directory. A file staged
+    in between makes ``rmdir`` fail; remove again. Bounded: an attempt stages one file at a time."""
+    for _ in range(_REVOKE_ROUNDS):
+        try:
+            for name in os.listdir(path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(posixpath.join(path, name))
+            os.rmdir(path)
+            return
+        except (FileNotFoundError, NotADirectoryError):
+            if os.path.lexists(path) and not os.path.isdir(path):
+                os.unlink(path)  # not a token: a file by that name is removed all the same
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):  # a file was staged meanwhile
+                raise
+    raise StageError(f"could not revoke the commit token {path}: its attempt keeps writing into it")
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a rename durable (best-effort: not every filesystem lets a directory be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class S3Claims(ClaimStore):
+    """The claim's ETag and conditional writes: see the module docstring."""
+
+    def read(self) -> tuple[bytes, str] | None:
+        from airflow_provider_batchinfer import s3_objects
+
+        found = s3_objects.get(self.job_file)
+        return None if found is None else (found.body, found.etag)
+
+    def token(self, attempt: str, version: str) -> str:
+        return version
+
+    def held(self, hold: Hold) -> bool:
+        from airflow_provider_batchinfer import s3_objects
+
+        return s3_objects.head_etag(self.job_file) == hold.token
+
+    def revoke(self) -> None:
+        from airflow_provider_batchinfer import s3_objects
+
+        s3_objects.delete(self.job_file)
+
+    def write_marker(self, hold: Hold, data: bytes) -> None:
+
+        pause_for_test("marker:checked")
+        etag = self._put(hold, data)
+        pause_for_test("marker:written")
+        try:
+            if self.held(hold):
+                return
+        except Exception:
+            self._withdraw(etag)  # unknown whether the claim held: a failed commit leaves no marker
+            raise
+        self._withdraw(etag)
+        raise ClaimLost("the claim moved while the marker was written; this attempt's marker was withdrawn")
+
+    def _withdraw(self, etag: str) -> None:
+        """Delete this attempt's own marker, and only that version of it."""
+        from airflow_provider_batchinfer import s3_objects
+
+        with contextlib.suppress(s3_objects.PreconditionFailed, StageError):  # replaced by the owner: theirs now
+            s3_objects.delete(self.marker, if_match=etag)
+
+    def _put(self, hold: Hold, data: bytes) -> str:
+        """Create the marker; a marker already there is replaced only by the claim's holder."""
+        from airflow_provider_batchinfer import s3_objects
+
+        for _ in range(_MARKER_ROUNDS):
+            try:
+                return s3_objects.put(self.marker, data, if_none_match=True)
+            except s3_objects.PreconditionFailed:
+                pass
+            found = s3_objects.get(self.marker)
+            if found is None:
+                continue  # removed meanwhile: create it again
+            if found.body == data:
+                return found.etag  # this very write, answered late and retried by the client
+            if not self.held(hold):  # never replace a marker without the claim: it may be the owner's
+                raise ClaimLost("a marker is there already and the claim moved")
+            try:
+                return s3_objects.put(self.marker, data, if_match=found.etag)
+            except s3_objects.PreconditionFailed:
+                continue
+        raise StageError(f"{self.marker.location} kept changing while it was written; not committed")
+
+
+def claims_for(run_dir: Stage) -> ClaimStore:
+    """The claim protocol for the store ``run_dir`` is on."""
+    import pyarrow.fs as pafs
+
+    if isinstance(run_dir.fs, pafs.LocalFileSystem):
+        return LocalClaims(run_dir)
+    if run_dir.fs.type_name == "s3":
+        return S3Claims(run_dir)
+    return ClaimStore(run_dir)

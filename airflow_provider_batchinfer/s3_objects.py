@@ -1,0 +1,195 @@
+"""Conditional requests on S3 objects: what the commit protocol needs and pyarrow cannot send.
+
+pyarrow's S3 filesystem writes and deletes unconditionally; the commit needs ``If-None-Match: *``
+(create only when absent), ``If-Match: <etag>`` (replace or delete only the very version that was
+read) and the ETag of what it reads. These go through boto3, with a client built from the settings
+of the pyarrow filesystem the stage already uses (the way pyarrow pickles it): the same endpoint,
+region, keys or role, so both clients always reach the same store as the same principal. Shared by
+both sides: imports neither Airflow nor Ray.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_batchinfer.s3 import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_ROLE_SESSION_NAME,
+    S3StageError,
+    translate_errors,
+)
+
+if TYPE_CHECKING:
+    from airflow_provider_batchinfer.stage import Stage
+
+__all__ = ["PreconditionFailed", "S3Object", "delete", "get", "head_etag", "put"]
+
+# a client holds temporary keys when it assumed a role: rebuild it well before they expire
+_CLIENT_TTL_S = 1800
+_CLIENTS: dict[tuple[Any, ...], tuple[float, Any]] = {}
+_LOCK = threading.Lock()
+# 412: the condition does not hold; 404 on If-Match: the key is gone; 409: a concurrent request on
+# the same key won (S3 answers ConditionalRequestConflict): all mean "not the version you read"
+_REFUSED = {"PreconditionFailed", "NoSuchKey", "404", "ConditionalRequestConflict", "409"}
+
+
+class PreconditionFailed(Exception):
+    """The store refused a conditional request: the object is not in the state it was asked for."""
+
+
+@dataclass(frozen=True)
+class S3Object:
+    body: bytes
+    etag: str
+
+
+def _settings(fs: Any) -> dict[str, Any]:
+    """The keyword arguments ``fs`` was built with (pyarrow's own pickling)."""
+    reduced = fs.__reduce__()
+    return dict(reduced[1][0])
+
+
+def _new_client(cfg: dict[str, Any]) -> Any:
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError as exc:  # a declared dependency; only a broken environment lacks it
+        error = S3StageError(f"committing to S3 needs boto3 for its conditional writes: {exc}")
+        error.permanent = True
+        raise error from exc
+    endpoint = f"{cfg.get('scheme') or 'https'}://{cfg['endpoint_override']}" if cfg.get("endpoint_override") else None
+    keys: dict[str, Any] = {}
+    if cfg.get("access_key"):
+        keys = {
+            "aws_access_key_id": cfg["access_key"],
+            "aws_secret_access_key": cfg["secret_key"],
+            "aws_session_token": cfg.get("session_token") or None,
+        }
+    elif cfg.get("role_arn"):
+        keys = _assumed(cfg, endpoint)
+    timeouts = {k: v for k, v in (("connect_timeout", cfg.get("connect_timeout")),) if v and v > 0}
+    read_timeout = cfg.get("request_timeout")
+    config = Config(
+        retries={"max_attempts": DEFAULT_MAX_ATTEMPTS, "mode": "standard"},
+        s3={"addressing_style": "virtual" if cfg.get("force_virtual_addressing") or not endpoint else "path"},
+        **timeouts,
+        **({"read_timeout": read_timeout} if read_timeout and read_timeout > 0 else {}),
+    )
+    verify = cfg.get("tls_ca_file_path") or None
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name=cfg.get("region") or None, config=config, verify=verify, **keys
+    )
+
+
+def _assumed(cfg: dict[str, Any], endpoint: str | None) -> dict[str, Any]:
+    """Temporary keys of the filesystem's role, assumed from this process's own credential chain
+    (what pyarrow does for the same filesystem)."""
+    import boto3
+
+    from airflow_provider_batchinfer.s3 import sts_endpoint
+
+    sts = boto3.client(
+        "sts", endpoint_url=sts_endpoint({"endpoint_url": endpoint}), region_name=cfg.get("region") or "us-east-1"
+    )
+    request: dict[str, Any] = {
+        "RoleArn": cfg["role_arn"],
+        "RoleSessionName": cfg.get("session_name") or DEFAULT_ROLE_SESSION_NAME,
+    }
+    if cfg.get("external_id"):
+        request["ExternalId"] = cfg["external_id"]
+    with translate_errors(cfg["role_arn"], "assume role"):
+        try:
+            creds = sts.assume_role(**request)["Credentials"]
+        except Exception as exc:  # botocore errors: one message, named
+            raise OSError(str(exc)) from exc
+    return {
+        "aws_access_key_id": creds["AccessKeyId"],
+        "aws_secret_access_key": creds["SecretAccessKey"],
+        "aws_session_token": creds["SessionToken"],
+    }
+
+
+def _client(stage: Stage) -> Any:
+    cfg = _settings(stage.fs)
+    key = tuple(sorted((k, repr(v)) for k, v in cfg.items()))
+    with _LOCK:
+        cached = _CLIENTS.get(key)
+        if cached is not None and time.monotonic() - cached[0] < _CLIENT_TTL_S:
+            return cached[1]
+        client = _new_client(cfg)
+        _CLIENTS[key] = (time.monotonic(), client)
+        return client
+
+
+def _bucket_key(stage: Stage) -> tuple[str, str]:
+    bucket, _, key = stage.path.partition("/")
+    return bucket, key
+
+
+@contextmanager
+def _requests(stage: Stage, operation: str) -> Iterator[None]:
+    """A refused condition becomes PreconditionFailed; every other failure an S3StageError naming
+    bucket, key and operation, ``permanent`` and ``unreachable`` as for pyarrow's errors."""
+    from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, EndpointConnectionError
+
+    with translate_errors(stage.location, operation):
+        try:
+            yield
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in _REFUSED:
+                raise PreconditionFailed(f"{operation} {stage.location}: {code}") from exc
+            raise OSError(str(exc)) from exc
+        except (EndpointConnectionError, ConnectionError) as exc:
+            raise OSError(f"Could not connect to server: {exc}") from exc
+        except BotoCoreError as exc:
+            raise OSError(str(exc)) from exc
+
+
+def get(stage: Stage) -> S3Object | None:
+    """The object's bytes and ETag, read in one request; None when there is none."""
+    bucket, key = _bucket_key(stage)
+    try:
+        with _requests(stage, "read"):
+            response = _client(stage).get_object(Bucket=bucket, Key=key)
+            body = response["Body"].read()
+    except PreconditionFailed:  # NoSuchKey
+        return None
+    return S3Object(body, str(response["ETag"]))
+
+
+def head_etag(stage: Stage) -> str | None:
+    """The object's current ETag; None when there is none."""
+    bucket, key = _bucket_key(stage)
+    try:
+        with _requests(stage, "look up"):
+            return str(_client(stage).head_object(Bucket=bucket, Key=key)["ETag"])
+    except PreconditionFailed:  # 404
+        return None
+
+
+def put(stage: Stage, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+    """Write the whole object; with ``if_none_match`` only when there is none, with ``if_match``
+    only over that version. Its new ETag; PreconditionFailed when the store refused."""
+    bucket, key = _bucket_key(stage)
+    conditions: dict[str, str] = {}
+    if if_none_match:
+        conditions["IfNoneMatch"] = "*"
+    if if_match is not None:
+        conditions["IfMatch"] = if_match
+    with _requests(stage, "conditional write" if conditions else "write"):
+        return str(_client(stage).put_object(Bucket=bucket, Key=key, Body=data, **conditions)["ETag"])
+
+
+def delete(stage: Stage, *, if_match: str | None = None) -> None:
+    """Delete the object; with ``if_match`` only that version (PreconditionFailed otherwise, or when
+    it is gone already)."""
+    bucket, key = _bucket_key(stage)
+    conditions = {"IfMatch": if_match} if if_match is not None else {}
+    with _requests(stage, "conditional delete" if conditions else "delete"):
+        _client(stage).delete_object(Bucket=bucket, Key=key, **conditions)
