@@ -1,17 +1,19 @@
-"""Models for the usage tests (issue 16.2). The model classes are logged with their source file, so
-this module imports nothing from the tests package."""
+"""Models for the usage tests. The model classes are logged with their source file, so this module
+imports nothing from the tests package."""
 
 from __future__ import annotations
 
+import fcntl
 import os
-import time
 
 
 class GatedLength:
     """The length of each text. Each replica scores its first ``fast_batches`` batches at once and
-    every later one in ``delay`` seconds while the file ``gate`` exists: a budget test lets the first
-    batches finish into complete parts (whatever order Ray Data hands blocks in), holds the job on
-    the rest until its budget stops it, then removes the gate so the retry runs at full speed."""
+    every later one only once it can take a shared lock on the file ``gate``: a budget test holds
+    the gate's exclusive lock, so the first batches finish into complete parts (whatever order Ray
+    Data hands blocks in) and the rest wait until the budget stops the job; the retry, with the lock
+    released, runs at full speed. A lock, not a sleep: the replica waits exactly as long as the test
+    says."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -20,8 +22,9 @@ class GatedLength:
     def load(cls, path):
         return cls()
 
-    def predict(self, batch, gate=None, fast_batches=0, delay=1.0):
+    def predict(self, batch, gate=None, fast_batches=0):
         self.calls += 1
         if gate and self.calls > fast_batches and os.path.exists(gate):
-            time.sleep(delay)
+            with open(gate) as held:
+                fcntl.flock(held, fcntl.LOCK_SH)  # blocks while the test holds LOCK_EX
         return {"length": batch["text"].str.len().to_numpy()}

@@ -303,9 +303,9 @@ def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
     progress.start()
     t_map = time.monotonic()
     replica_error = None
-    meter = usage.Meter(checked.job, pool, counter, checked.todo_rows)  # 16.2: time held, the budget guard
+    meter = usage.Meter(checked.job, pool, counter, checked.todo_rows)  # time held, and the budget
     try:
-        with meter:
+        with meter.guard(ds):  # Ray Data's execution loop stops the write at max_cost's deadline
             ds.write_datasink(sink, ray_remote_args={"num_cpus": pool["io_cpus"]}, concurrency=io_tasks(pool))
     except Exception as exc:  # a replica that could not start says why in text only: restore our error
         replica_error = replica_init_error(exc)

@@ -1,27 +1,26 @@
-"""What a job held and did, and the budget guard that stops it before it costs too much (issue 16.2).
+"""What a job held and did, and the budget that stops it before it costs too much.
 
 Three pieces, each hooked into the driver with a line or two:
 
 - :class:`UsageCounter`: the job's progress actor (``io.ProgressCounter``) that also keeps each
   batch's model latency and, for text generation, the prompt and completion tokens;
 - :class:`MeteredReplica`: the model replica, timing each batch and reporting it to the counter;
-- :class:`Meter`: a context manager around the pipeline's write. It measures how long the job's
-  reservation was held and, when ``JobSpec.max_cost`` or ``max_output_tokens_total`` is set, runs a
-  watcher thread that stops the write once the running estimate would pass the limit. Nothing is
-  committed then: the driver fails with :class:`BudgetExceededError`, saying how far the job got.
+- :class:`Meter`: a context manager around the pipeline's write that measures how long the job's
+  reservation was held, and the budget of ``JobSpec.max_cost`` and ``max_output_tokens_total``.
 
-Stopping: Ray Data's write blocks the driver's main thread; the watcher sends this process SIGINT,
-the meter's handler (installed only for the write) turns it into :class:`_BudgetStop`, which Ray
-Data's executor treats like Ctrl+C (it shuts its operators down and re-raises), and the meter turns
-that into the error once the write has unwound. Parts that were complete stay in the run directory
-without ``_SUCCESS``: a retry with ``SaveMode.RESUME`` (and a higher limit) keeps them.
+The cost estimate is the reservation's CPUs and GPUs at the connection's prices times the seconds
+held, so ``max_cost`` is a deadline, known once the reservation is: ``max_cost`` over the cost per
+second, less a margin for the stop. Ray Data's own execution loop enforces it: each of its steps
+calls :meth:`Meter.step`, which raises once the deadline has passed (or the output tokens the
+counter has seen pass their limit); Ray Data ends the execution as for any failed task, and the
+driver fails with :class:`BudgetExceededError`, saying how far the job got. Nothing is committed:
+parts that were complete stay in the run directory without ``_SUCCESS``, and a retry with
+``SaveMode.RESUME`` (and a higher limit) keeps them.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
+import functools
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,9 @@ if TYPE_CHECKING:
 TEXT_GENERATION = "text_generation"
 #: latencies kept for the percentiles; past this the counter keeps every other one (an even thinning)
 MAX_LATENCIES = 100_000
+#: seconds before the cost estimate reaches ``max_cost`` at which the job is stopped: Ray Data's loop
+#: notices within a step (0.1 s while tasks run) and shuts its operators down, on the reservation
+STOP_MARGIN_S = 1.0
 
 
 class BudgetError(JobError):
@@ -51,11 +53,6 @@ class BudgetError(JobError):
 class BudgetExceededError(BudgetError):
     """The job stopped because its running estimate would exceed ``JobSpec.max_cost`` or
     ``max_output_tokens_total``; nothing was committed."""
-
-
-class _BudgetStop(BaseException):
-    """Raised in the driver's main thread by the meter's SIGINT handler, to unwind Ray Data's write
-    (a BaseException, like KeyboardInterrupt: Ray Data shuts its executor down for those)."""
 
 
 def check_budget(job: JobFile, flavor: str) -> None:
@@ -103,7 +100,7 @@ class UsageCounter(ProgressCounter):
         self.output_tokens = (self.output_tokens or 0) + int(completion)
 
     def budget_view(self) -> tuple[int, int | None]:
-        """(rows done, output tokens so far): what the budget watcher reads every tick."""
+        """(rows done, output tokens so far): what the budget reads for a token limit."""
         return self.rows, self.output_tokens
 
     def summary(self) -> dict[str, Any]:
@@ -158,24 +155,20 @@ class MeteredReplica(ModelReplica):
 
 
 class Meter:
-    """Around the pipeline's write: how long the job's reservation was held, and the budget guard.
+    """Around the pipeline's write: how long the job's reservation was held, and the budget.
 
-    ``with Meter(job, pool, counter, todo_rows): ds.write_datasink(...)``, then :meth:`check`
-    outside any exception handler (it raises :class:`BudgetExceededError` with a clean chain, also
-    when the limit was passed between the watcher's last tick and the end of the write)."""
+    ``with meter.guard(ds): ds.write_datasink(...)``, then :meth:`check` outside any exception
+    handler (it raises :class:`BudgetExceededError` with a clean chain). Without ``guard`` (the
+    driver's own scoring, ``in_driver.py``: no budget runs there) it only measures."""
 
-    def __init__(self, job: JobFile, pool: ActorPool, counter: Any, todo_rows: int, interval: float = 0.5) -> None:
-        self.job, self.counter, self.todo_rows, self.interval = job, counter, todo_rows, interval
+    def __init__(self, job: JobFile, pool: ActorPool, counter: Any, todo_rows: int) -> None:
+        self.job, self.counter, self.todo_rows = job, counter, todo_rows
         self.cpus, self.gpus = float(pool["reserved_cpus"]), float(pool["reserved_gpus"])
         self.prices: Mapping[str, float] = dict(job.prices)
         self.started = self.ended = 0.0
-        self.reason: str | None = None  # why the guard stopped the job
-        self._inside = self._installed = False
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._previous: Any = None
-        self._last: tuple[int, int | None] = (0, None)
+        self.stopped: tuple[str, float] | None = None  # why the budget stopped the write ("cost"/"tokens"), when
+        self.seen: tuple[int, int | None] = (0, None)  # the counter's last (rows, output tokens)
+        self._reading: Any = None  # the counter read in flight (an ObjectRef)
         self.stats: dict[str, Any] = {}  # the counter's summary, read while Ray is still up (check())
 
     @property
@@ -190,123 +183,111 @@ class Meter:
     def cost(self, held_s: float) -> float | None:
         return estimate_cost(self.cpus * held_s, self.gpus * held_s, self.prices)
 
+    def deadline_s(self) -> float | None:
+        """Seconds of holding the reservation after which the job is stopped, or None without a cost
+        limit. The estimate grows linearly with time held, so ``max_cost`` is a deadline: the seconds
+        at which the estimate reaches it, less :data:`STOP_MARGIN_S` for Ray Data to notice and shut
+        its operators down (at most half of them, so a small budget still leaves the job time)."""
+        limit, per_second = self.job.job_spec.max_cost, self.cost(1.0)
+        if limit is None or not per_second:
+            return None
+        at_limit = limit / per_second
+        return max(at_limit - STOP_MARGIN_S, at_limit / 2)
+
     # --- the guard ---------------------------------------------------------------------------------------
+    def guard(self, ds: Any) -> Meter:
+        """Have Ray Data's executor call :meth:`step` at each step of the write's execution loop.
+
+        The loop already wakes at least every 0.1 s while tasks run (``ray.wait`` with a timeout), and
+        an error raised in it ends the execution as any failed task does: the executor shuts its
+        operators down and the write raises the error in the driver. Nothing else runs: no thread, no
+        signal. Returns the meter, to enter around the write."""
+        if not self.guarded:
+            return self
+        callback = type("BatchinferBudget", (_ray_types()[1],), {"on_execution_step": lambda _, __: self.step()})
+        context = ds.context  # the dataset's own copy: the process's DataContext is left alone
+        context.custom_execution_callback_classes = [*context.custom_execution_callback_classes, callback]
+        return self
+
     def __enter__(self) -> Meter:
         self.started = time.monotonic()
-        if self.guarded:
-            # signal handlers live in the main thread; elsewhere (the driver run from a thread) the
-            # watcher only records the reason and check() fails the job once the write has ended
-            if threading.current_thread() is threading.main_thread():
-                self._previous = signal.signal(signal.SIGINT, self._on_signal)
-                self._installed = self._inside = True
-            self._thread = threading.Thread(target=self._watch, name="batchinfer-budget", daemon=True)
-            self._thread.start()
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        with self._lock:
-            self._inside = False
-            self.ended = time.monotonic()
-        self._done.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous)
-            self._installed = False
+        self.ended = time.monotonic()
         # our own stop: swallowed here, raised by check() outside any handler (a clean message)
-        return exc_type is not None and issubclass(exc_type, _BudgetStop)
+        return self.stopped is not None and exc is not None and isinstance(exc, _ray_types()[0])
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.reason is not None and self._inside:
-            raise _BudgetStop(self.reason)
-        if callable(self._previous):  # a SIGINT that is not ours: what it did before
-            self._previous(signum, frame)
-        else:
-            raise KeyboardInterrupt
+    def step(self, now: float | None = None) -> None:
+        """Stop the write (raise) once it has held the reservation for :meth:`deadline_s`, or once the
+        output tokens the counter has seen pass ``max_output_tokens_total``."""
+        now = time.monotonic() if now is None else now
+        if self.stopped is None:
+            deadline = self.deadline_s()
+            if deadline is not None and self.held_s(now) >= deadline:
+                self.stopped = ("cost", self.held_s(now))
+            elif self._over_tokens(self._read_counter()):
+                self.stopped = ("tokens", self.held_s(now))
+        if self.stopped is not None:
+            what = "max_cost" if self.stopped[0] == "cost" else "max_output_tokens_total"
+            print(
+                f"[batchinfer] budget: {what} reached after {self.stopped[1]:.1f}s held; stopping the job", flush=True
+            )
+            raise _ray_types()[0](f"stopped by JobSpec.{what}")
 
-    def _watch(self) -> None:
-        """Every tick: decide at ``now`` whether the job must stop. The cost is a function of time
-        alone, so its decision waits on nothing; the counter (rows for the message, output tokens for
-        their limit) is read after ``now`` is taken, so a busy counter cannot carry the estimate past
-        ``max_cost`` before the guard has decided (it did on a loaded machine: 30.04 of 30)."""
-        while not self._done.wait(self._until_next_tick()):
-            now = time.monotonic()
-            counts_tokens = self.job.job_spec.max_output_tokens_total is not None
-            if counts_tokens or self._cost_would_pass(self.held_s(now), self.interval):
-                self._read_counter()
-            reason = self.over_budget(self._last, lookahead=self.interval, now=now)
-            if reason is None:
-                continue
-            with self._lock:
-                if self.reason is None and self.ended == 0.0:
-                    self.reason = reason
-                    print(f"[batchinfer] budget: {reason}; stopping the job", flush=True)
-                    if self._inside:
-                        os.kill(os.getpid(), signal.SIGINT)
-            return
-
-    def _read_counter(self) -> None:
-        if self.counter is None:  # no counter to read (and ray.get would start a local Ray)
-            return
+    def _read_counter(self) -> tuple[int, int | None]:
+        """The counter's (rows, output tokens) as last read, without waiting: one read is in flight
+        at a time and is taken once it has arrived. Only with a token limit (the cost needs no count)."""
+        if self.counter is None or self.job.job_spec.max_output_tokens_total is None:
+            return self.seen
         import ray
 
-        try:
-            self._last = ray.get(self.counter.budget_view.remote(), timeout=10)
-        except Exception:  # the counter is busy or gone: the guard keeps its last reading
-            pass
+        if self._reading is None:
+            self._reading = self.counter.budget_view.remote()
+        elif ray.wait([self._reading], timeout=0)[0]:
+            try:
+                self.seen = ray.get(self._reading)
+            except Exception:  # the counter is gone: the job's own failure follows; keep the last reading
+                pass
+            self._reading = None
+        return self.seen
 
-    def held_at_limit(self) -> float | None:
-        """Seconds of holding the reservation at which the estimate reaches ``max_cost`` (it grows
-        linearly with time held), or None without a cost limit."""
-        limit, per_second = self.job.job_spec.max_cost, self.cost(1.0)
-        return None if limit is None or not per_second else limit / per_second
+    def _over_tokens(self, seen: tuple[int, int | None]) -> bool:
+        limit = self.job.job_spec.max_output_tokens_total
+        return limit is not None and seen[1] is not None and seen[1] > limit
 
-    def _cost_would_pass(self, held: float, lookahead: float) -> bool:
-        """Whether the estimate passes ``max_cost`` within ``lookahead`` seconds of ``held``."""
-        limit = self.job.job_spec.max_cost
-        return limit is not None and (self.cost(held + lookahead) or 0.0) > limit
-
-    def _until_next_tick(self) -> float:
-        """A tick's wait: ``interval``, cut short so the last tick before the cost limit comes half a
-        tick before it; a watcher woken late by a loaded machine still decides inside the limit."""
-        limit_s = self.held_at_limit()
-        if limit_s is None:
-            return self.interval
-        return max(0.0, min(self.interval, limit_s - self.interval / 2 - self.held_s()))
-
-    def over_budget(self, seen: tuple[int, int | None], lookahead: float = 0.0, now: float | None = None) -> str | None:
-        """Why the job must stop now, or None: its cost estimate would pass ``max_cost`` before the
-        next tick (``lookahead`` seconds away), or its output tokens passed ``max_output_tokens_total``."""
+    def over_budget(self) -> str | None:
+        """Why the job may not commit, or None: the guard stopped it, or the finished job is over a
+        limit after all (a write that ended between two steps of Ray Data's loop)."""
         spec = self.job.job_spec
-        rows, output_tokens = seen
-        held = self.held_s(now)
+        rows, tokens = self.seen
+        kind, held = self.stopped or ("", self.held_s())
         cost = self.cost(held) or 0.0
-        if self._cost_would_pass(held, lookahead):
+        if kind == "cost" or (not kind and spec.max_cost is not None and cost > spec.max_cost):
+            verb = "exceeded" if cost > (spec.max_cost or 0.0) else "would exceed"  # a stop Ray Data's loop delayed
             return (
-                f"the estimated cost would exceed JobSpec.max_cost={spec.max_cost:g}: {cost:.6g} after {held:.1f}s "
+                f"the estimated cost {verb} JobSpec.max_cost={spec.max_cost:g}: {cost:.6g} after {held:.1f}s "
                 f"holding {self.cpus:g} CPU / {self.gpus:g} GPU, {rows:,} of {self.todo_rows:,} rows scored"
             )
-        limit = spec.max_output_tokens_total
-        if limit is not None and output_tokens is not None and output_tokens > limit:
+        if kind == "tokens" or self._over_tokens(self.seen):
             return (
-                f"{output_tokens:,} output tokens exceed JobSpec.max_output_tokens_total={limit:,} after {rows:,} of "
-                f"{self.todo_rows:,} rows scored (estimated cost {cost:.6g})"
+                f"{tokens:,} output tokens exceed JobSpec.max_output_tokens_total={spec.max_output_tokens_total:,} "
+                f"after {rows:,} of {self.todo_rows:,} rows scored (estimated cost {cost:.6g})"
             )
         return None
 
     def check(self, run_dir: str) -> None:
         """After the write: raise :class:`BudgetExceededError` when the guard stopped the job, or when
-        the finished job's usage is over its limit (it passed it after the watcher's last tick)."""
-        import ray
+        the finished job's usage is over its limit."""
+        if self.counter is not None:
+            import ray
 
-        try:  # the latencies and tokens for the manifest; the driver shuts Ray down right after
-            self.stats = ray.get(self.counter.summary.remote(), timeout=30)
-            self._last = (int(self.stats["rows"]), self.stats["output_tokens"])
-        except Exception:  # the record is still worth writing without them; the guard keeps its last reading
-            pass
-        reason = self.reason
-        if reason is None and self.guarded:
-            reason = self.over_budget(self._last)
+            try:  # the latencies and tokens for the manifest and the message; Ray is shut down right after
+                self.stats = ray.get(self.counter.summary.remote(), timeout=30)
+                self.seen = (int(self.stats["rows"]), self.stats["output_tokens"])
+            except Exception:  # the record is still worth writing without them; keep the last reading
+                pass
+        reason = self.over_budget() if self.guarded else None
         if reason is not None:
             raise BudgetExceededError(
                 f"stopped: {reason}. Nothing was committed; complete parts stay in {run_dir} without _SUCCESS. "
@@ -350,3 +331,14 @@ class Meter:
 
 def _round(value: Any, digits: int = 6) -> float | None:
     return None if value is None else round(float(value), digits)
+
+
+@functools.cache
+def _ray_types() -> tuple[type[Exception], type]:
+    """The guard's stop (an ``ExecutionTimeoutError``, so Ray Data logs it as a timeout, not as a bug
+    of its own) and Ray Data's callback base; imported on first use: ``ray.data`` is a heavy import."""
+    import ray.data.exceptions
+    from ray.data._internal.execution.execution_callback import ExecutionCallback
+
+    timeout_error = getattr(ray.data.exceptions, "ExecutionTimeoutError", Exception)  # older Ray: logged as a bug
+    return type("BudgetStop", (timeout_error,), {}), ExecutionCallback
