@@ -29,9 +29,9 @@ from airflow_provider_batchinfer.registry import (
     RegistryError,
     TamperedModelError,
     hash_tree,
-    tree_digest,
     verify_local_copy,
 )
+from airflow_provider_batchinfer.registry.digest import version_digest
 from airflow_provider_batchinfer.registry.tabular import UntrustedModelError
 from airflow_provider_batchinfer.runtime.driver import check_before_ray
 from airflow_provider_batchinfer.runtime.errors import BadRowError, check_batch
@@ -368,7 +368,7 @@ def test_an_untrusted_type_in_a_skops_file_is_refused_at_log_and_at_load(tabular
     shutil.copyfile(tmp_path / "clipped.skops", version / "artifact" / "model.skops")
     manifest = json.loads((version / MODEL_MANIFEST).read_text())
     manifest["files"] = hash_tree(version)
-    manifest["sha256"] = tree_digest(manifest["files"])
+    manifest["sha256"] = version_digest(manifest)
     (version / MODEL_MANIFEST).write_text(json.dumps(manifest))
     run_dir, job = _checked(tabular, "sklearn", df[:50], tmp_path, registry)
     with pytest.raises(

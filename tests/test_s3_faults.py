@@ -354,22 +354,23 @@ def test_the_airflow_side_vets_an_s3_model_by_listing_and_never_downloads_it(wor
 
 
 def test_two_versions_with_the_same_files_each_load_their_own_manifest_from_the_cache(world, s3_server):
-    """The sha256 hashes a version's files, not its manifest: ``SlowLength`` logged from the same
-    ``tests/models.py`` as the world's ``TextLength`` has the same sha256 but loads another class.
-    A node that cached one must not serve its manifest for the other (round thirteen's CI failure
-    was this cache, keyed by the sha256 alone)."""
+    """``SlowLength`` logged from the same ``tests/models.py`` as the world's ``TextLength`` has the
+    same files but loads another class. A node that cached one must not serve its manifest for the
+    other: the digest covers MODEL.json's class, and the cache is keyed by location as well (a version
+    logged in the files-only format has one sha256 for both)."""
     from airflow_provider_batchinfer.registry import ModelRegistry, fetch_version
     from tests.models import SlowLength
 
     slow = ModelRegistry(f"{world.root}/registry", direct(s3_server)).log_model(
         "slow_length", "v1", "python", python_class=SlowLength, signature=world.model.signature
     )
-    assert slow.sha256 == world.model.sha256  # same files: the premise of this test
+    assert slow.sha256 != world.model.sha256  # same files, another class: another digest
     text_dir, text_manifest = fetch_version(world.model.uri, world.model.sha256, direct(s3_server))
     slow_dir, slow_manifest = fetch_version(slow.uri, slow.sha256, direct(s3_server))
     assert (text_manifest["name"], text_manifest["options"]["class"]) == ("text_length", "TextLength")
     assert (slow_manifest["name"], slow_manifest["options"]["class"]) == ("slow_length", "SlowLength")
-    assert text_dir != slow_dir and text_dir.parent == slow_dir.parent == world.cache / slow.sha256
+    assert text_manifest["files"] == slow_manifest["files"]
+    assert text_dir != slow_dir and slow_dir.parent == world.cache / slow.sha256
 
 
 def test_each_replica_fetches_the_model_on_its_node_and_a_bad_cache_is_fetched_again(world, s3_server):

@@ -2,8 +2,9 @@
 
 Layout: ``<registry>/<name>/<version>/MODEL.json`` (the manifest, written last) beside the files it
 hashes (``artifact/...`` and, for the Python flavor, ``code/...``). A version is immutable: logging
-it again is refused unless the content is byte-identical (``if_exists="reuse"``), and loading it
-re-hashes every file, so a model that changed after it was logged is never used. Both sides use
+it again is refused unless the content is identical (``if_exists="reuse"``), and loading it
+re-hashes every file and recomputes the digest, which covers ``MODEL.json``'s behavioural fields too
+(``digest.py``), so a model that changed after it was logged is never used. Both sides use
 this module (the operator resolves versions, every Ray worker verifies before loading), so it
 imports neither Airflow nor Ray.
 """

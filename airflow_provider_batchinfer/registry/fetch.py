@@ -10,12 +10,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_batchinfer.registry.digest import check_version
+from airflow_provider_batchinfer.registry.private_dir import check_own_dir, private_dir
 from airflow_provider_batchinfer.registry.versions import (
     MODEL_MANIFEST,
     RegistryError,
     TamperedModelError,
     hash_tree,
-    tree_digest,
 )
 from airflow_provider_batchinfer.stage import Stage
 
@@ -24,17 +25,20 @@ MODEL_CACHE_ENV = "BATCHINFER_MODEL_CACHE"
 
 def model_cache_dir(cache_dir: str | None = None) -> Path:
     """Where object-store models are cached on this node: ``$BATCHINFER_MODEL_CACHE``, else
-    ``<tmp>/batchinfer-models``."""
-    return Path(cache_dir or os.environ.get(MODEL_CACHE_ENV) or Path(tempfile.gettempdir()) / "batchinfer-models")
+    ``<tmp>/batchinfer-models``; created 0700, and refused when another user could change what is in
+    it (``registry/private_dir.py``): a model is checked there and then loaded from there."""
+    return private_dir(
+        Path(cache_dir or os.environ.get(MODEL_CACHE_ENV) or Path(tempfile.gettempdir()) / "batchinfer-models")
+    )
 
 
 def cached_copy(cache_root: Path, location: str, sha256: str) -> Path:
     """The cache directory of the version at ``location``: ``<root>/<sha256>/<hash of location>``.
 
-    The sha256 covers a version's files, not its manifest: two versions logged from one source file
-    (two classes of one ``models.py``) have the same sha256 and load different classes. Keyed by
-    content alone, the second would be served the first one's ``MODEL.json`` and load the wrong
-    class; one directory per location under the content hash keeps each version's own manifest.
+    A version logged in the files-only digest format has a sha256 that covers its files, not its
+    manifest: two such versions logged from one source file (two classes of one ``models.py``) have
+    the same sha256 and load different classes. Keyed by content alone, the second would be served
+    the first one's ``MODEL.json``; one directory per location under the hash keeps each version's own.
     """
     return cache_root / sha256 / hashlib.sha256(location.encode()).hexdigest()[:16]
 
@@ -59,17 +63,20 @@ def fetch_version(
     import pyarrow.fs as pafs
 
     source = Stage.open(uri, storage_options)
+    name, version = source.location.rstrip("/").rsplit("/", 2)[-2:]  # <registry>/<name>/<version>
     if isinstance(source.fs, pafs.LocalFileSystem):
         path = Path(source.path)
-        return path, (verify_local_copy(path, sha256) if verify else None)
+        return path, (verify_local_copy(path, sha256, name=name, version=version) if verify else None)
     cache = cached_copy(model_cache_dir(cache_dir), source.location, sha256)
     for fresh in (False, True):
+        _check_cached(cache)
         if fresh or not (cache / MODEL_MANIFEST).exists():
             _download(source, cache, replace=fresh)
+            _check_cached(cache)
         if not verify:
             return cache, None
         try:
-            return cache, verify_local_copy(cache, sha256)
+            return cache, verify_local_copy(cache, sha256, name=name, version=version)
         except TamperedModelError as exc:
             if fresh:
                 raise TamperedModelError(
@@ -77,6 +84,14 @@ def fetch_version(
                     "changed after it was logged)"
                 ) from exc
     raise AssertionError("unreachable")
+
+
+def _check_cached(cache: Path) -> None:
+    """The levels of a cached copy below the (checked) cache root are this user's own directories,
+    never links: a link would be followed to whatever it points at, after the check."""
+    for level in (cache.parent, cache):
+        if os.path.lexists(level):
+            check_own_dir(level, "cached model directory")
 
 
 def _download(source: Stage, cache: Path, replace: bool) -> None:
@@ -107,18 +122,28 @@ def _download(source: Stage, cache: Path, replace: bool) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def verify_local_copy(path: Path, expected_sha256: str | None = None) -> dict[str, Any]:
-    """Re-hash every file of a version and compare with its manifest (and the pinned digest).
+def verify_local_copy(
+    path: Path, expected_sha256: str | None = None, *, name: str | None = None, version: str | None = None
+) -> dict[str, Any]:
+    """Re-hash every file of a version and check it and its manifest against the digest (and the
+    pinned one): ``registry/digest.py``.
 
-    Raises TamperedModelError naming the first file that was changed, added or removed. Runs in the
-    operator before launch and on every Ray worker before the model is loaded.
+    ``name``/``version``: where the version is stored (default: the last two parts of ``path``, a
+    registry's ``<name>/<version>``); its manifest must name the same, and a content name must be
+    its digest. Raises TamperedModelError naming the first file that was changed, added, removed or
+    linked, or the ``MODEL.json`` field that was edited. Runs in the operator before launch and on
+    every Ray worker before the model is loaded.
     """
 
     manifest_path = path / MODEL_MANIFEST
+    if manifest_path.is_symlink():
+        raise TamperedModelError(f"{manifest_path} is a symbolic link; refusing to follow it")
     if not manifest_path.exists():
         raise RegistryError(f"{path} holds no {MODEL_MANIFEST}; it is not a logged model version")
     manifest = json.loads(manifest_path.read_text())
-    recorded = manifest["files"]
+    recorded = manifest.get("files")
+    if not isinstance(recorded, dict) or not all(isinstance(entry, dict) for entry in recorded.values()):
+        raise TamperedModelError(f"{manifest_path} does not record its files; refusing to use it")
     actual = hash_tree(path)
     for rel in sorted(set(recorded) | set(actual)):
         if rel not in actual:
@@ -127,14 +152,13 @@ def verify_local_copy(path: Path, expected_sha256: str | None = None) -> dict[st
             )
         if rel not in recorded:
             raise TamperedModelError(f"model file {path / rel} was added after the model was logged; re-log the model")
-        if actual[rel]["sha256"] != recorded[rel]["sha256"]:
+        if actual[rel]["sha256"] != recorded[rel].get("sha256"):
             raise TamperedModelError(
-                f"model file {path / rel} does not match its recorded sha256 (expected {recorded[rel]['sha256'][:12]}…, "
-                f"found {actual[rel]['sha256'][:12]}…): it changed after the model was logged; refusing to use it"
+                f"model file {path / rel} does not match its recorded sha256 (expected "
+                f"{str(recorded[rel].get('sha256'))[:12]}…, found {actual[rel]['sha256'][:12]}…): it changed after "
+                "the model was logged; refusing to use it"
             )
-    digest = tree_digest(actual)
-    if digest != manifest["sha256"] or (expected_sha256 and digest != expected_sha256):
-        raise TamperedModelError(
-            f"model at {path} has sha256 {digest[:12]}… but {expected_sha256 or manifest['sha256']} was pinned; refusing to use it"
-        )
+    if name is None and version is None:
+        name, version = path.parent.name, path.name
+    check_version(manifest, str(path), actual, name=name, version=version, expected_sha256=expected_sha256)
     return manifest

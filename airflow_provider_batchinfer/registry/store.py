@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -10,6 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_batchinfer.registry.artifacts import _python_class_source, _stage_pretrained, normalize_signature
+from airflow_provider_batchinfer.registry.digest import (
+    CONTENT_NAME,
+    DIGEST_KEY,
+    check_version,
+    content_name,
+    covered_fields,
+    seal,
+)
 from airflow_provider_batchinfer.registry.fetch import (
     fetch_version,
 )
@@ -27,9 +36,10 @@ from airflow_provider_batchinfer.registry.versions import (
     TamperedModelError,
     check_name,
     hash_tree,
-    tree_digest,
 )
 from airflow_provider_batchinfer.stage import Stage, join
+
+_log = logging.getLogger(__name__)
 
 
 class ModelRegistry:
@@ -69,8 +79,18 @@ class ModelRegistry:
                 f"model {name!r} version {version!r} is not in the registry at {self.root} ({hint})"
             )
         manifest = marker.read_json()
-        if manifest.get("format") != REGISTRY_FORMAT:
+        if not isinstance(manifest, dict) or manifest.get("format") != REGISTRY_FORMAT:
             raise RegistryError(f"{marker.location} is not a {REGISTRY_FORMAT} manifest")
+        # every resolve: the manifest agrees with its digest (fields and recorded file hashes, nothing
+        # downloaded), names this location, and a content name is its digest
+        check_version(manifest, self._stage(name, version).location, name=name, version=version)
+        if manifest.get(DIGEST_KEY) is None:
+            _log.warning(
+                "model %s/%s was logged before MODEL.json's fields were covered by its digest: its files are "
+                "verified, its flavor, options and signature are not; log it again to cover them",
+                name,
+                version,
+            )
         return manifest
 
     def get(self, name: str, version: str) -> ModelVersion:
@@ -174,29 +194,36 @@ class ModelRegistry:
         files = hash_tree(staging)
         if not files:
             raise RegistryError(f"model {name!r}: the artifact holds no files")
-        digest = tree_digest(files)
-        version = version if version is not None else f"sha-{digest[:12]}"
+        if version is not None and CONTENT_NAME.match(version):
+            raise RegistryError(
+                f"model version {version!r} is not allowed: names sha-<12 hex> are reserved for content-named "
+                "versions; pass version=None to name the version after its digest"
+            )
+        manifest = seal(
+            {
+                "format": REGISTRY_FORMAT,
+                "name": name,
+                "version": version,  # not in the digest: a content name is made from it
+                "flavor": flavor,
+                "signature": sig,
+                "options": options,
+                "files": files,
+                "description": description,
+                "created_at": datetime.now(timezone.utc).isoformat(),
+                **(extra or {}),
+            }
+        )
+        digest = manifest["sha256"]
+        version = version if version is not None else content_name(digest)
         check_name(version, "version")
-        manifest = {
-            "format": REGISTRY_FORMAT,
-            "name": name,
-            "version": version,
-            "flavor": flavor,
-            "signature": sig,
-            "options": options,
-            "files": files,
-            "sha256": digest,
-            "description": description,
-            "created_at": datetime.now(timezone.utc).isoformat(),
-            **(extra or {}),
-        }
+        manifest["version"] = version
         target = self._stage(name, version)
         marker = target.child(MODEL_MANIFEST)
         if marker.exists():
             existing = marker.read_json()
-            if if_exists == "reuse" and existing.get("sha256") == digest:
+            if if_exists == "reuse" and _same_content(existing, manifest):
                 return self.get(name, version)
-            same = " (same content; pass if_exists='reuse' to use it)" if existing.get("sha256") == digest else ""
+            same = " (same content; pass if_exists='reuse' to use it)" if _same_content(existing, manifest) else ""
             raise ModelVersionExistsError(
                 f"model {name!r} version {version!r} already exists at {target.location}{same}; versions are "
                 "immutable: log the new model under a new version"
@@ -310,15 +337,23 @@ class ModelRegistry:
                 raise TamperedModelError(
                     f"model file {where.location}/{rel} was added after the model was logged; re-log the model"
                 )
-            if present[rel] != recorded[rel]["size"]:
+            if present[rel] != recorded[rel].get("size"):
                 raise TamperedModelError(
-                    f"model file {where.location}/{rel} is {present[rel]} bytes but was {recorded[rel]['size']} when "
+                    f"model file {where.location}/{rel} is {present[rel]} bytes but was {recorded[rel].get('size')} when "
                     "logged: it changed after the model was logged; refusing to use it"
                 )
-        digest = tree_digest(recorded)
-        if digest != manifest["sha256"] or (expected_sha256 and digest != expected_sha256):
-            raise TamperedModelError(
-                f"model at {where.location}: its {MODEL_MANIFEST} was edited (digest {digest[:12]}… "
-                f"but {expected_sha256 or manifest['sha256']} was pinned); refusing to use it"
-            )
+        check_version(manifest, where.location, name=name, version=version, expected_sha256=expected_sha256)
         return manifest
+
+
+def _same_content(existing: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether a version already logged holds what ``new`` would: the same digest, or, for one
+    logged in the files-only format, the same files and the same covered fields."""
+    if existing.get("sha256") == new["sha256"]:
+        return True
+    if existing.get(DIGEST_KEY) is not None or not isinstance(existing.get("files"), dict):
+        return False
+    same_files = {rel: e.get("sha256") for rel, e in existing["files"].items() if isinstance(e, dict)} == {
+        rel: e["sha256"] for rel, e in new["files"].items()
+    }
+    return same_files and covered_fields(existing) == covered_fields({k: v for k, v in new.items() if k != DIGEST_KEY})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,11 +99,24 @@ def tree_digest(files: dict[str, dict[str, Any]]) -> str:
 
 
 def hash_tree(root: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"sha256", "size"}}`` of every file under ``root`` but its manifest.
+
+    A symbolic link is refused, never followed: a link to a copy with the same bytes hashes the same,
+    and what it points to can change after the check (log_model's copies are regular files)."""
     out: dict[str, dict[str, Any]] = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        for entry in sorted([*dirnames, *filenames]):
+            path = here / entry
             rel = path.relative_to(root).as_posix()
-            if rel == MODEL_MANIFEST:
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise TamperedModelError(
+                    f"model file {path} is a symbolic link; a model version holds regular files only, never links"
+                )
+            if stat.S_ISDIR(mode) or rel == MODEL_MANIFEST:
                 continue
+            if not stat.S_ISREG(mode):
+                raise TamperedModelError(f"model file {path} is not a regular file")
             out[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
-    return out
+    return dict(sorted(out.items()))
