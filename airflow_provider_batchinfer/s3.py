@@ -5,8 +5,10 @@ Shared by both sides, so it imports neither Airflow nor Ray. Two kinds of settin
 - *storage options* (``endpoint_url``, ``region``, ``max_attempts``, ``connect_timeout``) are not
   secret: they go into the job spec so the runtime opens the same store;
 - *credentials* (``access_key``, ``secret_key``, ``session_token``) exist on the Airflow side only in
-  memory, reach the runtime subprocess as ``AWS_*`` environment variables, and the Ray workers through
-  the job's ``runtime_env``. They are never written into ``_job.json``, the manifest, XCom or a log.
+  memory and reach the runtime subprocess as ``AWS_*`` environment variables (a job on a cluster gets
+  a session derived from them instead, ``job_session.py``), and the Ray workers through a setup hook
+  (``runtime/attach.py``). They are never written into ``_job.json``, the manifest, XCom, a log or
+  a Ray job's ``runtime_env``.
 
 When no credentials are given, pyarrow uses the AWS default chain (environment variables, config
 files, instance roles), so the runtime and its workers need nothing but their environment. A
@@ -54,6 +56,9 @@ DEFAULT_ROLE_SESSION_NAME = "batchinfer"
 #: ``role_arn`` / ``role_session_name`` / ``external_id`` in a process's environment (not AWS_ROLE_ARN:
 #: that one belongs to web identity / IRSA and would change which role IRSA assumes)
 ROLE_ENV = ("BATCHINFER_S3_ROLE_ARN", "BATCHINFER_S3_ROLE_SESSION_NAME", "BATCHINFER_S3_EXTERNAL_ID")
+#: the role whose session this process's ``AWS_*`` keys already are (a job's session derived on the
+#: Airflow side, ``job_session.py``): that role is not assumed again
+ASSUMED_ROLE_ENV = "BATCHINFER_S3_ASSUMED_ROLE"
 # what the runtime's Ray workers need from the runtime's own environment; nothing else is forwarded
 WORKER_ENV = (
     "AWS_ACCESS_KEY_ID",
@@ -66,6 +71,7 @@ WORKER_ENV = (
     "AWS_REGION",
     "AWS_PROFILE",
     *ROLE_ENV,
+    ASSUMED_ROLE_ENV,
 )
 DEFAULT_MAX_ATTEMPTS = 5
 # errors that retrying cannot fix: fail at once, without Airflow retries
@@ -189,12 +195,16 @@ def filesystem(options: dict[str, Any] | None = None) -> pafs.S3FileSystem:
 
 def role_settings(options: dict[str, Any]) -> dict[str, str]:
     """The role to assume: the options', else ``BATCHINFER_S3_ROLE_*`` from the environment (how the
-    runtime knows it before it has read its job file, and its workers after). Empty: no role."""
+    runtime knows it before it has read its job file, and its workers after). Empty: no role, or
+    the role whose session this process already holds (``BATCHINFER_S3_ASSUMED_ROLE``)."""
+    role: dict[str, str] = {}
     if options.get("role_arn"):
-        return {k: str(options[k]) for k in ROLE_KEYS if options.get(k)}
-    if os.environ.get(ROLE_ENV[0]):
-        return {k: os.environ[var] for k, var in zip(ROLE_KEYS, ROLE_ENV, strict=True) if os.environ.get(var)}
-    return {}
+        role = {k: str(options[k]) for k in ROLE_KEYS if options.get(k)}
+    elif os.environ.get(ROLE_ENV[0]):
+        role = {k: os.environ[var] for k, var in zip(ROLE_KEYS, ROLE_ENV, strict=True) if os.environ.get(var)}
+    if role and os.environ.get(ASSUMED_ROLE_ENV) == role["role_arn"]:
+        return {}
+    return role
 
 
 _ROLE_SESSIONS: dict[tuple[Any, ...], tuple[float, dict[str, str]]] = {}

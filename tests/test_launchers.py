@@ -229,10 +229,7 @@ def test_ray_jobs_from_a_connection(tmp_path):
     )
     launcher = RayJobsLauncher.from_config(config)
     assert launcher.headers == {"Authorization": "Bearer tok"} and launcher.python == "/opt/py"
-    assert launcher.runtime_env == {
-        "pip": ["x"],
-        "env_vars": {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK"},
-    }
+    assert launcher.runtime_env == {"pip": ["x"]}  # the keys stay here: a job gets a session derived from them
     # one id per submission (Ray never takes one twice): the identity's first 128 bits and the attempt
     assert launcher.job_name(OWNER, "t02abc", "f" * 64) == submission_id_for(OWNER, "t02abc", "f" * 64)
     assert submission_id_for(OWNER, "t02abc", "f" * 64) == f"batchinfer-d-t-{'f' * 32}-t02abc"

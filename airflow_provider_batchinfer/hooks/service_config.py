@@ -80,6 +80,19 @@ def _idle_seconds(value: Any, conn_id: str) -> float | None:
     return seconds
 
 
+def _catalog_secrets(extra: Mapping[str, Any], stage_root: str, home: str) -> dict[str, str]:
+    """The secret properties of the connection's ``iceberg_catalog`` as the runtime's environment. A
+    malformed extra gives none here: the task that uses the catalog fails on it with its message."""
+    from airflow_provider_batchinfer.tables.catalog import CatalogError, catalog_config, catalog_secret_env
+
+    if not extra.get("iceberg_catalog"):
+        return {}
+    try:
+        return catalog_secret_env(catalog_config(extra, stage_root, home))
+    except CatalogError:
+        return {}
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     """What a connection resolves to. ``to_dict()`` and ``repr()`` hold no secrets, so they may be
@@ -104,6 +117,9 @@ class ServiceConfig:
     ray_headers: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
     #: when the session token in ``storage_options`` expires (None: no token, or not known)
     credential_expiry: datetime | None = field(default=None, compare=False)
+    #: the Iceberg catalog's secret properties as ``PYICEBERG_CATALOG__*`` variables: delivered to
+    #: the runtime with its credentials, never written down (``tables/catalog.py``)
+    runtime_secrets: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
     # 16.2: extras price_per_cpu_hour / price_per_gpu_hour (currency units per hour): the usage's cost
     prices: Mapping[str, float] = field(default_factory=dict)
 
@@ -195,5 +211,6 @@ class ServiceConfig:
             storage_options=storage_options,
             ray_headers=headers,
             credential_expiry=expiry,
+            runtime_secrets=_catalog_secrets(extra, str(extra.get("stage_root") or ""), home),
             prices=check_prices(extra, f"connection {conn_id!r}", ValueError),  # 16.2
         )

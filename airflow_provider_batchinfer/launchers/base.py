@@ -112,6 +112,9 @@ class Launcher(abc.ABC):
 
     name: ClassVar[str]
     deferrable: ClassVar[bool] = False
+    #: seconds the next job may run (the operator's ``job_timeout``; None: unbounded): what a
+    #: launcher that derives a session for the job bounds it by
+    job_timeout: float | None = None
 
     @classmethod
     @abc.abstractmethod

@@ -135,7 +135,7 @@ class LocalLauncher(Launcher):
 
         return cls(
             ray_address=config.ray_address,
-            extra_env=credential_env(dict(config.storage_options)),
+            extra_env={**credential_env(dict(config.storage_options)), **config.runtime_secrets},
             idle_s=config.local_ray_idle_s,
         )
 

@@ -11,13 +11,17 @@ for a job that ended, so each submission's id ends with its attempt id
 (:func:`submission_id_for`). KubeRay and managed Ray are just other addresses of the same API.
 Deferrable: :class:`RayJobTrigger` watches it and forwards its log as it grows.
 
+Secrets never become job metadata (``launchers/job_env.py``): the job's ``runtime_env`` holds only
+public settings; its S3 session (derived through STS, never the connection's keys) and the Iceberg
+catalog's secret properties travel in a one-job package (``delivery.py``). Everything the cluster
+says back (driver log lines, statuses, errors) is scrubbed of every secret value this launcher knows.
+
 Imports no Airflow: the trigger and the operator share it.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import time
 from collections.abc import Iterator, Mapping
@@ -25,7 +29,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import last_failure
-from airflow_provider_batchinfer.identity import task_key
 from airflow_provider_batchinfer.launchers.base import (
     FAILED,
     RUNTIME_MODULE,
@@ -41,6 +44,16 @@ from airflow_provider_batchinfer.launchers.base import (
     TaskLog,
     failure_message,
 )
+from airflow_provider_batchinfer.launchers.job_env import JobEnv, job_env, secrets_package
+from airflow_provider_batchinfer.launchers.ray_job_ids import (
+    IDENTITY_KEY,
+    TASK_KEY,
+    belongs_to,
+    job_metadata,
+    new_log_lines,
+    submission_id_for,
+)
+from airflow_provider_batchinfer.redact import scrub
 
 if TYPE_CHECKING:
     from airflow.triggers.base import BaseTrigger
@@ -49,53 +62,21 @@ if TYPE_CHECKING:
     from airflow_provider_batchinfer.contract import JobFile, RunOwner
     from airflow_provider_batchinfer.hooks.service_config import ServiceConfig
 
-__all__ = ["TERMINAL", "RayJobsError", "RayJobsLauncher", "submission_id_for"]
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+__all__ = [
+    "IDENTITY_KEY",
+    "TASK_KEY",
+    "TERMINAL",
+    "RayJobsError",
+    "RayJobsLauncher",
+    "belongs_to",
+    "job_metadata",
+    "new_log_lines",
+    "submission_id_for",
+]
 
 
 class RayJobsError(LaunchError):
     """The cluster could not be reached or refused a request; the message names the address."""
-
-
-#: job metadata keys (beside dag_id, task_id, run_id, map_index, try_number, attempt)
-TASK_KEY = "batchinfer_task"
-IDENTITY_KEY = "batchinfer_identity"
-
-
-def submission_id_for(owner: RunOwner, attempt: str, identity: str | None = None) -> str:
-    """``batchinfer-<dag>-<task>-<identity, 128 bits>-<attempt>``: readable, and distinct for every
-    submission (the attempt id is unique; Ray never accepts a submission id twice). Without an
-    identity the task key stands in. Re-attaching never derives it: it reads it from ``_job.json``."""
-    readable = f"{_UNSAFE.sub('_', owner.dag_id)[:40]}-{_UNSAFE.sub('_', owner.task_id)[:40]}"
-    key = (identity or task_key(owner))[:32]
-    return f"batchinfer-{readable}-{key}-{_UNSAFE.sub('_', attempt)}"
-
-
-def job_metadata(owner: RunOwner, attempt: str, identity: str | None) -> dict[str, str]:
-    """What a submitted job carries, so a later try can find (and stop) its task's jobs."""
-    return {
-        "dag_id": owner.dag_id,
-        "task_id": owner.task_id,
-        "run_id": owner.run_id,
-        "map_index": str(owner.map_index),
-        "try_number": str(owner.try_number),
-        "attempt": attempt,
-        TASK_KEY: task_key(owner),
-        IDENTITY_KEY: identity or "",
-    }
-
-
-def belongs_to(metadata: Mapping[str, str], owner: RunOwner) -> bool:
-    """Whether a job's metadata names this task instance (jobs submitted before the task key was
-    recorded: by dag, task, run and map index)."""
-    if TASK_KEY in metadata:
-        return metadata[TASK_KEY] == task_key(owner)
-    return (metadata.get("dag_id"), metadata.get("task_id"), metadata.get("run_id")) == (
-        owner.dag_id,
-        owner.task_id,
-        owner.run_id,
-    ) and metadata.get("map_index", "-1") == str(owner.map_index)
 
 
 @contextmanager
@@ -108,14 +89,6 @@ def _env_without(*names: str) -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
-
-
-def new_log_lines(text: str, offset: int, final: bool) -> tuple[list[str], int]:
-    """The complete lines of a job's log after ``offset`` (all of the rest when ``final``) and the
-    offset after them: a line still being written is forwarded on a later look, whole."""
-    fresh = text[offset:]
-    complete = fresh if final else fresh[: fresh.rfind("\n") + 1]
-    return complete.splitlines(), offset + len(complete)
 
 
 def _status_text(status: Any) -> str:
@@ -137,10 +110,20 @@ class RayJobsLauncher(Launcher):
         verify: bool | str = True,
         submit_retry_s: float = 120.0,
         stop_wait_s: float = 60.0,
+        storage_options: Mapping[str, Any] | None = None,
+        catalog_env: Mapping[str, str] | None = None,
     ) -> None:
         self.address = address
         self.headers = dict(headers or {})
         self.runtime_env = dict(runtime_env) if runtime_env else None
+        self._storage_options = dict(storage_options or {})  # with the connection's keys: never shipped
+        self._catalog_env = dict(catalog_env or {})
+        self._job_env: JobEnv | None = None
+        self._secrets = [
+            *(str(self._storage_options.get(k) or "") for k in ("secret_key", "session_token")),
+            *self._catalog_env.values(),
+            *(v.split(" ", 1)[-1] for k, v in self.headers.items() if k.lower() == "authorization"),
+        ]
         self.python = python
         self.verify = verify
         self.submit_retry_s = submit_retry_s
@@ -150,19 +133,40 @@ class RayJobsLauncher(Launcher):
     @classmethod
     def from_config(cls, config: ServiceConfig) -> RayJobsLauncher:
         """The cluster token (extra ``ray_token``) goes into the request headers only; it never reaches
-        the job file, the logs or XCom. S3 credentials reach the driver through its runtime_env."""
-        from airflow_provider_batchinfer.s3 import credential_env
-
-        runtime_env = dict(config.runtime_env or {})
-        credentials = credential_env(dict(config.storage_options))
-        if credentials:  # for the job driver and its workers, as for the local launcher
-            runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **credentials}
+        the job file, the logs or XCom. The connection's S3 keys stay here: a job gets a session
+        derived from them when it starts (:meth:`prepare_env`)."""
         return cls(
             address=config.ray_address or "",
             headers=config.ray_headers,
-            runtime_env=runtime_env or None,
+            runtime_env=config.runtime_env or None,
             python=config.python,
+            storage_options=config.storage_options,
+            catalog_env=config.runtime_secrets,
         )
+
+    def scrub(self, text: str) -> str:
+        """``text`` without any secret value this launcher knows (the connection's, the job's session)."""
+        return scrub(text, self._secrets)
+
+    def prepare_env(self, log: TaskLog) -> JobEnv:
+        """The environment of the next job (``job_env.py``): its S3 session is derived here, once,
+        before the run directory is claimed, so a store without STS refuses the job before any work.
+        Raises RayJobsError (permanent unless STS said to try again) with what to configure instead."""
+        from airflow_provider_batchinfer.job_session import JobSessionError
+
+        try:
+            env = job_env(self._storage_options, self._catalog_env, self.job_timeout)
+        except JobSessionError as exc:
+            raise RayJobsError(self.scrub(str(exc)), permanent=exc.permanent) from exc
+        self._secrets.extend(env.secret.values())
+        if env.expires is not None:
+            log.info(
+                "S3 for the Ray job: a session derived through STS%s, valid until %s (the connection's keys stay here)",
+                f" for role {self._storage_options['role_arn']}" if self._storage_options.get("role_arn") else "",
+                env.expires.isoformat(),
+            )
+        self._job_env = env
+        return env
 
     @classmethod
     def check_address(cls, address: str | None, conn_id: str) -> str:
@@ -186,8 +190,9 @@ class RayJobsLauncher(Launcher):
                     self._client = JobSubmissionClient(self.address, headers=self.headers or None, verify=self.verify)
             except Exception as exc:
                 raise RayJobsError(
-                    f"cannot reach the Ray Jobs API at {self.address}: {type(exc).__name__}: {exc}. Check the "
-                    "batchinfer connection's host (the dashboard address, e.g. http://ray-head:8265) and its token"
+                    f"cannot reach the Ray Jobs API at {self.address}: {type(exc).__name__}: {self.scrub(str(exc))}. "
+                    "Check the batchinfer connection's host (the dashboard address, e.g. http://ray-head:8265) and its "
+                    "token"
                 ) from exc
         return self._client
 
@@ -202,11 +207,11 @@ class RayJobsLauncher(Launcher):
         except RuntimeError as exc:
             if "404" in str(exc) or "does not exist" in str(exc):
                 return None
-            raise RayJobsError(f"Ray Jobs API at {self.address} failed: {exc}") from exc
+            raise RayJobsError(f"Ray Jobs API at {self.address} failed: {self.scrub(str(exc))}") from exc
         return {
             "submission_id": submission_id,
             "status": _status_text(info.status),
-            "message": info.message,
+            "message": self.scrub(info.message or ""),
             "metadata": info.metadata or {},
         }
 
@@ -218,9 +223,11 @@ class RayJobsLauncher(Launcher):
         entrypoint_num_cpus: float = 0,
         entrypoint_num_gpus: float = 0,
         metadata: dict[str, str] | None = None,
+        runtime_env: dict[str, Any] | None = None,
     ) -> str:
-        """Submit the runtime. The driver itself does no compute, so by default it reserves no CPU:
-        the actor pool's resources come from the JobSpec inside the job."""
+        """Submit the runtime (with ``runtime_env``, else the connection's). The driver itself does
+        no compute, so by default it reserves no CPU: the actor pool's resources come from the
+        JobSpec inside the job."""
         deadline = time.monotonic() + self.submit_retry_s
         delay = 1.0
         while True:
@@ -229,7 +236,7 @@ class RayJobsLauncher(Launcher):
                     self.client().submit_job(
                         entrypoint=self.entrypoint(spec_location),
                         submission_id=submission_id,
-                        runtime_env=self.runtime_env or None,
+                        runtime_env=runtime_env or self.runtime_env or None,
                         metadata=metadata or {},
                         entrypoint_num_cpus=entrypoint_num_cpus,
                         entrypoint_num_gpus=entrypoint_num_gpus,
@@ -247,21 +254,24 @@ class RayJobsLauncher(Launcher):
                     delay = min(delay * 2, 10.0)
                     continue
                 raise RayJobsError(
-                    f"submitting {submission_id} to the Ray Jobs API at {self.address} failed: {exc}"
+                    f"submitting {submission_id} to the Ray Jobs API at {self.address} failed: {self.scrub(text)}"
                 ) from exc
 
     def status(self, submission_id: str) -> str:
         return _status_text(self.client().get_job_status(submission_id))
 
     def logs(self, submission_id: str) -> str:
-        return str(self.client().get_job_logs(submission_id))
+        """The driver's log, scrubbed: every line of it may reach the task log."""
+        return self.scrub(str(self.client().get_job_logs(submission_id)))
 
     def jobs_of(self, owner: RunOwner) -> list[dict[str, Any]]:
         """Every job the cluster lists for this task instance (any try, any state), by its metadata."""
         try:
             listed = self.client().list_jobs()
         except Exception as exc:
-            raise RayJobsError(f"listing the jobs of the Ray Jobs API at {self.address} failed: {exc}") from exc
+            raise RayJobsError(
+                f"listing the jobs of the Ray Jobs API at {self.address} failed: {self.scrub(str(exc))}"
+            ) from exc
         return [
             {"submission_id": j.submission_id, "status": _status_text(j.status), "metadata": dict(j.metadata or {})}
             for j in listed
@@ -302,7 +312,10 @@ class RayJobsLauncher(Launcher):
 
     def before_start(self, owner: RunOwner, log: TaskLog, identity: str | None = None) -> None:
         """A new job must not race one of the same task instance still writing into its directory:
-        stop each (of an earlier try, or computing another input or model) and wait until it ended."""
+        stop each (of an earlier try, or computing another input or model) and wait until it ended.
+        First, the new job's environment is prepared (:meth:`prepare_env`): a job that cannot get
+        its S3 session stops nothing."""
+        self.prepare_env(log)
         running = [j for j in self.jobs_of(owner) if j["status"] not in TERMINAL]
         for job in running:
             other = job["metadata"].get(IDENTITY_KEY)
@@ -335,7 +348,16 @@ class RayJobsLauncher(Launcher):
 
     def start(self, job: JobFile, job_location: str, log: TaskLog) -> JobHandle:
         sid = job.submission_id or self.job_name(job.airflow, job.attempt, job.identity)
-        self.submit(job_location, sid, metadata=job_metadata(job.airflow, job.attempt, job.identity))
+        env = self._job_env or self.prepare_env(log)
+        self._job_env = None  # one session per job
+        with secrets_package(env) as package:
+            runtime_env = env.runtime_env(self.runtime_env, package)
+            self.submit(
+                job_location,
+                sid,
+                metadata=job_metadata(job.airflow, job.attempt, job.identity),
+                runtime_env=runtime_env or None,
+            )
         log.info("Submitted Ray job %s", sid)
         return self.attach(sid, job.attempt, log)
 

@@ -225,6 +225,7 @@ class BatchInferenceOperator(BaseOperator):
         self.hook.check_credential_lifetime(self.job_timeout)
         mv, run_dir = self._resolve(context)
         launcher = self._launcher = self.hook.get_launcher()
+        launcher.job_timeout = self.job_timeout  # what a job's derived S3 session is bounded by
         try:
             handle = self._handle = self._launch(launcher, owner, mv, run_dir)
             if handle.url:

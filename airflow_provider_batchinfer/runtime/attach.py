@@ -1,16 +1,31 @@
-"""Starting or attaching to Ray for one job: the address rule and what every worker's environment gets."""
+"""Starting or attaching to Ray for one job: the address rule and what every worker's environment gets.
+
+Ray workers do not inherit the driver's environment: a worker's ``AWS_*`` keys must be handed to it.
+The keys never go through ``ray.init``'s ``runtime_env``: Ray records that with the job (``ray list
+jobs``, the dashboard, the Jobs API), and under the Jobs API it must not repeat a variable the
+job's own ``runtime_env`` sets (Ray refuses to merge the two, and prints both, values included).
+Keys reach each worker through a ``worker_process_setup_hook`` that sets them in its environment
+before it runs anything; Ray keeps the hook in the cluster's internal store, not in the job's
+metadata. Public settings (endpoint, region, the driver's model cache) go as ``env_vars``, less
+those the job's ``runtime_env`` already sets.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow_provider_batchinfer.contract import JobFile
+from airflow_provider_batchinfer.redact import SECRET_ENV
 from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV
 from airflow_provider_batchinfer.runtime.replica import DRIVER_CACHE_ENV
 from airflow_provider_batchinfer.s3 import worker_env
+
+#: set by the Ray Jobs API in a job's driver: the job's config, its runtime_env included
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
 def ray_init_kwargs(address: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
@@ -28,20 +43,57 @@ def ray_init_kwargs(address: str | None, environ: Mapping[str, str]) -> dict[str
     return kwargs
 
 
+def _job_env_vars(environ: Mapping[str, str]) -> set[str]:
+    """The variables the job's own ``runtime_env`` sets (a Jobs API driver's job config): Ray refuses
+    a ``ray.init`` that sets any of them again."""
+    try:
+        config = json.loads(environ.get(JOB_CONFIG_ENV) or "{}")
+    except ValueError:
+        return set()
+    runtime_env = config.get("runtime_env") or {}
+    return set(runtime_env.get("env_vars") or {}) if isinstance(runtime_env, dict) else set()
+
+
+def _worker_env_hook(values: Mapping[str, str]) -> Callable[[], None]:
+    """A ``worker_process_setup_hook`` that puts ``values`` into each worker's environment."""
+    frozen = dict(values)
+
+    def batchinfer_worker_env() -> None:
+        os.environ.update(frozen)
+
+    return batchinfer_worker_env
+
+
+def worker_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``ray.init``'s ``runtime_env``: credentials through the setup hook only, public settings as
+    ``env_vars`` unless the job's ``runtime_env`` sets them already. Empty: nothing to add."""
+    forwarded = dict(worker_env(environ))
+    if environ.get(MODEL_CACHE_ENV):
+        forwarded[DRIVER_CACHE_ENV] = environ[MODEL_CACHE_ENV]
+    secret = {k: v for k, v in forwarded.items() if k in SECRET_ENV}
+    taken = _job_env_vars(environ)
+    public = {k: v for k, v in forwarded.items() if k not in SECRET_ENV and k not in taken}
+    runtime_env: dict[str, Any] = {}
+    if public:
+        runtime_env["env_vars"] = public
+    if secret:
+        runtime_env["worker_process_setup_hook"] = _worker_env_hook(secret)
+    return runtime_env
+
+
 def init_ray(job: JobFile) -> None:
-    """Start (or attach to) Ray; S3 credentials reach the workers from this process's environment,
-    never a file. The driver's model cache directory goes as a fallback only
-    (``BATCHINFER_DRIVER_MODEL_CACHE``): a node started with its own ``BATCHINFER_MODEL_CACHE`` keeps
-    it (a runtime_env variable would override the node's value on every worker)."""
+    """Start (or attach to) Ray; S3 credentials reach the workers from this process's environment
+    (:func:`worker_runtime_env`), never a file or the job's metadata. The driver's model cache
+    directory goes as a fallback only (``BATCHINFER_DRIVER_MODEL_CACHE``): a node started with its
+    own ``BATCHINFER_MODEL_CACHE`` keeps it (a runtime_env variable would override the node's value
+    on every worker)."""
     import ray
     import ray.data
 
     init_kwargs = ray_init_kwargs(job.ray_address, os.environ)
-    env_vars = dict(worker_env())
-    if os.environ.get(MODEL_CACHE_ENV):
-        env_vars[DRIVER_CACHE_ENV] = os.environ[MODEL_CACHE_ENV]
-    if env_vars:
-        init_kwargs["runtime_env"] = {"env_vars": env_vars}
+    runtime_env = worker_runtime_env(os.environ)
+    if runtime_env:
+        init_kwargs["runtime_env"] = runtime_env
     ray.init(**init_kwargs)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False

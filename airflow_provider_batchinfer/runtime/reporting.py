@@ -9,6 +9,7 @@ innermost error, or ours when one is in the chain (a ``StageError`` names the bu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     state are wrong; 1: anything else)."""
     import argparse
 
+    from airflow_provider_batchinfer.delivery import apply_delivered_env
+    from airflow_provider_batchinfer.redact import install_log_scrubber, scrub, secret_values
     from airflow_provider_batchinfer.runtime.driver import run
 
     parser = argparse.ArgumentParser(prog="python -m airflow_provider_batchinfer.runtime")
@@ -113,11 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    secrets: list[str] = []
     try:
+        apply_delivered_env()  # a cluster job's S3 session and catalog secrets, before anything opens a store
+        secrets = secret_values(os.environ)
+        install_log_scrubber(secrets)
         manifest = run(args.spec)
     except Exception as exc:  # the one place that turns any failure into a clear last line
         log.debug("job failed", exc_info=True)
-        print(failure(exc).to_line(), flush=True)
+        found = failure(exc)
+        print(dataclasses.replace(found, error=scrub(found.error, secrets)).to_line(), flush=True)
         return 2 if isinstance(exc, (InputError, JobError, StageError, ValueError)) else 1
     print(JobResult(rows=manifest.counts.output_rows, files=len(manifest.files)).to_line(), flush=True)
     return 0

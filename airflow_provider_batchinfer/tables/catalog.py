@@ -10,10 +10,14 @@
   "postgresql+psycopg2://...", "warehouse": "s3://lake/warehouse"}`` (``name``: the catalog's name,
   default ``batchinfer``).
 
-Secrets (``token``, ``credential``, passwords, keys) never go into the job file: the runtime gets
-them from its environment (pyiceberg reads ``PYICEBERG_CATALOG__<NAME>__<KEY>``; set it through the
-connection's ``runtime_env`` extra). An ``s3://`` warehouse uses the stage's S3 settings (endpoint,
-region, credentials). Storage layer: imports neither Airflow nor Ray.
+What travels in job files, manifests and lineage is an allow-list (:func:`public_catalog`): the
+properties named in ``PUBLIC_PROPERTIES``, with URIs redacted (userinfo, and password / token query
+parameters). Every other property (``token``, ``credential``, ``header.*``, ``adls.account-key``, a
+URI's real value, ...) reaches the runtime through its environment as
+``PYICEBERG_CATALOG__<NAME>__<PROP>`` (:func:`catalog_secret_env`), by the same delivery as the
+job's S3 credentials (docs/credentials.md), and :func:`open_catalog` reads it back from there. An
+``s3://`` warehouse uses the stage's S3 settings (endpoint, region, credentials). Storage layer:
+imports neither Airflow nor Ray.
 """
 
 from __future__ import annotations
@@ -22,13 +26,53 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_batchinfer.redact import MASK, redact_uri, scrub, uri_secrets
 from airflow_provider_batchinfer.stage import StageError, is_uri, join
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
 DEFAULT_CATALOG_NAME = "batchinfer"
-_SECRET_MARKERS = ("token", "credential", "secret", "password", "access-key", "session")
+#: pyiceberg catalog properties that hold no secret: these (URIs redacted) may be written down
+PUBLIC_PROPERTIES = frozenset(
+    {
+        "name",
+        "type",
+        "uri",
+        "warehouse",
+        "prefix",
+        "py-io-impl",
+        "scope",
+        "audience",
+        "resource",
+        "oauth2-server-uri",
+        "rest.sigv4-enabled",
+        "rest.signing-region",
+        "rest.signing-name",
+        "header.x-iceberg-access-delegation",
+        "s3.endpoint",
+        "s3.region",
+        "s3.path-style-access",
+        "s3.force-virtual-addressing",
+        "s3.connect-timeout",
+        "s3.request-timeout",
+        "client.region",
+        "gcs.project-id",
+        "adls.account-name",
+        "glue.region",
+        "glue.id",
+        "dynamodb.region",
+        "dynamodb.endpoint",
+        "table-name",
+        "init_catalog_tables",
+        "echo",
+        "pool_pre_ping",
+        "downcast-ns-timestamp-to-us-on-write",
+    }
+)
+#: properties whose value is a URI: recorded redacted, delivered whole when redaction changed them
+_URI_PROPERTIES = ("uri", "warehouse", "oauth2-server-uri", "s3.endpoint", "dynamodb.endpoint")
+_ENV_PREFIX = "PYICEBERG_CATALOG__"
 
 
 class CatalogError(StageError):
@@ -79,16 +123,50 @@ def catalog_config(extra: Mapping[str, Any], stage_root: str, home: str) -> dict
 
 
 def public_catalog(props: Mapping[str, str]) -> dict[str, str]:
-    """What may travel in the job file and manifests: no token, credential, password or key; a
-    password inside a database URI is masked."""
-    out = {k: v for k, v in props.items() if not any(m in k.lower() for m in _SECRET_MARKERS)}
-    uri = out.get("uri", "")
-    if "@" in uri and "://" in uri:
-        scheme, rest = uri.split("://", 1)
-        userinfo, _, host = rest.rpartition("@")
-        if ":" in userinfo:
-            out["uri"] = f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
+    """What may travel in the job file, manifests and lineage: only ``PUBLIC_PROPERTIES`` (an
+    allow-list: a property nobody thought of stays out), each URI without its credentials."""
+    out = {k: v for k, v in props.items() if k.lower() in PUBLIC_PROPERTIES}
+    for key in _URI_PROPERTIES:
+        if out.get(key):
+            out[key] = redact_uri(out[key])
     return out
+
+
+def _env_name(catalog: str, prop: str) -> str:
+    """pyiceberg's own environment spelling: ``.`` is ``__``, ``-`` is ``_``, case does not matter."""
+    return f"{_ENV_PREFIX}{catalog.upper()}__{prop.upper().replace('.', '__').replace('-', '_')}"
+
+
+def catalog_secret_env(props: Mapping[str, str]) -> dict[str, str]:
+    """``PYICEBERG_CATALOG__<NAME>__<PROP>`` for every property :func:`public_catalog` leaves out or
+    redacts: how the runtime gets them without a file. Property names are read back lower-case with
+    ``-`` for ``_`` (as pyiceberg reads them), which HTTP headers and pyiceberg's own names survive."""
+    name = props.get("name", DEFAULT_CATALOG_NAME)
+    public = public_catalog(props)
+    return {_env_name(name, k): str(v) for k, v in props.items() if k != "name" and public.get(k) != v}
+
+
+def catalog_env_properties(name: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The properties of catalog ``name`` that its environment holds (:func:`catalog_secret_env`'s
+    variables, or ones set on the nodes by hand), decoded as pyiceberg decodes them."""
+    wanted = name.lower().replace("_", "-")
+    out = {}
+    for var, value in environ.items():
+        if not var.upper().startswith(_ENV_PREFIX):
+            continue
+        catalog, _, prop = var[len(_ENV_PREFIX) :].lower().partition("__")
+        if prop and catalog.replace("_", "-") == wanted:
+            out[".".join(part.replace("_", "-") for part in prop.split("__"))] = value
+    return out
+
+
+def catalog_secrets(props: Mapping[str, str]) -> list[str]:
+    """Every secret value ``props`` hold: the ones :func:`public_catalog` leaves out or redacts, and
+    the credential parts of URIs (error texts that echo a URI are scrubbed of them)."""
+    found = list(catalog_secret_env(props).values())
+    for key in _URI_PROPERTIES:
+        found.extend(uri_secrets(props.get(key, "")))
+    return found
 
 
 def io_properties(storage_options: Mapping[str, Any] | None) -> dict[str, str]:
@@ -110,15 +188,20 @@ def io_properties(storage_options: Mapping[str, Any] | None) -> dict[str, str]:
 
 
 def open_catalog(props: Mapping[str, str], storage_options: Mapping[str, Any] | None = None) -> Catalog:
-    """The catalog ``props`` describe, with FileIO settings for an ``s3://`` warehouse. A local SQLite
-    catalog's directory and warehouse are created on first use."""
+    """The catalog ``props`` describe, with FileIO settings for an ``s3://`` warehouse and the
+    properties this process's environment delivers (:func:`catalog_env_properties`: they fill in what
+    the job file leaves out and replace what it redacts). A local SQLite catalog's directory and
+    warehouse are created on first use. An error names the catalog by its redacted URI and holds no
+    secret value."""
     from pyiceberg.catalog import load_catalog
 
     props = dict(props)
     name = props.pop("name", DEFAULT_CATALOG_NAME)
+    delivered = catalog_env_properties(name, os.environ)
+    props.update({k: v for k, v in delivered.items() if k not in props or MASK in props[k]})
     uri = props.get("uri", "")
     if props.get("type") == "sql" and uri.startswith("sqlite:///"):
-        os.makedirs(os.path.dirname(uri[len("sqlite:///") :]), exist_ok=True)
+        os.makedirs(os.path.dirname(uri[len("sqlite:///") :].split("?", 1)[0]), exist_ok=True)
         warehouse = props.get("warehouse", "")
         if warehouse.startswith("file://"):
             os.makedirs(warehouse[len("file://") :], exist_ok=True)
@@ -127,9 +210,13 @@ def open_catalog(props: Mapping[str, str], storage_options: Mapping[str, Any] | 
     try:
         return load_catalog(name, **props)
     except Exception as exc:
+        secrets = [*catalog_secrets({**props, "name": name}), *(str(v) for k, v in props.items() if "key" in k)]
         raise CatalogError(
-            f"cannot open the Iceberg catalog {name!r} ({public_catalog(props).get('uri', '')}): "
-            f"{type(exc).__name__}: {exc}",
+            scrub(
+                f"cannot open the Iceberg catalog {name!r} ({public_catalog(props).get('uri', '')}): "
+                f"{type(exc).__name__}: {exc}",
+                secrets,
+            ),
             permanent=False,
         ) from exc
 
