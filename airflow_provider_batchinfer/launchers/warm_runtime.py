@@ -319,7 +319,7 @@ def waiting(state_directory: Path) -> list[tuple[str, int]]:
 def main(argv: list[str]) -> int:
     """``python -m airflow_provider_batchinfer.launchers.warm_runtime stop [state dir]``."""
     if argv[:1] == ["stop"] and len(argv) <= 2:
-        root = Path(argv[1]) if len(argv) == 2 else embedded_ray.state_dir()
+        root = Path(argv[1]) if len(argv) == 2 else embedded_ray.private_state_dir()  # its fallback included
         stopped = sum(stop_spares(d) for d in sorted((root / "spares").glob("*")))
         print(f"stopped {stopped} spare runtime process(es) under {root / 'spares'}")
         return 0
