@@ -35,11 +35,14 @@ class DeliveryError(RuntimeError):
 
 def write_package(parent: str, env: Mapping[str, str]) -> tuple[str, str]:
     """A package directory under ``parent`` (which the caller created private and removes) holding
-    ``env``: its path and module name. Files are written owner-only."""
+    ``env``: its path and module name. Files are written owner-only. The name is written inside
+    too: Ray names an uploaded package by a hash of its files' content, not of the directory's
+    name, so two jobs given the same values (the same catalog secrets, say) would share one package
+    and the second would look for a module name that is not in it."""
     name = _PREFIX + secrets.token_hex(16)
     path = os.path.join(parent, name)
     os.mkdir(path, 0o700)
-    for filename, text in (("__init__.py", ""), (_ENV_FILE, json.dumps(dict(env)))):
+    for filename, text in (("__init__.py", ""), (_ENV_FILE, json.dumps({"package": name, "env": dict(env)}))):
         fd = os.open(os.path.join(path, filename), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(text)
@@ -59,8 +62,10 @@ def read_package(name: str) -> dict[str, str]:
             "a py_modules entry of its runtime_env; a runtime_env that replaces py_modules drops it"
         )
     with open(os.path.join(locations[0], _ENV_FILE)) as src:
-        env = json.load(src)
-    return {str(k): str(v) for k, v in env.items()}
+        data = json.load(src)
+    if data.get("package") != name:
+        raise DeliveryError(f"the job's secrets package {name} holds another job's values")
+    return {str(k): str(v) for k, v in data["env"].items()}
 
 
 def apply_delivered_env(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:

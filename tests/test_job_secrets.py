@@ -311,6 +311,11 @@ def test_the_secrets_package_round_trips_and_a_wrong_name_is_refused(tmp_path, m
     path, name = write_package(str(tmp_path), {"AWS_SECRET_ACCESS_KEY": "s-x", "PYICEBERG_CATALOG__C__TOKEN": "t"})
     assert oct(os.stat(path).st_mode & 0o777) == "0o700"
     assert oct(os.stat(os.path.join(path, "env.json")).st_mode & 0o777) == "0o600"
+    # Ray names an uploaded package by its files' content: two jobs with the same values must not share one
+    (tmp_path / "twin").mkdir()
+    twin, _ = write_package(str(tmp_path / "twin"), {"X": "same"})
+    again, _ = write_package(str(tmp_path / "twin"), {"X": "same"})
+    assert open(os.path.join(twin, "env.json")).read() != open(os.path.join(again, "env.json")).read()
     monkeypatch.syspath_prepend(str(tmp_path))
     environ = {"BATCHINFER_SECRETS_MODULE": name}
     assert apply_delivered_env(environ) == {"AWS_SECRET_ACCESS_KEY": "s-x", "PYICEBERG_CATALOG__C__TOKEN": "t"}

@@ -1,14 +1,17 @@
 """Who a Ray job belongs to, read back from the Jobs API: its submission id and its metadata (the
-task instance, the attempt, the job's identity), and how its driver log is read in whole lines.
+task instance, the attempt, the job's identity), how its driver log is read in whole lines, and
+the small adapters around Ray's Jobs API client.
 
 Imports neither Airflow nor Ray: the launcher, the trigger and the tests share it.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.identity import task_key
 
@@ -64,3 +67,20 @@ def new_log_lines(text: str, offset: int, final: bool) -> tuple[list[str], int]:
     fresh = text[offset:]
     complete = fresh if final else fresh[: fresh.rfind("\n") + 1]
     return complete.splitlines(), offset + len(complete)
+
+
+@contextmanager
+def env_without(*names: str) -> Iterator[None]:
+    """JobSubmissionClient prefers RAY_ADDRESS from the environment over the address it is given
+    (Ray 2.60, ray.dashboard.utils.get_address_for_submission_client); on a worker that also runs
+    local-launcher jobs that variable points at a GCS, not at the Jobs API we were configured with."""
+    saved = {n: os.environ.pop(n) for n in names if n in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def status_text(status: Any) -> str:
+    """A Jobs API status as its text (the client returns an enum, the HTTP API a string)."""
+    return str(status.value if hasattr(status, "value") else status)

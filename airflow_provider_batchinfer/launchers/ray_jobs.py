@@ -21,11 +21,9 @@ Imports no Airflow: the trigger and the operator share it.
 
 from __future__ import annotations
 
-import os
 import shlex
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import last_failure
@@ -49,8 +47,10 @@ from airflow_provider_batchinfer.launchers.ray_job_ids import (
     IDENTITY_KEY,
     TASK_KEY,
     belongs_to,
+    env_without,
     job_metadata,
     new_log_lines,
+    status_text,
     submission_id_for,
 )
 from airflow_provider_batchinfer.redact import scrub
@@ -77,22 +77,6 @@ __all__ = [
 
 class RayJobsError(LaunchError):
     """The cluster could not be reached or refused a request; the message names the address."""
-
-
-@contextmanager
-def _env_without(*names: str) -> Iterator[None]:
-    """JobSubmissionClient prefers RAY_ADDRESS from the environment over the address it is given
-    (Ray 2.60, ray.dashboard.utils.get_address_for_submission_client); on a worker that also runs
-    local-launcher jobs that variable points at a GCS, not at the Jobs API we were configured with."""
-    saved = {n: os.environ.pop(n) for n in names if n in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
-
-def _status_text(status: Any) -> str:
-    return str(status.value if hasattr(status, "value") else status)
 
 
 class RayJobsLauncher(Launcher):
@@ -186,7 +170,7 @@ class RayJobsLauncher(Launcher):
             from ray.job_submission import JobSubmissionClient
 
             try:
-                with _env_without("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+                with env_without("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
                     self._client = JobSubmissionClient(self.address, headers=self.headers or None, verify=self.verify)
             except Exception as exc:
                 raise RayJobsError(
@@ -210,7 +194,7 @@ class RayJobsLauncher(Launcher):
             raise RayJobsError(f"Ray Jobs API at {self.address} failed: {self.scrub(str(exc))}") from exc
         return {
             "submission_id": submission_id,
-            "status": _status_text(info.status),
+            "status": status_text(info.status),
             "message": self.scrub(info.message or ""),
             "metadata": info.metadata or {},
         }
@@ -258,7 +242,7 @@ class RayJobsLauncher(Launcher):
                 ) from exc
 
     def status(self, submission_id: str) -> str:
-        return _status_text(self.client().get_job_status(submission_id))
+        return status_text(self.client().get_job_status(submission_id))
 
     def logs(self, submission_id: str) -> str:
         """The driver's log, scrubbed: every line of it may reach the task log."""
@@ -273,7 +257,7 @@ class RayJobsLauncher(Launcher):
                 f"listing the jobs of the Ray Jobs API at {self.address} failed: {self.scrub(str(exc))}"
             ) from exc
         return [
-            {"submission_id": j.submission_id, "status": _status_text(j.status), "metadata": dict(j.metadata or {})}
+            {"submission_id": j.submission_id, "status": status_text(j.status), "metadata": dict(j.metadata or {})}
             for j in listed
             if j.submission_id and belongs_to(j.metadata or {}, owner)
         ]
