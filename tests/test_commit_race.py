@@ -30,6 +30,8 @@ from airflow_provider_batchinfer.stage import Stage
 from tests.runs import OWNER, job_file, manifest_for, parquet_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
+# the zombie's state is read from /proc (stopped: "T")
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 NEWER_OWNER = dataclasses.replace(OWNER, try_number=2)
 KEY_ID, SECRET = "AKIDFENCETEST", "fence-secret"
 
