@@ -69,7 +69,7 @@ def _run_facet_class() -> type:
             job: dict[str, Any] = attr.field(factory=dict)
             counts: dict[str, Any] = attr.field(factory=dict)
             timings: dict[str, Any] = attr.field(factory=dict)
-            usage: dict[str, Any] = attr.field(factory=dict)  # 16.2: held, rows/s, latency, tokens, cost
+            usage: dict[str, Any] = attr.field(factory=dict)  # held, rows/s, latency, tokens, cost
 
             @staticmethod
             def _get_schema() -> str:
@@ -156,7 +156,7 @@ def _input_datasets(operator: BatchInferenceOperator, manifest: Manifest | None)
         return []
     hook = operator.hook
     raw = [operator.input] if isinstance(operator.input, str) else list(operator.input)
-    if is_table_input(operator.input):  # 17
+    if is_table_input(operator.input):
         from airflow_provider_batchinfer.lineage_tables import table_dataset
 
         return [table_dataset(operator, parse_table_input(str(operator.input)).identifier, False, None)]
@@ -223,7 +223,7 @@ def operator_lineage(
         location = operator.resolve_run_directory({"ti": task_instance})
     elif operator.stage_location:
         location = hook.resolve_location(operator.stage_location)
-    table = getattr(operator, "table", None)  # 17: an Iceberg table output (lineage_tables.py)
+    table = getattr(operator, "table", None)  # an Iceberg table output (lineage_tables.py)
     if table and committed and task_instance is not None:
         from airflow_provider_batchinfer.lineage_tables import table_manifest
 
@@ -239,7 +239,7 @@ def operator_lineage(
     if "uri" in model:
         namespace, name = dataset_name(model["uri"])
         inputs.append(InputDataset(namespace=namespace, name=name))
-    if table:  # 17: the table, not the claim directory
+    if table:  # the table, not the claim directory
         from airflow_provider_batchinfer.lineage_tables import table_dataset
 
         outputs = [table_dataset(operator, str(table), True, manifest)]

@@ -199,7 +199,7 @@ def read_valid_manifest(
     """The validated manifest of a run directory, or None while it has no marker. An
     ``iceberg://<table>/<run key>`` location: the run's snapshot in the table (its manifest). With
     ``verdicts``, files already hashed for these very marker bytes are not hashed again."""
-    if location.startswith(TABLE_SCHEME):  # 17
+    if location.startswith(TABLE_SCHEME):
         return _read_table_manifest(location, storage_options, verify_checksums, verdicts)
     run_dir = Stage.open(location, storage_options)
     marker = run_dir.child(SUCCESS_MARKER)
@@ -266,7 +266,7 @@ def read_committed(
     import pyarrow.parquet as pq
 
     m = as_manifest(manifest)
-    if m.table is not None:  # 17: the run's rows in the snapshot that committed them
+    if m.table is not None:  # the run's rows in the snapshot that committed them
         from airflow_provider_batchinfer.tables.read import read_run_rows
 
         return read_run_rows(m, storage_options, columns)

@@ -49,9 +49,9 @@ class JobFile:
     submission_id: str | None = None
     identity: str | None = None
     format: str = JOB_FORMAT
-    # 16.2: the connection's prices per CPU/GPU hour (contract/usage.py): the usage's cost, the budget guard
+    # the connection's prices per CPU/GPU hour (contract/usage.py): the usage's cost, the budget guard
     prices: Mapping[str, float] = field(default_factory=dict)
-    # 17: Iceberg tables: the table this run commits into (run_dir is then this attempt's data
+    # Iceberg tables: the table this run commits into (run_dir is then this attempt's data
     # directory under the table's location) and the table snapshot it reads
     table_output: TableOutput | None = None
     table_input: TableInput | None = None
@@ -80,7 +80,7 @@ class JobFile:
             "resume": self.resume,
             "submission_id": self.submission_id,
             "identity": self.identity,
-            "prices": dict(self.prices),  # 16.2
+            "prices": dict(self.prices),
             **({"table_output": self.table_output.to_dict()} if self.table_output else {}),
             **({"table_input": self.table_input.to_dict()} if self.table_input else {}),
             **({"result": dict(self.result)} if self.result is not None else {}),
@@ -127,7 +127,7 @@ class JobFile:
             resume=bool(_opt(data, "resume", bool, where, err, False)),
             submission_id=_opt(data, "submission_id", str, where, err),
             identity=_opt(data, "identity", str, where, err),
-            prices=check_prices(_opt(data, "prices", dict, where, err, {}), f"{where}.prices", err),  # 16.2
+            prices=check_prices(_opt(data, "prices", dict, where, err, {}), f"{where}.prices", err),
             table_output=_table(data, "table_output", TableOutput, where),
             table_input=_table(data, "table_input", TableInput, where),
             result=_result(data, where),

@@ -105,7 +105,7 @@ class PoolRecord:
     reserved_gpus: float = 0.0
     waited_s: float = 0.0
     nodes: tuple[NodeReplicas, ...] = ()
-    # #18: a small job scored in the driver process, without an actor pool (runtime/in_driver.py)
+    # a small job scored in the driver process, without an actor pool (runtime/in_driver.py)
     in_driver: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,13 +192,13 @@ class Manifest:
     finished_at: str = ""
     timings: Mapping[str, float | None] = field(default_factory=dict)
     format: str = MANIFEST_FORMAT
-    # 16.2: what the attempt held and cost (contract/usage.py); None in manifests written before it
+    # what the attempt held and cost (contract/usage.py); None in manifests written before it
     usage: Usage | None = None
-    # 17: Iceberg tables: the table the run committed into (snapshot_id: the snapshot that did,
+    # Iceberg tables: the table the run committed into (snapshot_id: the snapshot that did,
     # filled in when read back from the table) and the table snapshot it read
     table: TableOutput | None = None
     table_input: TableInput | None = None
-    # #16 incremental scoring: rows reused / scored and the key index (None: reuse was off)
+    # incremental scoring: rows reused / scored and the key index (None: reuse was off)
     reuse: ReuseInfo | None = None
 
     @property
@@ -226,10 +226,10 @@ class Manifest:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "timings": dict(self.timings),
-            **({"usage": self.usage.to_dict()} if self.usage is not None else {}),  # 16.2
+            **({"usage": self.usage.to_dict()} if self.usage is not None else {}),
             **({"table": self.table.to_dict()} if self.table else {}),
             **({"table_input": self.table_input.to_dict()} if self.table_input else {}),
-            **({"reuse": self.reuse.to_dict()} if self.reuse is not None else {}),  # #16
+            **({"reuse": self.reuse.to_dict()} if self.reuse is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -298,10 +298,10 @@ class Manifest:
             started_at=_opt(data, "started_at", str, where, err, ""),
             finished_at=_opt(data, "finished_at", str, where, err, ""),
             timings=_opt(data, "timings", dict, where, err, {}),
-            usage=Usage.from_dict(data["usage"], f"{where}.usage") if data.get("usage") else None,  # 16.2
+            usage=Usage.from_dict(data["usage"], f"{where}.usage") if data.get("usage") else None,
             table=_table_section(data, "table", TableOutput, where),
             table_input=_table_section(data, "table_input", TableInput, where),
-            reuse=ReuseInfo.from_dict(data["reuse"], f"{where}.reuse") if data.get("reuse") else None,  # #16
+            reuse=ReuseInfo.from_dict(data["reuse"], f"{where}.reuse") if data.get("reuse") else None,
         )
         manifest.check_counts(where)
         return manifest
@@ -329,7 +329,7 @@ class Manifest:
             raise ManifestError(
                 f"{where}: input_rows {c.input_rows} != output_rows {c.output_rows} + error_rows {c.error_rows}"
             )
-        if self.reuse is not None:  # #16: the key files describe listed parts, reused + scored == input
+        if self.reuse is not None:  # the key files describe listed parts, reused + scored == input
             self.reuse.check({f.name: f.rows for f in self.files}, c.input_rows, f"{where}.reuse")
 
 

@@ -105,7 +105,7 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "job is started only when this expiry is known and later than its job_timeout (+5 min).",
         format="date-time",
     ),
-    # 16.2: prices for the manifest's usage section (estimated cost) and JobSpec(max_cost=...)
+    # prices for the manifest's usage section (estimated cost) and JobSpec(max_cost=...)
     "price_per_cpu_hour": _field(
         "Price per CPU hour",
         "What one reserved CPU costs per hour (any currency, e.g. 0.048): the manifest's usage then holds an "
@@ -115,7 +115,7 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "Price per GPU hour",
         "What one reserved GPU costs per hour, in the same currency (e.g. 2.5). Empty: GPUs are not priced.",
     ),
-    # 15: where log_model(..., "mlflow", "models:/...") finds MLflow models
+    # where log_model(..., "mlflow", "models:/...") finds MLflow models
     "mlflow_tracking_uri": _field(
         "MLflow tracking URI",
         "Where log_model(name, version, 'mlflow', 'models:/<name>@<alias>') looks models up, e.g. "
@@ -125,7 +125,7 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "MLflow registry URI",
         "The MLflow model registry when it is not the tracking server. Empty: the tracking URI.",
     ),
-    # 17: the Iceberg catalog of OutputSpec(table=...) and iceberg:// inputs
+    # the Iceberg catalog of OutputSpec(table=...) and iceberg:// inputs
     "iceberg_catalog": {
         "label": "Iceberg catalog",
         "description": 'pyiceberg catalog properties, e.g. {"type": "rest", "uri": "https://catalog:8181"} or '

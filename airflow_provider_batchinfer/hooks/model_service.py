@@ -128,7 +128,7 @@ class ModelServiceHook(BaseHook):
         """What a ``publish`` task should read: only the files ``manifest`` (a ``_SUCCESS``, e.g. the
         sensor's XCom) commits, as a ``pyarrow.Table``, with this connection's S3 settings. For a run
         committed into an Iceberg table: exactly its rows, in the snapshot that committed them."""
-        if manifest.get("table") if isinstance(manifest, dict) else getattr(manifest, "table", None):  # 17
+        if manifest.get("table") if isinstance(manifest, dict) else getattr(manifest, "table", None):
             from airflow_provider_batchinfer.operators.table_io import read_options
 
             return read_committed(manifest, read_options(self), columns)
@@ -148,7 +148,7 @@ class ModelServiceHook(BaseHook):
         ``models:/<name>@<alias>``, ``runs:/<run id>/<path>``) from the tracking server given by
         ``tracking_uri=``, else the connection extra ``mlflow_tracking_uri`` (and
         ``mlflow_registry_uri``), else ``MLFLOW_TRACKING_URI``."""
-        if flavor == "mlflow":  # 15 (hfml)
+        if flavor == "mlflow":
             conn = self._connection()
             extra = dict(conn.extra_dejson or {}) if conn is not None else {}
             for option in ("tracking_uri", "registry_uri"):

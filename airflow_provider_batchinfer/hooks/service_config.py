@@ -120,7 +120,7 @@ class ServiceConfig:
     #: the Iceberg catalog's secret properties as ``PYICEBERG_CATALOG__*`` variables: delivered to
     #: the runtime with its credentials, never written down (``tables/catalog.py``)
     runtime_secrets: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
-    # 16.2: extras price_per_cpu_hour / price_per_gpu_hour (currency units per hour): the usage's cost
+    # extras price_per_cpu_hour / price_per_gpu_hour (currency units per hour): the usage's cost
     prices: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,7 +136,7 @@ class ServiceConfig:
             "allowed_url_hosts": list(self.allowed_url_hosts),
             "llm_engine": self.llm_engine,
             "local_ray_idle_s": self.local_ray_idle_s,
-            "prices": dict(self.prices),  # 16.2
+            "prices": dict(self.prices),
         }
 
     @property
@@ -212,5 +212,5 @@ class ServiceConfig:
             ray_headers=headers,
             credential_expiry=expiry,
             runtime_secrets=_catalog_secrets(extra, str(extra.get("stage_root") or ""), home),
-            prices=check_prices(extra, f"connection {conn_id!r}", ValueError),  # 16.2
+            prices=check_prices(extra, f"connection {conn_id!r}", ValueError),
         )

@@ -355,7 +355,7 @@ def idle_for(directory: Path, state: EmbeddedRay) -> float:
     """Seconds since the embedded Ray was last used; 0 while a job holds a lease (call with the lock
     held). Leases are checked first: dropping an ended job's lease restarts the clock, and a clock
     read before that would still stand at the lease's start, so a job longer than the idle timeout
-    had its Ray stopped the moment its process exited (CI, round fifteen: Ray gone 6 s after a 34 s
+    had its Ray stopped the moment its process exited (in CI: Ray gone 6 s after a 34 s
     job with a 20 s timeout, before the test could see it)."""
     if live_leases(directory):
         return 0.0

@@ -78,7 +78,7 @@ def attach_output_asset(
     if output_asset is None or output_asset is False:
         return None
     if output_asset is True:
-        table = getattr(output_spec, "table", None)  # 17: an Iceberg table output is named after the table
+        table = getattr(output_spec, "table", None)  # an Iceberg table output is named after the table
         location = (
             (f"iceberg://{table}" if table else "")
             or output_spec.base_stage_location
@@ -103,7 +103,7 @@ def event_extra(result: Mapping[str, Any]) -> dict[str, Any]:
     extra: dict[str, Any] = {"run_dir": result["output_location"]}
     extra.update({k: result[k] for k in SUMMARY_KEYS if k in result})
     usage = result.get("usage") or {}
-    if usage.get("cost") is not None:  # 16.2: what the run cost, for dashboards on the asset
+    if usage.get("cost") is not None:  # what the run cost, for dashboards on the asset
         extra["cost"] = usage["cost"]
     return extra
 

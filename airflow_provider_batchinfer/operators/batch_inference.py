@@ -140,7 +140,7 @@ class BatchInferenceOperator(BaseOperator):
         self.stage_location = output_spec.stage_location
         self.base_stage_location = output_spec.base_stage_location
         self.save_mode = output_spec.mode
-        self.table = output_spec.table  # 17: an Iceberg table (operators/table_io.py)
+        self.table = output_spec.table  # an Iceberg table (operators/table_io.py)
         self.job_spec = job_spec or JobSpec()
         self.model_service_conn_id = model_service_conn_id
         self.materialize_chunk_rows = materialize_chunk_rows
@@ -149,7 +149,7 @@ class BatchInferenceOperator(BaseOperator):
         self.job_timeout = job_timeout
         self._launcher: Launcher | None = None
         self._handle: JobHandle | None = None
-        # 16.3: an outlet Asset whose event carries the committed run's summary (operators/assets.py)
+        # an outlet Asset whose event carries the committed run's summary (operators/assets.py)
         self.output_asset = assets.attach_output_asset(self, output_spec, output_asset, model_service_conn_id)
 
     @cached_property
@@ -160,7 +160,7 @@ class BatchInferenceOperator(BaseOperator):
     def resolve_run_directory(self, context: Context) -> str:
         """``stage_location`` as given, or ``<base>/<sanitized run_id>[/map-<i>]``: stable across tries
         of one run (so retries overwrite), distinct across runs, backfills and manual triggers."""
-        if self.table:  # 17
+        if self.table:
             return table_io.claim_directory(self, context["ti"])
         spec = OutputSpec(
             stage_location=self.stage_location, base_stage_location=self.base_stage_location, mode=self.save_mode
@@ -207,7 +207,7 @@ class BatchInferenceOperator(BaseOperator):
 
     def _input_locations(self) -> list[str] | None:
         """The Parquet input, resolved and checked (None: a SQL input, materialized later)."""
-        if self.input is None or is_table_input(self.input):  # 17: a table is materialized later
+        if self.input is None or is_table_input(self.input):  # a table is materialized later
             return None
         raw = [self.input] if isinstance(self.input, str) else list(self.input)
         locations = [self.hook.resolve_location(loc) for loc in raw]
@@ -307,12 +307,12 @@ class BatchInferenceOperator(BaseOperator):
         result: dict[str, str],
     ) -> JobFile:
         """Everything before the launch: save mode, the job file, SQL materialization."""
-        pinned = table_io.pinned_input(self, run_dir)  # 17: read before the claim is cleared
+        pinned = table_io.pinned_input(self, run_dir)  # read before the claim is cleared
         try:
             prep = rundir.prepare(
                 run_dir,
                 owner,
-                table_io.claim_mode(self, run_dir),  # 17: ERROR on a table is checked against the table
+                table_io.claim_mode(self, run_dir),  # ERROR on a table is checked against the table
                 result=result,
                 materialized_input=self.sql is not None or is_table_input(self.input),
                 requeried_input=self.sql is not None,
@@ -323,7 +323,7 @@ class BatchInferenceOperator(BaseOperator):
             self.log.info("%s", message)
         job = build_job_file(self, launcher, owner, mv, run_dir, input_locations, prep.resume, identity)
         job = dataclasses.replace(job, result=result)  # what decided these rows: a RESUME compares it
-        job = table_io.bind(self, job, run_dir, pinned)  # 17: table input snapshot, table output
+        job = table_io.bind(self, job, run_dir, pinned)  # table input snapshot, table output
         # claimed before anything else is written into it (so a retry recognizes whatever this
         # attempt leaves behind as its own) and before the submit (so a retry finds the job even
         # when this worker dies right after submitting it)
@@ -334,7 +334,7 @@ class BatchInferenceOperator(BaseOperator):
             if prep.input_digest is not None:  # RESUME kept parts scored from the query's earlier result
                 for message in rundir.confirm_requeried_input(run_dir, prep.input_digest):
                     self.log.info("%s", message)
-        table_io.materialize_input(self, job, run_dir)  # 17
+        table_io.materialize_input(self, job, run_dir)
         return job
 
     def _defer(self, launcher: Launcher, handle: JobHandle) -> NoReturn:
@@ -386,7 +386,7 @@ class BatchInferenceOperator(BaseOperator):
         return self._finalize(location, attempt)
 
     def _finalize(self, location: str, attempt: str) -> dict[str, Any]:
-        location, options = table_io.result_source(self, location)  # 17: iceberg://<table>/<run key>
+        location, options = table_io.result_source(self, location)  # iceberg://<table>/<run key>
         return committed_result(location, attempt, options, self.log)
 
     def on_kill(self) -> None:

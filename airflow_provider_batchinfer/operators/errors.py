@@ -72,9 +72,9 @@ def check_arguments(
         raise SpecError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
     if job_timeout is not None and job_timeout <= 0:
         raise SpecError(f"job_timeout must be > 0 seconds, got {job_timeout!r}")
-    if job_spec is not None and job_spec.reuse:  # #16 incremental scoring
+    if job_spec is not None and job_spec.reuse:  # incremental scoring
         check_reuse(task_id, input_spec, output_spec)
-    try:  # 17: iceberg://<table>?snapshot_id=..&row_filter=.. (unless templated)
+    try:  # iceberg://<table>?snapshot_id=..&row_filter=.. (unless templated)
         check_table_input_argument(input)
     except ContractError as exc:
         raise SpecError(f"{task_id}: {exc}") from None

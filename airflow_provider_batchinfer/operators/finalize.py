@@ -47,7 +47,7 @@ def committed_result(location: str, attempt: str, storage_options: dict[str, Any
         len(manifest.files),
         location,
     )
-    table = manifest.table  # 17: a run committed into an Iceberg table
+    table = manifest.table  # a run committed into an Iceberg table
     return {
         **({"table": table.identifier, "snapshot_id": table.snapshot_id, "run_key": table.run_key} if table else {}),
         "output_location": location,
@@ -62,7 +62,7 @@ def committed_result(location: str, attempt: str, storage_options: dict[str, Any
         "sha256": manifest.model.sha256,
         "job_id": manifest.job.id,
         "attempt": attempt,
-        **({"usage": manifest.usage.to_dict()} if manifest.usage is not None else {}),  # 16.2
-        # #16 incremental scoring: reused_rows, scored_rows, reused_from
+        **({"usage": manifest.usage.to_dict()} if manifest.usage is not None else {}),
+        # incremental scoring: reused_rows, scored_rows, reused_from
         **(manifest.reuse.summary() if manifest.reuse is not None else {}),
     }

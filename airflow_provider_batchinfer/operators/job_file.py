@@ -51,5 +51,5 @@ def build_job_file(
         resume=resume,
         submission_id=launcher.job_name(owner, attempt, identity),
         identity=identity,
-        prices=dict(config.prices),  # 16.2: the usage's cost and JobSpec(max_cost=...)
+        prices=dict(config.prices),  # the usage's cost and JobSpec(max_cost=...)
     )

@@ -117,7 +117,7 @@ class ModelRegistry:
         code_paths: list[str] | None = None,
         description: str = "",
         if_exists: str = "error",
-        **flavor_options: Any,  # 15: a flavor's own settings (sklearn method=, trust_pickle=, ...)
+        **flavor_options: Any,  # a flavor's own settings (sklearn method=, trust_pickle=, ...)
     ) -> ModelVersion:
         """Write a new immutable version and return it.
 
@@ -135,7 +135,7 @@ class ModelRegistry:
         ``registry/mlflow_import.py`` for its options. ``transformers_pipeline`` takes ``task=``.
         """
         check_name(name, "name")
-        if flavor == "mlflow":  # 15 (hfml): resolved to a native flavor or mlflow_pyfunc there
+        if flavor == "mlflow":  # resolved to a native flavor or mlflow_pyfunc there
             from airflow_provider_batchinfer.registry.mlflow_import import import_mlflow_model
 
             return import_mlflow_model(
@@ -164,9 +164,9 @@ class ModelRegistry:
         sig = normalize_signature(signature, flavor) if flavor not in read_from_model else {}
         with tempfile.TemporaryDirectory(prefix="batchinfer-log-") as tmp:
             staging = Path(tmp)
-            if flavor in TABULAR_FLAVORS:  # 15: stored in a safe format, signature read from the model
+            if flavor in TABULAR_FLAVORS:  # stored in a safe format, signature read from the model
                 options, sig = stage_tabular(staging / "artifact", flavor, artifact, signature, flavor_options)
-            elif flavor == PIPELINE_FLAVOR:  # 15 (hfml): the signature follows from the task
+            elif flavor == PIPELINE_FLAVOR:  # the signature follows from the task
                 options = stage_pipeline(staging / "artifact", artifact, flavor_options.get("task"))
                 sig = pipeline_signature(options["task"], signature)
             else:

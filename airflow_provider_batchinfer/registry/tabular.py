@@ -1,4 +1,4 @@
-"""Staging traditional models (issue #15): scikit-learn, XGBoost, LightGBM and ONNX.
+"""Staging traditional models: scikit-learn, XGBoost, LightGBM and ONNX.
 
 Each model is written in a format that is safe to load (skops for scikit-learn, the libraries' own
 model files for XGBoost and LightGBM, ONNX protobuf), and its signature is read from the model

@@ -20,12 +20,12 @@ FLAVORS = (
     "python",
     "text_generation",
     "image_classification",
-    # 15: traditional models (registry/tabular.py)
+    # traditional models (registry/tabular.py)
     "sklearn",
     "xgboost",
     "lightgbm",
     "onnx",
-    # 15 (hfml): Hugging Face pipelines and MLflow models
+    # Hugging Face pipelines and MLflow models
     "transformers_pipeline",
     "mlflow_pyfunc",
 )

@@ -38,7 +38,7 @@ class Written:
 
     parts: Sequence[FileEntry]
     error_parts: Sequence[FileEntry]
-    # #16 incremental scoring: the key file written beside each part (contract.reuse.IndexFile)
+    # incremental scoring: the key file written beside each part (contract.reuse.IndexFile)
     index: Sequence[Any] = ()
 
     @property
@@ -100,9 +100,9 @@ def build_manifest(
     timings: Mapping[str, float | None],
     placements: Sequence[Mapping[str, Any]] = (),
     waited_s: float = 0.0,
-    usage: Usage | None = None,  # 16.2
-    reuse: ReuseInfo | None = None,  # #16
-    in_driver: bool = False,  # #18
+    usage: Usage | None = None,
+    reuse: ReuseInfo | None = None,
+    in_driver: bool = False,
 ) -> Manifest:
     """Reconcile the counts, apply the error policy, and describe the run directory as committed
     (with the pool the job ran and ``placements``: replicas per node, ``io.replicas_per_node``)."""

@@ -64,7 +64,7 @@ class CheckedJob:
     kept: KeptParts
     batch_rows: int
     engine: str | None
-    # #16 incremental scoring: the key context and the earlier run to copy from (None: reuse off)
+    # incremental scoring: the key context and the earlier run to copy from (None: reuse off)
     reuse: ReusePlan | None = None
 
     @property
@@ -83,7 +83,7 @@ class PipelineRun:
     steady_rows_per_s: float | None
     placements: list[dict[str, Any]]  # replicas per node (io.replicas_per_node)
     waited_s: float  # for the reservation
-    meter: usage.Meter  # 16.2: what the reservation held, for the manifest's usage
+    meter: usage.Meter  # what the reservation held, for the manifest's usage
 
 
 def read_job_file(location: str) -> JobFile:
@@ -102,7 +102,7 @@ def _check_model(job: JobFile, registry: ModelRegistry) -> None:
         manifest = verify_local_copy(local, model.sha256)
     else:  # the actors download and re-hash it on their own nodes; here only what a listing shows
         local, manifest = None, registry.check_listing(model.name, model.version, model.sha256)
-    for line in preflight(local, manifest):  # 15: the flavor's own checks (untrusted types, pickles)
+    for line in preflight(local, manifest):  # the flavor's own checks (untrusted types, pickles)
         print(f"[batchinfer] {line}", flush=True)
 
 
@@ -123,14 +123,14 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     input_rows, schema = inspect_input(files, storage)
     signature = dict(model.signature or {})
     plan = with_id_column(plan_columns(schema, signature, input_spec, files[0]), input_spec.id_column)
-    if allows_missing(model.flavor):  # 15: trees take null/NaN as missing values
+    if allows_missing(model.flavor):  # trees take null/NaN as missing values
         plan["missing_ok"] = list(plan["model_inputs"])
     if input_spec.id_column:
         check_unique_ids(files, input_spec.id_column, storage)
     kept = resume_state(job, run_dir)
     read_bytes = row_bytes(files[0], plan["read"], storage)
     batch_rows = transfer_rows(model.flavor, job.job_spec.max_batch_rows, read_bytes, gpu=job.job_spec.num_gpus > 0)
-    batch_rows = batch_rows_for_input(batch_rows, job.job_spec.max_batch_rows, input_rows, len(files))  # #18
+    batch_rows = batch_rows_for_input(batch_rows, job.job_spec.max_batch_rows, input_rows, len(files))
     plan["dereference"] = dereference_plan(
         input_spec.column_handling,
         plan["sources"],
@@ -142,10 +142,10 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     )
     check_backend(job)
     engine = llm.resolve_engine(model.flavor, job.job_spec, job.llm_engine)
-    usage.check_budget(job, model.flavor)  # 16.2: a budget needs prices (or a text generation model)
+    usage.check_budget(job, model.flavor)  # a budget needs prices (or a text generation model)
     if engine == "vllm":
         llm.check_vllm_job(job.job_spec)  # no vllm or no GPUs asked for: fail before Ray starts
-    reuse_plan = plan_reuse(job, plan, schema, engine)  # #16: None unless JobSpec.reuse
+    reuse_plan = plan_reuse(job, plan, schema, engine)  # None unless JobSpec.reuse
     print(
         f"[batchinfer] input: {input_rows:,} rows in {len(files)} file(s); model reads {plan['sources']}, "
         f"passes through {plan['passthrough']}",
@@ -167,7 +167,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
 
 
 def check_backend(job: JobFile) -> None:
-    """#18: an optimized backend only for the flavor that has one, refused before Ray starts."""
+    """An optimized backend only for the flavor that has one, refused before Ray starts."""
     from airflow_provider_batchinfer.runtime.flavors import OPTIMIZED_FLAVORS, is_optimized
 
     backend = job.job_spec.backend
@@ -212,7 +212,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
     input_spec, model = job.input_spec, job.model
     io = {"num_cpus": pool["io_cpus"]}
     filesystem = Stage.open(checked.files[0], storage).fs if storage else None
-    # #18: no more read workers than the replicas can keep up with, footer readers sized to the files
+    # no more read workers than the replicas can keep up with, footer readers sized to the files
     ds = read_input(checked.files, plan["read"], filesystem, io, concurrency=io_tasks(pool))
     if len(checked.kept["ids"]):
         from airflow_provider_batchinfer.runtime.resume import drop_done
@@ -224,7 +224,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
             batch_format="pyarrow",
             **io,
         )
-    ds = reuse.with_keys(ds, checked.reuse, storage, io)  # #16: row keys + where an earlier run has them
+    ds = reuse.with_keys(ds, checked.reuse, storage, io)  # row keys + where an earlier run has them
     if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
         ds = cut_into_parts(ds, spec.rows_per_part, io)  # at the io share, not Ray's 1 CPU (part_rows.py)
     if checked.engine == "vllm":  # ray.data.llm runs its own stages and engine actors
@@ -243,7 +243,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
             counter,
         )
     return ds.map_batches(
-        reuse.replica_class(checked.reuse, storage, base=usage.MeteredReplica),  # + reuse (#16), timed (16.2)
+        reuse.replica_class(checked.reuse, storage, base=usage.MeteredReplica),  # + reuse, timed
         fn_constructor_kwargs=replica_kwargs(checked, pool, counter),
         batch_size=checked.batch_rows,
         batch_format="pyarrow",
@@ -274,7 +274,7 @@ def replica_kwargs(checked: CheckedJob, pool: ActorPool, counter: Any) -> dict[s
         },
         "storage_options": checked.storage,  # no credentials: the workers get those from worker_env()
         "num_gpus": pool["num_gpus"],
-        "backend": spec.backend,  # #18: ONNX Runtime (flavors/optimized_text.py, optimized_torchscript.py)
+        "backend": spec.backend,  # ONNX Runtime (flavors/optimized_text.py, optimized_torchscript.py)
         "min_cosine": spec.backend_min_cosine,
     }
 
@@ -292,12 +292,12 @@ def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
     """Stream the input through the model into parts, logging progress; where the replicas ran."""
     import ray
 
-    counter = ray.remote(num_cpus=0)(usage.UsageCounter).remote()  # 16.2: a ProgressCounter + latencies
+    counter = ray.remote(num_cpus=0)(usage.UsageCounter).remote()  # a ProgressCounter + latencies
     progress = ProgressLog(
         lambda: ray.get(counter.get.remote(), timeout=10), checked.todo_rows, checked.job.job_spec.progress_interval_s
     )
-    ds = table_commit.with_provenance(build_dataset(checked, pool, counter), checked.job, pool["io_cpus"])  # 17
-    sink = (reuse.make_keyed_datasink if checked.reuse else make_datasink)(  # #16: + key files
+    ds = table_commit.with_provenance(build_dataset(checked, pool, counter), checked.job, pool["io_cpus"])
+    sink = (reuse.make_keyed_datasink if checked.reuse else make_datasink)(  # + key files
         checked.run_dir.location, checked.job.attempt, checked.storage, error_columns=checked.plan["passthrough"]
     )
     progress.start()
@@ -316,7 +316,7 @@ def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
         progress.stop()
     if replica_error is not None:  # raised outside the handler: its message, not Ray's wrapper, is reported
         raise replica_error
-    meter.check(checked.run_dir.location)  # 16.2: over budget: fail here, nothing committed
+    meter.check(checked.run_dir.location)  # over budget: fail here, nothing committed
     t_done = time.monotonic()
     placements = replicas_per_node(ray.get(counter.placements.remote(), timeout=30))
     log_placements(placements)
@@ -373,7 +373,7 @@ def run(spec_location: str) -> Manifest:
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
     checked = check_before_ray(read_job_file(spec_location))
-    on_pool_because = in_driver.why_not(checked)  # #18: None: a small job, scored in this process
+    on_pool_because = in_driver.why_not(checked)  # None: a small job, scored in this process
     pipeline = run_pipeline(checked) if on_pool_because else in_driver.run(checked)
     processed = pipeline.written.rows + pipeline.written.error_rows
     manifest = commit.build_manifest(
@@ -396,13 +396,11 @@ def run(spec_location: str) -> Manifest:
             "rows_per_s": round(processed / pipeline.pipeline_s, 2) if pipeline.pipeline_s > 0 else None,
             "steady_rows_per_s": pipeline.steady_rows_per_s,
         },
-        usage=pipeline.meter.usage(time.monotonic() - t0, processed),  # 16.2
-        reuse=reuse.section(  # #16
-            checked.reuse, checked.run_dir, checked.kept, pipeline.written.index, checked.input_rows
-        ),
+        usage=pipeline.meter.usage(time.monotonic() - t0, processed),
+        reuse=reuse.section(checked.reuse, checked.run_dir, checked.kept, pipeline.written.index, checked.input_rows),
         in_driver=on_pool_because is None,
     )
-    if checked.job.table_output is not None:  # 17: one Iceberg snapshot instead of _SUCCESS
+    if checked.job.table_output is not None:  # one Iceberg snapshot instead of _SUCCESS
         return table_commit.commit_table(checked.job, checked.run_dir, manifest)
     commit.commit(checked.run_dir, manifest)
     return manifest

@@ -187,7 +187,7 @@ class PartRoller:
         assert self._out is not None and self._errors is not None
         self._rows += table.num_rows
         good, bad = split_errors(table, passthrough)
-        if good is not None and job.table_output is not None:  # 17: the provenance columns
+        if good is not None and job.table_output is not None:  # the provenance columns
             good = table_commit.add_provenance(good, job.table_output.run_key, job.model.version)
         with self._out.stage._io("write"):
             if good is not None:

@@ -211,7 +211,7 @@ def to_response_table(batch: Any, passthrough: list[str], counter: Any = None) -
     columns["usage"] = pa.array([json.loads(v) for v in batch.column("usage").to_pylist()], usage_type)
     if counter is not None:
         counter.add.remote(batch.num_rows)
-        usage = columns["usage"]  # 16.2: the job's input and output tokens (runtime/usage.py)
+        usage = columns["usage"]  # the job's input and output tokens (runtime/usage.py)
         counter.tokens.remote(
             sum(u["prompt_tokens"] or 0 for u in usage.to_pylist()),
             sum(u["completion_tokens"] or 0 for u in usage.to_pylist()),

@@ -29,7 +29,7 @@ class ColumnPlan(_ColumnPlanBase, total=False):
     the driver adds it, how file columns are dereferenced (``dereference``, see ``dereference.py``)."""
 
     dereference: dict[str, Any] | None
-    # 15: model inputs whose null/NaN values reach the model as missing values (tree flavors)
+    # model inputs whose null/NaN values reach the model as missing values (tree flavors)
     missing_ok: list[str]
 
 
@@ -78,7 +78,7 @@ def _accepts(signature_dtype: str, arrow_type: pa.DataType) -> bool:
         return kind == "list"
     if want in ("string", "str", "text"):
         return kind == "string"
-    if want == "category":  # 15: categories by name (strings, dictionaries) or by code (ints)
+    if want == "category":  # categories by name (strings, dictionaries) or by code (ints)
         return kind in ("string", "int", "bool") or pa_is_dictionary(arrow_type)
     if want.startswith(("float", "double", "int", "uint", "number")):
         return kind in ("int", "float", "bool")
@@ -232,7 +232,7 @@ def batch_rows_for_input(transfer: int, max_rows: int, input_rows: int, files: i
 
 
 def io_tasks(pool: ActorPool) -> int:
-    """#18: how many read (and write) tasks run at once: one per replica, at least two. Each task
+    """# how many read (and write) tasks run at once: one per replica, at least two. Each task
     is a Ray worker process; at ``io_cpus`` (0.25) each, Ray would otherwise start eight per two
     CPUs at the job's start, and their start-up (Python, Ray, pyarrow: ~1 CPU-second each) competes
     with the replicas' own (torch's import took 4-6 s instead of 1.5 s beside them). pyarrow reads

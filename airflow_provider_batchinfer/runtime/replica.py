@@ -141,7 +141,7 @@ class ModelReplica:
             plan["sources"],
             (id_column, batch.column(id_column)) if id_column else None,
             self.policy.get("max_value_bytes"),
-            missing_ok=plan.get("missing_ok", ()),  # 15: tree flavors take null/NaN as missing
+            missing_ok=plan.get("missing_ok", ()),  # tree flavors take null/NaN as missing
         )
         return dereference_inputs(inputs, plan.get("dereference"))  # file locations -> contents (column_handling)
 

@@ -134,12 +134,12 @@ class OutputSpec:
     stage_location: str | None = None
     base_stage_location: str | None = None
     mode: SaveMode = SaveMode.ERROR
-    # 17: an Iceberg table "<namespace>.<table>" to commit the predictions into (docs/iceberg.md)
+    # an Iceberg table "<namespace>.<table>" to commit the predictions into (docs/iceberg.md)
     table: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", _parse_save_mode(self.mode))
-        if self.table is not None:  # 17
+        if self.table is not None:
             from airflow_provider_batchinfer.tables.names import check_table_output_spec
 
             check_table_output_spec(self)

@@ -8,7 +8,7 @@ from typing import Any
 from airflow_provider_batchinfer.specs.common import SpecError, _known_fields
 
 LLM_ENGINES = ("vllm", "transformers")
-# #18: how a sentence-transformers model runs: PyTorch, or exported once to ONNX Runtime (fp32 or dynamic INT8)
+# how a sentence-transformers model runs: PyTorch, or exported once to ONNX Runtime (fp32 or dynamic INT8)
 MODEL_BACKENDS = ("torch", "onnx", "onnx_int8")
 REUSE_MODES = (None, "unchanged")  # JobSpec.reuse
 
@@ -77,17 +77,17 @@ class JobSpec:
     max_error_fraction: float | None = None
     max_value_bytes: int | None = 64 << 20
     rows_per_part: int | None = None
-    # #18: the optimized backend (ONNX Runtime) for sentence-transformers and TorchScript models, and its
+    # the optimized backend (ONNX Runtime) for sentence-transformers and TorchScript models, and its
     # accuracy guard
     backend: str | None = None
     backend_min_cosine: float = 0.99
-    # 16.2: the budget guard (runtime/usage.py): stop, commit nothing, once the running estimate of the
+    # the budget guard (runtime/usage.py): stop, commit nothing, once the running estimate of the
     # cost (at the connection's prices) or of the output tokens (text generation) would exceed these
     max_cost: float | None = None
     max_output_tokens_total: int | None = None
-    # #16 incremental scoring: copy the predictions of unchanged rows from the newest earlier run
+    # incremental scoring: copy the predictions of unchanged rows from the newest earlier run
     reuse: str | None = None
-    # #18: on the embedded Ray, one-replica CPU jobs and jobs with at most this many rows to score are
+    # on the embedded Ray, one-replica CPU jobs and jobs with at most this many rows to score are
     # scored in the driver process, without an actor pool (runtime/in_driver.py); None:
     # BATCHINFER_IN_DRIVER_MAX_ROWS or 1,000; 0: always the actor pool
     in_driver_max_rows: int | None = None
@@ -163,9 +163,8 @@ class JobSpec:
             raise SpecError(
                 f"JobSpec.max_value_bytes must be a whole number of bytes > 0 or None, got {self.max_value_bytes!r}."
             )
-        _check_backend(self.backend, self.backend_min_cosine)  # #18
-
-        _check_budget(self)  # 16.2
+        _check_backend(self.backend, self.backend_min_cosine)
+        _check_budget(self)
         value = self.in_driver_max_rows
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise SpecError(
@@ -187,7 +186,7 @@ class JobSpec:
 
 
 def _check_backend(backend: str | None, min_cosine: float) -> None:
-    """#18: ``JobSpec.backend`` is one of ``MODEL_BACKENDS`` (None: the flavor's own, PyTorch) and the
+    """# ``JobSpec.backend`` is one of ``MODEL_BACKENDS`` (None: the flavor's own, PyTorch) and the
     accuracy guard's threshold a cosine similarity in (0, 1]."""
     if backend is not None and backend not in MODEL_BACKENDS:
         raise SpecError(
@@ -204,7 +203,7 @@ def _check_backend(backend: str | None, min_cosine: float) -> None:
 
 
 def _check_budget(job: JobSpec) -> None:
-    """16.2: ``max_cost`` (currency units, priced by the connection's ``price_per_cpu_hour`` /
+    """``max_cost`` (currency units, priced by the connection's ``price_per_cpu_hour`` /
     ``price_per_gpu_hour``) and ``max_output_tokens_total`` (text generation) are positive limits."""
     cost = job.max_cost
     if cost is not None and (

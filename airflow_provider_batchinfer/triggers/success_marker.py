@@ -24,7 +24,7 @@ from airflow_provider_batchinfer.triggers.base import WatchStatus, WatchTrigger,
 def storage_options_for(location: str, model_service_conn_id: str) -> dict[str, Any]:
     """The connection's S3 settings for an ``s3://`` location; nothing (no lookup) for local paths;
     for an Iceberg run (``iceberg://<table>/<run key>``) also its catalog."""
-    if location.startswith(TABLE_SCHEME):  # 17
+    if location.startswith(TABLE_SCHEME):
         from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
         from airflow_provider_batchinfer.operators.table_io import read_options
 

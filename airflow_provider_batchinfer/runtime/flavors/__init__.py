@@ -27,18 +27,18 @@ _MODULES = {
     "python": "airflow_provider_batchinfer.runtime.flavors.python_class",
     "text_generation": "airflow_provider_batchinfer.runtime.flavors.text_generation",
     "image_classification": "airflow_provider_batchinfer.runtime.flavors.image_classification",
-    # 15: traditional models
+    # traditional models
     "sklearn": "airflow_provider_batchinfer.runtime.flavors.scikit_learn",
     "xgboost": "airflow_provider_batchinfer.runtime.flavors.xgboost_booster",
     "lightgbm": "airflow_provider_batchinfer.runtime.flavors.lightgbm_booster",
     "onnx": "airflow_provider_batchinfer.runtime.flavors.onnx_model",
-    # 15 (hfml): Hugging Face pipelines and MLflow models
+    # Hugging Face pipelines and MLflow models
     "transformers_pipeline": "airflow_provider_batchinfer.runtime.flavors.transformers_pipeline",
     "mlflow_pyfunc": "airflow_provider_batchinfer.runtime.flavors.mlflow_pyfunc",
 }
 
 
-# #18: the flavors with an optimized backend (JobSpec.backend="onnx" | "onnx_int8"): ONNX Runtime,
+# the flavors with an optimized backend (JobSpec.backend="onnx" | "onnx_int8"): ONNX Runtime,
 # exported once per model version and node (optimized_cache.py)
 _OPTIMIZED = {
     "sentence_transformers": "airflow_provider_batchinfer.runtime.flavors.optimized_text",

@@ -1,6 +1,6 @@
 """sentence-transformers on a GPU: the CPU's tokenizing overlapped with the GPU's model calls.
 
-Why (#18, one H100, MiniLM, 100k texts; ``docs/gpu.md``): the replica's thread spent 64% of its
+Why (one H100, MiniLM, 100k texts; ``docs/gpu.md``): the replica's thread spent 64% of its
 time tokenizing and 31% in the model, one after the other, and the GPU was busy 31% of the time.
 ``SentenceTransformer.encode`` tokenizes a call, runs it, and copies its embeddings back
 (``.cpu()``, which waits for the GPU) before it tokenizes the next. Most of the tokenizing was not

@@ -10,7 +10,7 @@ from airflow_provider_batchinfer.runtime.flavors.sentence_gpu import fast_featur
 
 # SentenceTransformer.encode sorts its input by length and cuts it into model calls of
 # ``batch_size`` texts: the more texts one call of encode sees, the less each model call pads.
-# #18: the benchmark's 20k tickets in calls of 32 pad to 37.4 tokens a text sorted within 1,024,
+# the benchmark's 20k tickets in calls of 32 pad to 37.4 tokens a text sorted within 1,024,
 # 36.0 within 4,096, 35.8 over all of them (31.3 unpadded). 4,096 against 1,024, interleaved, two
 # runs each on 2 cores: PyTorch 130.6 and 130.0 rows/s against 123.0 and 120.7 (raw loop 147.1);
 # onnx_int8 291 and 262 against 260 and 243. A batch takes ~30 s on 2 cores: progress and RESUME
@@ -18,7 +18,7 @@ from airflow_provider_batchinfer.runtime.flavors.sentence_gpu import fast_featur
 TRANSFER_ROWS = 4096
 # On a GPU a call holds 256 texts (``encode_batch_size``): a 1,024-text batch sorted 4 calls' worth
 # and padded MiniLM's calls to 65.9 tokens a text where a sort over 8,192 texts pads to 39.3 (all
-# 100k texts: 37.4; #18's H100 profile, ``docs/gpu.md``). 32 calls a batch.
+# 100k texts: 37.4; the H100 profile, ``docs/gpu.md``). 32 calls a batch.
 GPU_TRANSFER_ROWS = 8192
 DEFAULT_BATCH_SIZE = 32  # encode's own default, kept on CPU
 
