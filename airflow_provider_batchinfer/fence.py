@@ -7,9 +7,9 @@ even committed it, would write its marker over the newer one. Each store therefo
 in which the write itself fails once the claim moved, and in which nobody ever waits for anybody
 (a stopped process keeps its ``flock``; a lock would let a stopped zombie block every retry):
 
-Local and POSIX filesystems (:class:`LocalClaims`): a claim grants its attempt a *token*, the empty
-directory ``_claims/<attempt>/``; claiming (and clearing for OVERWRITE) revokes every other token
-first, by removing its files and then the directory. The commit writes the marker *into its token*
+Local and POSIX filesystems (``fence_local.LocalClaims``): a claim grants its attempt a *token*,
+the empty directory ``_claims/<attempt>/``; claiming (and clearing for OVERWRITE) revokes every
+other token first, by removing its files and then the directory. The commit writes the marker *into its token*
 (``_claims/<attempt>/_SUCCESS``, created without creating parents) and then renames it to
 ``_SUCCESS``. Both steps fail with ENOENT once the token is revoked: creating a file in a removed
 directory is refused, and a rename and an unlink of the same name are serialized by the kernel, so
@@ -30,7 +30,7 @@ there is a window no conditional write can close: between a zombie's write and i
 its marker is visible beside the newer attempt's claim; readers that must not see it compare the
 marker's ``job.attempt`` with ``_job.json``'s.
 
-Any other filesystem (:class:`PlainClaims`): check, then write, with no atomicity; see
+Any other filesystem (:class:`ClaimStore` itself): check, then write, with no atomicity; see
 ``docs/commit-protocol.md``.
 
 Storage layer: imports neither Airflow nor Ray.
@@ -39,9 +39,7 @@ Storage layer: imports neither Airflow nor Ray.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import posixpath
 import signal
 from dataclasses import dataclass
 
@@ -62,7 +60,6 @@ __all__ = [
 CLAIMS_DIR = "_claims"
 #: test-only: the name of a point at which the process stops itself (SIGSTOP); see pause_for_test
 PAUSE_ENV = "BATCHINFER_TEST_PAUSE_AT"
-_REVOKE_ROUNDS = 100
 _MARKER_ROUNDS = 5
 
 
@@ -130,108 +127,6 @@ class ClaimStore:
         if not self.held(hold):
             raise ClaimLost("the claim moved before the marker was written")
         self.marker.write_bytes(data)
-
-
-class LocalClaims(ClaimStore):
-    """Token directories and a rename: see the module docstring."""
-
-    def _tokens(self) -> str:
-        return posixpath.join(self.run_dir.path, CLAIMS_DIR)
-
-    def _token_dir(self, attempt: str) -> str:
-        return posixpath.join(self._tokens(), attempt)
-
-    def read(self) -> tuple[bytes, str] | None:
-        try:
-            with open(self.job_file.path, "rb") as f:
-                return f.read(), ""
-        except FileNotFoundError:
-            return None
-
-    def granted(self, attempt: str) -> bool:
-        return os.path.isdir(self._token_dir(attempt))
-
-    def held(self, hold: Hold) -> bool:
-        return self.granted(hold.attempt)
-
-    def revoke(self) -> None:
-        try:
-            names = os.listdir(self._tokens())
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        for name in names:
-            _remove_token(posixpath.join(self._tokens(), name))
-
-    def grant(self, attempt: str) -> None:
-        for _ in range(_REVOKE_ROUNDS):  # an attempt that just committed may remove an empty _claims/
-            os.makedirs(self._tokens(), exist_ok=True)
-            try:
-                os.mkdir(self._token_dir(attempt))
-                return
-            except FileExistsError:
-                return
-            except FileNotFoundError:
-                continue
-        raise StageError(f"could not create the commit token {self._token_dir(attempt)}")
-
-    def write_marker(self, hold: Hold, data: bytes) -> None:
-        staged = posixpath.join(self._token_dir(hold.attempt), SUCCESS_MARKER)
-        pause_for_test("marker:checked")
-        try:  # no O_CREAT of parents: a revoked token directory refuses the file
-            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        except FileNotFoundError as exc:
-            raise ClaimLost(f"its commit token {posixpath.dirname(staged)} was revoked") from exc
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        pause_for_test("marker:written")
-        try:
-            os.rename(staged, self.marker.path)
-        except FileNotFoundError as exc:
-            raise ClaimLost(f"its commit token {posixpath.dirname(staged)} was revoked") from exc
-        _fsync_dir(self.run_dir.path)
-        # committed: the token has done its job, and a committed directory holds no _claims/
-        with contextlib.suppress(OSError):
-            os.rmdir(self._token_dir(hold.attempt))
-            os.rmdir(self._tokens())
-
-
-def _remove_token(path: str) -> None:
-    """Revoke one token: remove what its attempt staged in it, then the directory. A file staged
-    in between makes ``rmdir`` fail; remove again. Bounded: an attempt stages one file at a time."""
-    for _ in range(_REVOKE_ROUNDS):
-        try:
-            for name in os.listdir(path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(posixpath.join(path, name))
-            os.rmdir(path)
-            return
-        except (FileNotFoundError, NotADirectoryError):
-            if os.path.lexists(path) and not os.path.isdir(path):
-                os.unlink(path)  # not a token: a file by that name is removed all the same
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):  # a file was staged meanwhile
-                raise
-    raise StageError(f"could not revoke the commit token {path}: its attempt keeps writing into it")
-
-
-def _fsync_dir(path: str) -> None:
-    """Make a rename durable (best-effort: not every filesystem lets a directory be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class S3Claims(ClaimStore):
@@ -305,6 +200,8 @@ def claims_for(run_dir: Stage) -> ClaimStore:
     import pyarrow.fs as pafs
 
     if isinstance(run_dir.fs, pafs.LocalFileSystem):
+        from airflow_provider_batchinfer.fence_local import LocalClaims
+
         return LocalClaims(run_dir)
     if run_dir.fs.type_name == "s3":
         return S3Claims(run_dir)

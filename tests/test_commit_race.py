@@ -220,6 +220,26 @@ def test_a_directory_claimed_without_a_token_is_not_committed(tmp_path):
     assert not (tmp_path / "run1" / SUCCESS_MARKER).exists()
 
 
+def test_links_planted_as_tokens_are_removed_never_followed(tmp_path):
+    """Someone who can write the run directory plants ``_claims`` (or a token) as a symlink to a
+    directory of theirs choosing: revoking removes the link and leaves the target as it was."""
+    victim = tmp_path / "victim"
+    (victim / "t01zombie").mkdir(parents=True)
+    (victim / "t01zombie" / "keep.txt").write_text("precious")
+    run = Stage.open(str(tmp_path / "run1"))
+    write_attempt(run, "t01zombie", [1, 2])
+    claims = tmp_path / "run1" / CLAIMS_DIR
+    (claims / "t01zombie").rmdir()
+    (claims / "t01zombie").symlink_to(victim / "t01zombie")
+    rundir.claim(run, job_file(run.location, attempt="t02newer", owner=NEWER_OWNER))
+    assert sorted(p.name for p in claims.iterdir()) == ["t02newer"]
+    claims.rename(tmp_path / "moved")
+    claims.symlink_to(victim)
+    rundir.claim(run, job_file(run.location, attempt="t03newest", owner=NEWER_OWNER))
+    assert not claims.is_symlink() and sorted(p.name for p in claims.iterdir()) == ["t03newest"]
+    assert (victim / "t01zombie" / "keep.txt").read_text() == "precious"
+
+
 def test_a_claim_removes_a_marker_that_landed_after_prepare(tmp_path):
     """A zombie that committed between the newer try's prepare and its claim (it still held the
     claim then): the claim removes that marker, so it never sits beside the new attempt's parts."""
