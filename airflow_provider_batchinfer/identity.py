@@ -2,8 +2,9 @@
 
 **The result identity** names every field that decides a run's rows, each recorded as its own
 digest in ``_job.json`` (``JobFile.result``), so a retry can tell which one changed
-(:data:`RESULT_FIELDS`): the input's content (Parquet: every file with its size and modification
-time, from one listing per location, the time on S3 being the object's ``LastModified``; SQL: the
+(:data:`RESULT_FIELDS`): the input's content (Parquet: every file with its size and version, from
+one listing per location, the version being the object's ETag on S3 and the modification time in
+nanoseconds elsewhere; SQL: the
 query text and its connection, the materialized result being compared by checksum once it is
 re-run; Iceberg: the input URI, whose snapshot a retry pins as the earlier try did), the model
 sha256, ``InputSpec.params``, the backend and engine, the columns read with their mapping and
@@ -48,7 +49,7 @@ IDENTITY_VERSION = 2
 
 #: The fields of the result identity, in the order a mismatch names them, with what each covers.
 RESULT_FIELDS: dict[str, str] = {
-    "input": "the input's content: each file's size and modification time, or a query's text, connection and result",
+    "input": "the input's content: each file's size and version (ETag or mtime), or a query's text, connection and result",
     "model_sha256": "the model's sha256",
     "params": "InputSpec.params",
     "engine": "the backend or engine: JobSpec.backend, engine, engine_kwargs and the connection's llm_engine",
@@ -64,15 +65,35 @@ def task_key(owner: RunOwner) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def _is_input_file(rel: str) -> bool:
+    """The files ``inputs.list_input_files`` reads: Parquet, no hidden or ``_``-prefixed part."""
+    return rel.endswith((".parquet", ".pq")) and not any(p.startswith(("_", ".")) for p in rel.split("/"))
+
+
+def _s3_fingerprint(location: str, stage: Stage) -> list[list[Any]]:
+    """``[location, size, ETag]`` of the Parquet objects at an ``s3://`` location, from its listing."""
+    from airflow_provider_batchinfer import s3_objects
+
+    return [
+        [stage.child(*rel.split("/")).location if rel else location, size, etag]
+        for rel, size, etag in s3_objects.list_versions(stage)
+        if rel == "" or _is_input_file(rel)
+    ]
+
+
 def parquet_fingerprint(locations: Sequence[str], storage_options: dict[str, Any] | None) -> list[list[Any]]:
-    """``[location, size, mtime_ns]`` for every Parquet file the input locations hold, from one
-    listing per location (S3 lists sizes and modification times with the names). The files are
-    those ``inputs.list_input_files`` reads: hidden and ``_``-prefixed names are skipped."""
+    """``[location, size, version]`` for every Parquet file the input locations hold, from one
+    listing per location: the version is the ETag on S3 (which lists it with the name, and which
+    names the content) and the modification time in nanoseconds elsewhere. The files are those
+    ``inputs.list_input_files`` reads: hidden and ``_``-prefixed names are skipped."""
     import pyarrow.fs as pafs
 
     entries: list[list[Any]] = []
     for location in locations:
         stage = Stage.open(location, storage_options)
+        if location.split("://", 1)[0].lower() in ("s3", "s3a"):
+            entries.extend(_s3_fingerprint(location, stage))
+            continue
         with stage._io("list"):
             info = stage.fs.get_file_info(stage.path)
             if info.type == pafs.FileType.File:
@@ -82,9 +103,7 @@ def parquet_fingerprint(locations: Sequence[str], storage_options: dict[str, Any
         prefix = stage.path.rstrip("/") + "/"
         for item in items:
             rel = item.path[len(prefix) :] if item.path.startswith(prefix) else item.path
-            if item.type != pafs.FileType.File or any(p.startswith(("_", ".")) for p in rel.split("/")):
-                continue
-            if rel.endswith((".parquet", ".pq")):
+            if item.type == pafs.FileType.File and _is_input_file(rel):
                 entries.append([stage.child(*rel.split("/")).location, item.size, item.mtime_ns])
     return sorted(entries)
 

@@ -8,7 +8,7 @@ the sha256 of its bytes. ``read_committed`` hashes each file as it reads it.
 Hashing reads every byte of the output, so a reader that looks at the same marker again (a sensor's
 next poke, another sensor on the same run in the same process) passes a :class:`Verdicts` cache:
 once a marker's files hashed as committed, the same marker bytes at the same location skip the
-hashing (names, sizes and footers are still checked). The cache lives in the process only; a
+hashing and the footers (names and sizes are still checked, from one listing). The cache lives in the process only; a
 verdict on storage could be planted beside the files it vouches for. Storage layer: imports neither
 Airflow nor Ray.
 """
@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_batchinfer.contract import SUCCESS_MARKER, FileEntry, Manifest, ManifestError
+from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, FileEntry, Manifest, ManifestError
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
 from airflow_provider_batchinfer.stage import Stage, check_relative_path, join
 
@@ -82,13 +82,15 @@ def _no_checksums(where: str, manifest: Manifest) -> ManifestError:
     )
 
 
-def _check_entry(run_dir: Stage, entry: FileEntry, present: dict[str, int]) -> None:
+def _check_entry(run_dir: Stage, entry: FileEntry, present: dict[str, int], read_footer: bool = True) -> None:
     check_relative_path(entry.name, "manifest file name")
     location = f"{run_dir.location}/{entry.name}"
     if entry.name not in present:
         raise ManifestError(f"{location} is listed in {SUCCESS_MARKER} but missing")
     if present[entry.name] != entry.size:
         raise ManifestError(f"{location} is {present[entry.name]} bytes but {SUCCESS_MARKER} says {entry.size}")
+    if not read_footer:
+        return
     rows = _footer_rows(run_dir.child(*entry.name.split("/")), entry.size)
     if rows != entry.rows:
         raise ManifestError(f"{location} holds {rows} rows but {SUCCESS_MARKER} says {entry.rows}")
@@ -126,11 +128,16 @@ def _normalized(location: str) -> str:
     return posixpath.normpath(location)
 
 
-def validate_manifest(run_dir: Stage, manifest: ManifestLike, *, verify_checksums: bool = False) -> None:
+def validate_manifest(
+    run_dir: Stage, manifest: ManifestLike, *, verify_checksums: bool = False, read_footers: bool = True
+) -> None:
     """Check that a manifest describes the files beside it: its schema (``Manifest.from_dict``), its
-    counts, and for every listed file (outputs and dead letters) its name, size and Parquet footer
-    (row count); with ``verify_checksums`` also each file's sha256. Raises ManifestError naming the
-    first problem (a StageError for a name that climbs out of the run directory)."""
+    counts, the attempt that committed it against the directory's claim, and for every listed file
+    (outputs and dead letters) its name, size and Parquet footer (row count); with
+    ``verify_checksums`` also each file's sha256. ``read_footers=False`` checks names and sizes from
+    the listing alone: for a marker whose files this process already verified, so a later look makes
+    no request per part. Raises ManifestError naming the first problem (a StageError for a name that
+    climbs out of the run directory)."""
     where = f"{run_dir.location}/{SUCCESS_MARKER}"
     manifest = as_manifest(manifest, where)
     if _normalized(manifest.run_dir) != _normalized(run_dir.location):
@@ -144,10 +151,28 @@ def validate_manifest(run_dir: Stage, manifest: ManifestLike, *, verify_checksum
     if verify_checksums and manifest.format == _FORMAT_1:
         raise _no_checksums(where, manifest)
     present = dict(run_dir.list_files())
+    if JOB_SPEC_FILE in present:
+        _check_claim(run_dir, manifest, where)
     for entry in manifest.files + manifest.error_files:
-        _check_entry(run_dir, entry, present)
+        _check_entry(run_dir, entry, present, read_footers)
     if verify_checksums:
         verify_contents(run_dir, manifest)
+
+
+def _check_claim(run_dir: Stage, manifest: Manifest, where: str) -> None:
+    """The marker was committed by the attempt the directory's claim names. On S3 a zombie's marker
+    can be visible for the moment between its conditional write and its withdrawal
+    (``docs/commit-protocol.md``); a newer claim beside it means the marker is not this run's."""
+    claim = run_dir.child(JOB_SPEC_FILE)
+    try:
+        attempt = json.loads(claim.read_bytes()).get("attempt")
+    except (ValueError, AttributeError) as exc:
+        raise ManifestError(f"{where}: the run directory's {JOB_SPEC_FILE} cannot be read ({exc})") from exc
+    if attempt != manifest.job.attempt:
+        raise ManifestError(
+            f"{where} was committed by attempt {manifest.job.attempt}, but the run directory is claimed by attempt "
+            f"{attempt}: a newer try owns it and has not committed. Wait for that try, or re-run the task"
+        )
 
 
 class Verdicts:
@@ -212,7 +237,7 @@ def read_valid_manifest(
         return manifest
     key = verdicts.key(location, data, storage_options)
     known = verdicts.holds(key)
-    validate_manifest(run_dir, manifest, verify_checksums=not known)
+    validate_manifest(run_dir, manifest, verify_checksums=not known, read_footers=not known)
     if not known:
         verdicts.add(key)
     return manifest

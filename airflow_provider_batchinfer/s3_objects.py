@@ -27,7 +27,7 @@ from airflow_provider_batchinfer.s3 import (
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.stage import Stage
 
-__all__ = ["PreconditionFailed", "S3Object", "delete", "get", "head_etag", "put"]
+__all__ = ["PreconditionFailed", "S3Object", "delete", "get", "head_etag", "list_versions", "put"]
 
 # a client holds temporary keys when it assumed a role: rebuild it well before they expire
 _CLIENT_TTL_S = 1800
@@ -193,3 +193,23 @@ def delete(stage: Stage, *, if_match: str | None = None) -> None:
     conditions = {"IfMatch": if_match} if if_match is not None else {}
     with _requests(stage, "conditional delete" if conditions else "delete"):
         _client(stage).delete_object(Bucket=bucket, Key=key, **conditions)
+
+
+def list_versions(stage: Stage) -> list[tuple[str, int, str]]:
+    """``(relative name, size, ETag)`` of the object at ``stage`` (name ``""``) or of every object
+    below it, from the listing alone (S3 lists each key's ETag with its size: no request per
+    object). The ETag names the content, so a rewrite with the same size in the same second still
+    differs, where ``LastModified`` (to the second) would not."""
+    bucket, key = _bucket_key(stage)
+    prefix = key.rstrip("/")
+    found: list[tuple[str, int, str]] = []
+    with _requests(stage, "list"):
+        pages = _client(stage).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for page in pages:
+            for item in page.get("Contents", ()):
+                name = str(item["Key"])
+                if name == prefix:
+                    found.append(("", int(item["Size"]), str(item["ETag"])))
+                elif name.startswith(prefix + "/") or not prefix:
+                    found.append((name[len(prefix) :].lstrip("/"), int(item["Size"]), str(item["ETag"])))
+    return found

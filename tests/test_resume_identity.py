@@ -194,3 +194,28 @@ def test_the_job_file_records_the_result_field_by_field_and_older_ones_read_with
     assert JobFile.from_json(json.dumps(older)).result is None
     with pytest.raises(ContractError, match=r"_job.json.result must map field names to digest strings"):
         JobFile.from_json(json.dumps({**older, "result": {"input": 3}}))
+
+
+def test_an_s3_input_rewritten_with_the_same_size_in_the_same_second_is_another_input(s3_bucket, s3_server):
+    """S3's ``LastModified`` is to the second: an input rewritten in place with the same size and
+    other values inside that second would look unchanged by size and time. The fingerprint takes
+    each object's ETag from the same listing, and the ETag names the content."""
+    import boto3
+
+    from airflow_provider_batchinfer.identity import parquet_fingerprint
+
+    client = boto3.client(
+        "s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id="AKIDTEST", aws_secret_access_key="x"
+    )
+    options = {"endpoint_url": s3_server, "region": "us-east-1", "access_key": "AKIDTEST", "secret_key": "x"}
+    location = f"s3://{s3_bucket}/prepared"
+    client.put_object(Bucket=s3_bucket, Key="prepared/part-0.parquet", Body=b"A" * 64)
+    client.put_object(Bucket=s3_bucket, Key="prepared/_SUCCESS", Body=b"{}")  # not an input file
+    before = parquet_fingerprint([location], options)
+    client.put_object(Bucket=s3_bucket, Key="prepared/part-0.parquet", Body=b"B" * 64)
+    after = parquet_fingerprint([location], options)
+    assert [entry[:2] for entry in before] == [[f"{location}/part-0.parquet", 64]]
+    assert [entry[:2] for entry in after] == [entry[:2] for entry in before]  # same name, same size
+    assert before != after
+    single = parquet_fingerprint([f"{location}/part-0.parquet"], options)
+    assert single == after

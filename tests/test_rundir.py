@@ -314,7 +314,7 @@ def test_a_resumed_query_keeps_the_parts_only_when_its_result_is_the_same(tmp_pa
         assert _files(run) == sorted([JOB_SPEC_FILE, f"{INPUT_DIR}/part-00000.parquet"])
         assert messages == (
             f"SaveMode.RESUME: the earlier attempt in {run} differs in input (the input's content: each file's size "
-            "and modification time, or a query's text, connection and result): the query's result changed; removed "
+            "and version (ETag or mtime), or a query's text, connection and result): the query's result changed; removed "
             "the 2 file(s) it kept, every row will be scored",
         )
 

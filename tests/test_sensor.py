@@ -117,7 +117,8 @@ def test_one_flipped_byte_in_a_data_page_fails_the_default_sensor_and_trigger(tm
 
 def test_the_output_is_hashed_once_per_marker_and_again_when_the_marker_changes(tmp_path, monkeypatch):
     """Bytes read from the part, counted under the filesystem: the first poke reads all of it (the
-    hash), a second poke of the same marker only its footer; a rewritten marker is hashed again."""
+    hash and the footer), a second poke of the same marker none of it; a rewritten marker is hashed
+    again."""
     from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger
     from tests.damage import count_reads
 
@@ -129,15 +130,31 @@ def test_the_output_is_hashed_once_per_marker_and_again_when_the_marker_changes(
     assert first >= size  # every byte, once for the hash (plus the footer)
     assert _sensor(tmp_path / "run").poke({}).is_done  # another sensor object, same process
     again, reads[part] = reads[part], 0
-    assert 0 < again < size  # the footer is still read; the part is not hashed again
+    assert again == 0  # names and sizes come from the listing: no request per part
     trigger = SuccessMarkerTrigger(location=str(tmp_path / "run"), poll_interval=0.2)
     assert asyncio.run(trigger.run().__anext__()).payload["status"] == "success"
-    assert 0 < reads[part] < size
+    assert reads[part] == 0
     reads[part] = 0
     marker = tmp_path / "run" / SUCCESS_MARKER
     marker.write_text(json.dumps(json.loads(marker.read_text())))  # same manifest, other bytes
     assert _sensor(tmp_path / "run").poke({}).is_done
     assert reads[part] >= size
+
+
+def test_a_marker_beside_a_newer_claim_fails_the_sensor(tmp_path):
+    """On S3 a zombie's marker can be visible for a moment beside the newer try's claim before the
+    zombie withdraws it: a marker whose attempt is not the one ``_job.json`` names is not this run's."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    commit(tmp_path / "run")
+    claim = tmp_path / "run" / "_job.json"
+    claim.write_text(json.dumps({"attempt": "t01abc"}))
+    assert _sensor(tmp_path / "run").poke({}).is_done
+    claim.write_text(json.dumps({"attempt": "t02new"}))
+    with pytest.raises(
+        AirflowFailException, match="committed by attempt t01abc, but the run directory is claimed by attempt t02new"
+    ):
+        _sensor(tmp_path / "run", verify_checksums=False).poke({})
 
 
 def test_an_iceberg_runs_files_are_hashed_once_per_snapshot_manifest(tmp_path, monkeypatch):
