@@ -29,11 +29,10 @@ def table_dataset(operator: BatchInferenceOperator, identifier: str, output: boo
     from airflow.providers.common.compat.openlineage.facet import InputDataset, OutputDataset
 
     from airflow_provider_batchinfer.lineage import dataset_name
-    from airflow_provider_batchinfer.operators.table_io import catalog_properties
     from airflow_provider_batchinfer.tables.catalog import open_catalog, planned_location, public_catalog
     from airflow_provider_batchinfer.tables.read import load_table
 
-    props = catalog_properties(operator.hook)
+    props = operator.hook.catalog_properties()
     location = manifest.table.location if output and manifest is not None and manifest.table else ""
     if not location:
         try:
@@ -63,8 +62,8 @@ def table_dataset(operator: BatchInferenceOperator, identifier: str, output: boo
 def table_manifest(operator: BatchInferenceOperator, task_instance: Any) -> Manifest | None:
     """The committed run's manifest (from the table's snapshot), or None."""
     from airflow_provider_batchinfer.markers import read_valid_manifest
-    from airflow_provider_batchinfer.operators.table_io import read_options, run_key
+    from airflow_provider_batchinfer.operators.table_io import run_key
     from airflow_provider_batchinfer.tables.names import run_location
 
     location = run_location(str(operator.table), run_key(task_instance))
-    return read_valid_manifest(location, read_options(operator.hook))
+    return read_valid_manifest(location, operator.hook.table_read_options())

@@ -139,7 +139,6 @@ def _catalog(world):
 def test_a_run_commits_one_snapshot_that_every_reader_sees(world):
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
     from airflow_provider_batchinfer.markers import read_valid_manifest
-    from airflow_provider_batchinfer.operators.table_io import read_options
 
     op = operator(TABLE, world["inputs"])
     xcom = op.execute({"ti": ti("run1")})
@@ -165,7 +164,7 @@ def test_a_run_commits_one_snapshot_that_every_reader_sees(world):
 
     # the sensor's check and read_committed: exactly this run's rows
     hook = ModelServiceHook()
-    manifest = read_valid_manifest(xcom["output_location"], read_options(hook), verify_checksums=True)
+    manifest = read_valid_manifest(xcom["output_location"], hook.table_read_options(), verify_checksums=True)
     assert manifest is not None and manifest.table is not None and manifest.table.snapshot_id == xcom["snapshot_id"]
     rows = hook.read_committed(manifest.to_dict())
     assert sorted(rows.column("ticket_id").to_pylist()) == list(range(300))

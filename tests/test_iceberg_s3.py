@@ -52,11 +52,10 @@ def s3_world(s3_server, s3_bucket, monkeypatch, tmp_path):
 @pytest.mark.usefixtures("airflow_db", "ray_cluster")
 def test_a_table_with_an_s3_warehouse_commits_one_snapshot(s3_world):
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
-    from airflow_provider_batchinfer.operators.table_io import catalog_properties
     from airflow_provider_batchinfer.tables.catalog import io_properties, open_catalog
 
     xcom = operator(TABLE, s3_world["inputs"]).execute({"ti": TaskInstanceStandIn(run_id="day1")})
-    props = catalog_properties(ModelServiceHook())
+    props = ModelServiceHook().catalog_properties()
     assert props["warehouse"] == f"s3://{s3_world['bucket']}/stage/_iceberg/warehouse"
     table = open_catalog(props, s3_world["options"]).load_table(TABLE)
     assert table.location().startswith(props["warehouse"]) and table.metadata_location.startswith("s3://")
@@ -84,8 +83,9 @@ def _manifest(xcom: dict) -> dict:
     """The committed manifest of the run, as the sensor pushes it to XCom."""
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
     from airflow_provider_batchinfer.markers import read_valid_manifest
-    from airflow_provider_batchinfer.operators.table_io import read_options
 
-    manifest = read_valid_manifest(xcom["output_location"], read_options(ModelServiceHook()), verify_checksums=True)
+    manifest = read_valid_manifest(
+        xcom["output_location"], ModelServiceHook().table_read_options(), verify_checksums=True
+    )
     assert manifest is not None
     return manifest.to_dict()

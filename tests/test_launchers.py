@@ -17,6 +17,7 @@ from airflow_provider_batchinfer.launchers import LAUNCHER_NAMES, LAUNCHERS, lau
 from airflow_provider_batchinfer.launchers.base import FAILED, SUCCEEDED, TIMEOUT, Launcher, LaunchError
 from airflow_provider_batchinfer.launchers.local import LocalLauncher, check_ray_version, cluster_ray_version
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+from airflow_provider_batchinfer.triggers.base import job_trigger
 
 LOG = logging.getLogger("test_launchers")
 OWNER = RunOwner(dag_id="d", task_id="t", run_id="manual__1", try_number=2, map_index=-1)
@@ -180,7 +181,7 @@ def _gone(pid: int, wait_s: float = 10.0) -> bool:
 def test_local_launcher_cannot_defer(tmp_path):
     launcher = LocalLauncher()
     with pytest.raises(NotImplementedError, match="the local launcher cannot defer"):
-        launcher.trigger(launcher.attach("j", "a", LOG), conn_id="c", poll_interval=1, deadline=None)
+        job_trigger(launcher, launcher.attach("j", "a", LOG), conn_id="c", poll_interval=1, deadline=None)
     assert launcher.job_name(OWNER) is None and launcher.existing_job(OWNER) is None
     assert LocalLauncher(ray_address="127.0.0.1:6379").job_ray_address == "127.0.0.1:6379"
 
@@ -236,7 +237,7 @@ def test_ray_jobs_from_a_connection(tmp_path):
     assert launcher.job_ray_address is None  # a Jobs API driver finds its cluster by itself
     handle = launcher.attach("sid", "t02abc", LOG)
     assert handle.url == "http://head:8265/#/jobs/sid"
-    trigger = launcher.trigger(handle, conn_id="c", poll_interval=2, deadline=None)
+    trigger = job_trigger(launcher, handle, conn_id="c", poll_interval=2, deadline=None)
     assert isinstance(trigger, RayJobTrigger)
     assert trigger.serialize()[1] == {
         "submission_id": "sid",

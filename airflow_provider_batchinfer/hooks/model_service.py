@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
 from airflow_provider_batchinfer.hooks.connection_fields import ui_field_behaviour
 from airflow_provider_batchinfer.hooks.s3_credentials import credential_lifetime_problem
@@ -129,10 +129,28 @@ class ModelServiceHook(BaseHook):
         sensor's XCom) commits, as a ``pyarrow.Table``, with this connection's S3 settings. For a run
         committed into an Iceberg table: exactly its rows, in the snapshot that committed them."""
         if manifest.get("table") if isinstance(manifest, dict) else getattr(manifest, "table", None):
-            from airflow_provider_batchinfer.operators.table_io import read_options
-
-            return read_committed(manifest, read_options(self), columns)
+            return read_committed(manifest, self.table_read_options(), columns)
         return read_committed(manifest, self.storage_options, columns)
+
+    def catalog_properties(self) -> dict[str, str]:
+        """The connection's Iceberg catalog (extra ``iceberg_catalog``), else the embedded SQLite one;
+        AirflowFailException when the connection's catalog is not usable."""
+        from airflow_provider_batchinfer.hooks.service_config import embedded_home
+        from airflow_provider_batchinfer.tables.catalog import CatalogError, catalog_config
+
+        conn = self._connection()
+        extra = dict(conn.extra_dejson or {}) if conn is not None else {}
+        try:
+            return catalog_config(extra, self.config.stage_root, embedded_home())
+        except CatalogError as exc:
+            failure = AirflowFailException if getattr(exc, "permanent", True) else AirflowException
+            raise failure(str(exc)) from exc
+
+    def table_read_options(self) -> dict[str, Any]:
+        """What readers of ``iceberg://`` locations take: the S3 settings plus the catalog."""
+        from airflow_provider_batchinfer.tables.read import CATALOG_OPTION
+
+        return {**self.storage_options, CATALOG_OPTION: self.catalog_properties()}
 
     @cached_property
     def registry(self) -> ModelRegistry:

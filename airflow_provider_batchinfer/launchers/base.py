@@ -19,17 +19,14 @@ Airflow nor Ray (a deferrable launcher imports its trigger inside :meth:`Launche
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from airflow_provider_batchinfer.contract import JobFailure
 
 if TYPE_CHECKING:
-    from airflow.triggers.base import BaseTrigger
-
     from airflow_provider_batchinfer.contract import JobFile, RunOwner
-    from airflow_provider_batchinfer.hooks.service_config import ServiceConfig
 
 #: terminal job states every launcher reports in (Ray's own names, plus TIMEOUT for a job stopped
 #: because it ran past ``job_timeout``)
@@ -106,19 +103,43 @@ class Outcome:
         return self.failure is not None and self.failure.permanent
 
 
+class LauncherConfig(Protocol):
+    """What a launcher reads from the connection: the hook's ``ServiceConfig`` has it. Launchers sit
+    below hooks, so they name what they need here instead of importing the hook's config."""
+
+    @property
+    def ray_address(self) -> str | None: ...
+    @property
+    def runtime_env(self) -> dict[str, Any] | None: ...
+    @property
+    def python(self) -> str: ...
+    @property
+    def local_ray_idle_s(self) -> float | None: ...
+    @property
+    def storage_options(self) -> Mapping[str, Any]: ...
+    @property
+    def ray_headers(self) -> Mapping[str, str]: ...
+    @property
+    def runtime_secrets(self) -> Mapping[str, str]: ...
+
+
 class Launcher(abc.ABC):
-    """Base of every launcher. Subclasses set ``name`` (the connection's ``launcher`` value) and
-    ``deferrable`` (whether :meth:`trigger` can watch their jobs from the triggerer)."""
+    """Base of every launcher. Subclasses set ``name`` (the connection's ``launcher`` value) and,
+    when a trigger can watch their jobs from the triggerer, ``deferrable``, ``trigger_classpath``
+    and :meth:`trigger_kwargs`."""
 
     name: ClassVar[str]
     deferrable: ClassVar[bool] = False
+    #: the trigger that watches this launcher's jobs, by classpath as Airflow serializes triggers:
+    #: launchers sit below triggers and never import them (``triggers.base.job_trigger`` builds it)
+    trigger_classpath: ClassVar[str | None] = None
     #: seconds the next job may run (the operator's ``job_timeout``; None: unbounded): what a
     #: launcher that derives a session for the job bounds it by
     job_timeout: float | None = None
 
     @classmethod
     @abc.abstractmethod
-    def from_config(cls, config: ServiceConfig) -> Launcher:
+    def from_config(cls, config: LauncherConfig) -> Launcher:
         """The launcher a parsed connection describes."""
 
     @classmethod
@@ -179,9 +200,10 @@ class Launcher(abc.ABC):
     def stop(self, handle: JobHandle) -> bool:
         """Stop the job and what it started; best effort, True when something was stopped."""
 
-    def trigger(self, handle: JobHandle, *, conn_id: str, poll_interval: float, deadline: float | None) -> BaseTrigger:
-        """A trigger that watches the job from the triggerer (only when ``deferrable``)."""
-        raise NotImplementedError(f"the {self.name} launcher cannot defer: its job runs inside the task")
+    def trigger_kwargs(self, handle: JobHandle) -> dict[str, Any]:
+        """What :attr:`trigger_classpath`'s trigger needs to find the job, besides the connection,
+        the poll interval and the deadline."""
+        return {}
 
 
 def failure_message(what: str, status: str, failure: JobFailure | None, tail: str) -> str:

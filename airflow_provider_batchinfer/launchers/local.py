@@ -43,6 +43,7 @@ from airflow_provider_batchinfer.launchers.base import (
     TIMEOUT,
     JobHandle,
     Launcher,
+    LauncherConfig,
     LaunchError,
     LogLine,
     Outcome,
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from airflow_provider_batchinfer.contract import JobFile
-    from airflow_provider_batchinfer.hooks.service_config import ServiceConfig
 
 __all__ = ["PARENT_PID_ENV", "LaunchError", "LocalLauncher", "check_ray_version", "cluster_ray_version"]
 
@@ -130,7 +130,7 @@ class LocalLauncher(Launcher):
         self._spare_kind: tuple[str, str | None] | None = None  # (flavor, backend): start a spare after
 
     @classmethod
-    def from_config(cls, config: ServiceConfig) -> LocalLauncher:
+    def from_config(cls, config: LauncherConfig) -> LocalLauncher:
         from airflow_provider_batchinfer.s3 import credential_env
 
         return cls(

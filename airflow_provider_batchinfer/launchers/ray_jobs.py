@@ -36,6 +36,7 @@ from airflow_provider_batchinfer.launchers.base import (
     ExistingJob,
     JobHandle,
     Launcher,
+    LauncherConfig,
     LaunchError,
     LogLine,
     Outcome,
@@ -56,11 +57,9 @@ from airflow_provider_batchinfer.launchers.ray_job_ids import (
 from airflow_provider_batchinfer.redact import scrub
 
 if TYPE_CHECKING:
-    from airflow.triggers.base import BaseTrigger
     from ray.job_submission import JobSubmissionClient
 
     from airflow_provider_batchinfer.contract import JobFile, RunOwner
-    from airflow_provider_batchinfer.hooks.service_config import ServiceConfig
 
 __all__ = [
     "IDENTITY_KEY",
@@ -84,6 +83,7 @@ class RayJobsLauncher(Launcher):
 
     name = "ray_jobs"
     deferrable = True
+    trigger_classpath = "airflow_provider_batchinfer.triggers.ray_job.RayJobTrigger"
 
     def __init__(
         self,
@@ -115,7 +115,7 @@ class RayJobsLauncher(Launcher):
         self._client: JobSubmissionClient | None = None
 
     @classmethod
-    def from_config(cls, config: ServiceConfig) -> RayJobsLauncher:
+    def from_config(cls, config: LauncherConfig) -> RayJobsLauncher:
         """The cluster token (extra ``ray_token``) goes into the request headers only; it never reaches
         the job file, the logs or XCom. The connection's S3 keys stay here: a job gets a session
         derived from them when it starts (:meth:`prepare_env`)."""
@@ -399,13 +399,5 @@ class RayJobsLauncher(Launcher):
     def stop(self, handle: JobHandle) -> bool:
         return self.stop_job(handle.job_id)
 
-    def trigger(self, handle: JobHandle, *, conn_id: str, poll_interval: float, deadline: float | None) -> BaseTrigger:
-        from airflow_provider_batchinfer.triggers.ray_job import RayJobTrigger
-
-        return RayJobTrigger(
-            submission_id=handle.job_id,
-            model_service_conn_id=conn_id,
-            poll_interval=poll_interval,
-            deadline=deadline,
-            log_offset=handle.log_offset,
-        )
+    def trigger_kwargs(self, handle: JobHandle) -> dict[str, Any]:
+        return {"submission_id": handle.job_id, "log_offset": handle.log_offset}

@@ -47,7 +47,7 @@ from airflow_provider_batchinfer.s3 import check_bucket, is_s3
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec
 from airflow_provider_batchinfer.stage import Stage, join, sanitize_run_key
 from airflow_provider_batchinfer.tables.names import is_table_input
-from airflow_provider_batchinfer.triggers.base import WatchStatus, event_log_offset, validate_event
+from airflow_provider_batchinfer.triggers.base import WatchStatus, event_log_offset, job_trigger, validate_event
 
 if TYPE_CHECKING:
     from airflow.sdk import Asset, Context
@@ -340,8 +340,12 @@ class BatchInferenceOperator(BaseOperator):
     def _defer(self, launcher: Launcher, handle: JobHandle) -> NoReturn:
         deadline = None if self.job_timeout is None else time.time() + self.job_timeout
         self.defer(
-            trigger=launcher.trigger(
-                handle, conn_id=self.model_service_conn_id, poll_interval=self.poll_interval, deadline=deadline
+            trigger=job_trigger(
+                launcher,
+                handle,
+                conn_id=self.model_service_conn_id,
+                poll_interval=self.poll_interval,
+                deadline=deadline,
             ),
             method_name="execute_complete",
             # a backstop only: the trigger's own deadline stops the job first

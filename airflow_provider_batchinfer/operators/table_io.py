@@ -25,35 +25,17 @@ from airflow_provider_batchinfer.contract import INPUT_DIR, ContractError, JobFi
 from airflow_provider_batchinfer.contract.tables import RUN_KEY_COLUMN, TableInput, TableOutput
 from airflow_provider_batchinfer.specs import SaveMode
 from airflow_provider_batchinfer.stage import Stage, join, sanitize_run_key
-from airflow_provider_batchinfer.tables.catalog import CatalogError, catalog_config, open_catalog, public_catalog
+from airflow_provider_batchinfer.tables.catalog import CatalogError, open_catalog, public_catalog
 from airflow_provider_batchinfer.tables.names import is_table_input, parse_table_input, run_location
-from airflow_provider_batchinfer.tables.read import CATALOG_OPTION, load_table, pin_input, run_files, write_snapshot
+from airflow_provider_batchinfer.tables.read import load_table, pin_input, run_files, write_snapshot
 
 if TYPE_CHECKING:
-    from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
     from airflow_provider_batchinfer.operators.batch_inference import BatchInferenceOperator
 
 
 def _fail(exc: Exception) -> AirflowException:
     permanent = getattr(exc, "permanent", True)
     return (AirflowFailException if permanent else AirflowException)(str(exc))
-
-
-def catalog_properties(hook: ModelServiceHook) -> dict[str, str]:
-    """The connection's catalog (extra ``iceberg_catalog``), else the embedded SQLite one."""
-    from airflow_provider_batchinfer.hooks.service_config import embedded_home
-
-    conn = hook._connection()
-    extra = dict(conn.extra_dejson or {}) if conn is not None else {}
-    try:
-        return catalog_config(extra, hook.config.stage_root, embedded_home())
-    except CatalogError as exc:
-        raise _fail(exc) from exc
-
-
-def read_options(hook: ModelServiceHook) -> dict[str, Any]:
-    """What readers of ``iceberg://`` locations take: the S3 settings plus the catalog."""
-    return {**hook.storage_options, CATALOG_OPTION: catalog_properties(hook)}
 
 
 def run_key(ti: Any) -> str:
@@ -79,7 +61,7 @@ def claim_mode(op: BatchInferenceOperator, run_dir: Stage) -> SaveMode:
     if op.save_mode is SaveMode.ERROR:
         key = posixpath.basename(run_dir.location.rstrip("/"))
         try:
-            table = load_table(open_catalog(catalog_properties(op.hook), op.hook.storage_options), op.table)
+            table = load_table(open_catalog(op.hook.catalog_properties(), op.hook.storage_options), op.table)
             rows = sum(f.record_count for f in run_files(table, key)) if table is not None else 0
         except CatalogError as exc:
             raise _fail(exc) from exc
@@ -108,7 +90,7 @@ def bind(op: BatchInferenceOperator, job: JobFile, run_dir: Stage, pinned: Table
     target and this attempt's data directory as ``run_dir``."""
     if not op.table and not is_table_input(op.input):
         return job
-    props = catalog_properties(op.hook)
+    props = op.hook.catalog_properties()
     public = public_catalog(props)
     changes: dict[str, Any] = {}
     try:
@@ -145,7 +127,7 @@ def materialize_input(op: BatchInferenceOperator, job: JobFile, run_dir: Stage) 
     if ref is None:
         return
     try:
-        catalog = open_catalog(catalog_properties(op.hook), op.hook.storage_options)
+        catalog = open_catalog(op.hook.catalog_properties(), op.hook.storage_options)
         rows = write_snapshot(catalog, ref, run_dir.child(INPUT_DIR))
     except CatalogError as exc:
         raise _fail(exc) from exc
@@ -162,4 +144,4 @@ def result_source(op: BatchInferenceOperator, location: str) -> tuple[str, dict[
     """Where the operator's result is read from: the run directory, or ``iceberg://<table>/<run key>``."""
     if not op.table:
         return location, op.hook.storage_options
-    return run_location(str(op.table), posixpath.basename(location.rstrip("/"))), read_options(op.hook)
+    return run_location(str(op.table), posixpath.basename(location.rstrip("/"))), op.hook.table_read_options()

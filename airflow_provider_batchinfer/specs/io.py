@@ -137,12 +137,25 @@ class OutputSpec:
     # an Iceberg table "<namespace>.<table>" to commit the predictions into (docs/iceberg.md)
     table: str | None = None
 
+    def _check_table_output(self) -> None:
+        """``OutputSpec(table=...)``: a table name (or a template), no ``stage_location``, and a save
+        mode that means something for a table (``ERROR`` or ``OVERWRITE``)."""
+        from airflow_provider_batchinfer.tables.names import check_table_output
+
+        try:
+            check_table_output(self.table, self.stage_location, self.base_stage_location)
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
+        if self.mode is SaveMode.RESUME:
+            raise SpecError(
+                "OutputSpec(table=...) supports SaveMode.ERROR (refuse when the table holds this run's rows) and "
+                "SaveMode.OVERWRITE (replace exactly this run's rows); SaveMode.RESUME is for directory outputs."
+            )
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", _parse_save_mode(self.mode))
         if self.table is not None:
-            from airflow_provider_batchinfer.tables.names import check_table_output_spec
-
-            check_table_output_spec(self)
+            self._check_table_output()
             return
         given = [n for n in ("stage_location", "base_stage_location") if getattr(self, n)]
         if len(given) != 1:

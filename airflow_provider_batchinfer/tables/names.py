@@ -12,44 +12,34 @@ Imports nothing heavy: pyiceberg only to check a row filter's syntax.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 from airflow_provider_batchinfer.contract.layout import ContractError
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME, check_table_identifier
-
-if TYPE_CHECKING:
-    from airflow_provider_batchinfer.specs import OutputSpec
 
 
 def _templated(value: str) -> bool:
     return "{{" in value or "{%" in value
 
 
-def check_table_output_spec(spec: OutputSpec) -> None:
-    """``OutputSpec(table=...)``: a table name (or a template), no ``stage_location``, and a save mode
-    that means something for a table (``ERROR`` or ``OVERWRITE``)."""
-    from airflow_provider_batchinfer.specs import SaveMode, SpecError
-
-    if not isinstance(spec.table, str) or not spec.table:
-        raise SpecError(f"OutputSpec.table must be '<namespace>.<table>', got {spec.table!r}.")
-    if not _templated(spec.table):
+def check_table_output(table: Any, stage_location: Any, base_stage_location: Any) -> None:
+    """``OutputSpec(table=...)``'s locations: a table name (or a template) and no ``stage_location``.
+    ValueError naming the field; the spec turns it into its own error (tables sit below specs)."""
+    if not isinstance(table, str) or not table:
+        raise ValueError(f"OutputSpec.table must be '<namespace>.<table>', got {table!r}.")
+    if not _templated(table):
         try:
-            check_table_identifier(spec.table, "OutputSpec.table")
+            check_table_identifier(table, "OutputSpec.table")
         except ContractError as exc:
-            raise SpecError(str(exc)) from None
-    if spec.stage_location:
-        raise SpecError(
+            raise ValueError(str(exc)) from None
+    if stage_location:
+        raise ValueError(
             "OutputSpec.table commits into an Iceberg table: drop stage_location (base_stage_location may name "
             "where each run's claim, _job.json, is kept; by default <stage root>/_tables/<table>/)."
         )
-    if spec.base_stage_location is not None and not isinstance(spec.base_stage_location, str):
-        raise SpecError("OutputSpec.base_stage_location must be a string path or URI.")
-    if spec.mode is SaveMode.RESUME:
-        raise SpecError(
-            "OutputSpec(table=...) supports SaveMode.ERROR (refuse when the table holds this run's rows) and "
-            "SaveMode.OVERWRITE (replace exactly this run's rows); SaveMode.RESUME is for directory outputs."
-        )
+    if base_stage_location is not None and not isinstance(base_stage_location, str):
+        raise ValueError("OutputSpec.base_stage_location must be a string path or URI.")
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import importlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+if TYPE_CHECKING:
+    from airflow_provider_batchinfer.launchers.base import JobHandle, Launcher
 
 
 class WatchStatus(str, enum.Enum):
@@ -97,3 +101,19 @@ class WatchTrigger(BaseTrigger):
         if self.deadline is not None:
             delay = max(0.0, min(delay, self.deadline - time.time()))
         await asyncio.sleep(delay)
+
+
+def job_trigger(
+    launcher: Launcher, handle: JobHandle, *, conn_id: str, poll_interval: float, deadline: float | None
+) -> BaseTrigger:
+    """The trigger that watches ``handle``'s job from the triggerer: the launcher's
+    ``trigger_classpath`` with its ``trigger_kwargs``. NotImplementedError for a launcher whose job
+    runs inside the task."""
+    if launcher.trigger_classpath is None:
+        raise NotImplementedError(f"the {launcher.name} launcher cannot defer: its job runs inside the task")
+    module, _, name = launcher.trigger_classpath.rpartition(".")
+    trigger_class = getattr(importlib.import_module(module), name)
+    trigger: BaseTrigger = trigger_class(
+        **launcher.trigger_kwargs(handle), model_service_conn_id=conn_id, poll_interval=poll_interval, deadline=deadline
+    )
+    return trigger

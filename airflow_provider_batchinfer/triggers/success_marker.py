@@ -26,9 +26,8 @@ def storage_options_for(location: str, model_service_conn_id: str) -> dict[str, 
     for an Iceberg run (``iceberg://<table>/<run key>``) also its catalog."""
     if location.startswith(TABLE_SCHEME):
         from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
-        from airflow_provider_batchinfer.operators.table_io import read_options
 
-        return read_options(ModelServiceHook(model_service_conn_id))
+        return ModelServiceHook(model_service_conn_id).table_read_options()
     if not is_s3(location):
         return {}
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
