@@ -116,3 +116,28 @@ def test_the_contract_and_the_storage_layer_import_neither_side():
     after_contract, after_all = json.loads(proc.stdout.strip().splitlines()[-1])
     assert after_contract == [], f"importing the contract loaded {after_contract}"
     assert after_all == [], f"importing the shared modules loaded {after_all}"
+
+
+#: what each part of the Airflow side and the storage layer may never import, by the parts' order
+#: (face -> triggers -> hooks -> launchers -> storage/registry -> contract/specs): every arrow points
+#: down, so no import cycle crosses two parts
+FORBIDDEN = {
+    "hooks": ("operators", "sensors", "triggers", "lineage", "lineage_tables"),
+    "launchers": ("operators", "sensors", "triggers", "hooks", "lineage", "lineage_tables"),
+    "triggers": ("operators", "sensors", "lineage", "lineage_tables"),
+    "tables": ("operators", "sensors", "triggers", "hooks", "launchers", "specs"),
+    "registry": ("operators", "sensors", "triggers", "hooks", "launchers"),
+    "contract": ("operators", "sensors", "triggers", "hooks", "launchers", "registry", "tables", "runtime"),
+}
+
+
+def test_each_part_imports_only_the_parts_below_it():
+    """TYPE_CHECKING imports count too: a type-only arrow up is still a cycle for a reader."""
+    offenders = []
+    for part, never in FORBIDDEN.items():
+        for path in sorted((PACKAGE / part).rglob("*.py")):
+            for name in _imports(path):
+                top = name.split(".")[1] if name.startswith("airflow_provider_batchinfer.") else None
+                if top in never:
+                    offenders.append(f"{path.relative_to(PACKAGE.parent)} imports {name}")
+    assert not offenders, "imports that point up the parts' order:\n" + "\n".join(sorted(set(offenders)))
