@@ -126,7 +126,7 @@ def test_a_planted_state_dir_is_never_used_and_never_fails_a_job_for_good(scratc
             embedded_ray.add_lease(used, os.getpid())
         [warning] = log.lines
         assert f"state directory {configured} is not used" in warning and f"private directory {used}" in warning
-        assert {"foreign": "belongs to uid 65534", "world-writable": "has mode 0777"}.get(
+        assert {"foreign": "belongs to uid 65534", "world-writable": "is writable by other users (mode 0o777)"}.get(
             how, "symbolic link"
         ) in warning
     finally:
@@ -308,5 +308,5 @@ def test_a_spare_does_not_listen_in_a_directory_others_can_write(scratch):
     cmd += ["--kind", "python-native", "--flavor", "python", "--idle-s", "5"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"not listening: {directory} has mode 0777" in done.stdout
+    assert f"not listening: {directory} is writable by other users (mode 0o777)" in done.stdout
     assert not list(directory.iterdir())
