@@ -26,7 +26,7 @@ from airflow_provider_batchinfer.runtime import commit, in_driver, llm, resource
 from airflow_provider_batchinfer.runtime.attach import init_ray
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
-from airflow_provider_batchinfer.runtime.flavors import allows_missing, preflight, transfer_rows
+from airflow_provider_batchinfer.runtime.flavors import flavor, transfer_rows
 from airflow_provider_batchinfer.runtime.io import make_datasink, read_input, replicas_per_node, row_bytes
 from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts
 from airflow_provider_batchinfer.runtime.plan import (
@@ -102,7 +102,7 @@ def _check_model(job: JobFile, registry: ModelRegistry) -> None:
         manifest = verify_local_copy(local, model.sha256)
     else:  # the actors download and re-hash it on their own nodes; here only what a listing shows
         local, manifest = None, registry.check_listing(model.name, model.version, model.sha256)
-    for line in preflight(local, manifest):  # the flavor's own checks (untrusted types, pickles)
+    for line in flavor(manifest["flavor"]).preflight(local, manifest):  # untrusted types, pickles
         print(f"[batchinfer] {line}", flush=True)
 
 
@@ -123,7 +123,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     input_rows, schema = inspect_input(files, storage)
     signature = dict(model.signature or {})
     plan = with_id_column(plan_columns(schema, signature, input_spec, files[0]), input_spec.id_column)
-    if allows_missing(model.flavor):  # trees take null/NaN as missing values
+    if flavor(model.flavor).allows_missing:  # trees take null/NaN as missing values
         plan["missing_ok"] = list(plan["model_inputs"])
     if input_spec.id_column:
         check_unique_ids(files, input_spec.id_column, storage)
@@ -168,16 +168,10 @@ def check_before_ray(job: JobFile) -> CheckedJob:
 
 def check_backend(job: JobFile) -> None:
     """An optimized backend only for the flavor that has one, refused before Ray starts."""
-    from airflow_provider_batchinfer.runtime.flavors import OPTIMIZED_FLAVORS, is_optimized
+    from airflow_provider_batchinfer.runtime.flavors import is_optimized, refuse_backend
 
-    backend = job.job_spec.backend
-    if is_optimized(backend) and job.model.flavor not in OPTIMIZED_FLAVORS:
-        from airflow_provider_batchinfer.runtime.flavors.optimized_cache import BackendRefusedError
-
-        raise BackendRefusedError(
-            f"JobSpec.backend={backend!r} applies to {' and '.join(OPTIMIZED_FLAVORS)} models; {job.model.name}/"
-            f"{job.model.version} is {job.model.flavor!r}. Leave JobSpec.backend unset for it"
-        )
+    if (backend := job.job_spec.backend) is not None and is_optimized(backend):
+        refuse_backend(backend, job.model.flavor, f"{job.model.name}/{job.model.version}")
 
 
 def log_pool(pool: ActorPool, checked: CheckedJob) -> None:

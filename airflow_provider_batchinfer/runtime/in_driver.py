@@ -13,7 +13,7 @@ jobs). Two kinds of job gain nothing from paying it, and are scored here instead
 
 The driver runs the same :class:`MeteredReplica` with the same arguments, between a reader thread
 and a writer thread (``in_driver_io.py``) that overlap reading, scoring and writing as Ray Data's
-operators do. A flavor whose predictor takes concurrent calls (``CONCURRENT_CALLS``: XGBoost, and
+operators do. A flavor whose predictor takes concurrent calls (``concurrent_calls``: XGBoost, and
 the ONNX Runtime text encoder of ``JobSpec.backend``) is loaded with one thread and called from as
 many threads as the job has, batches kept in order: independent one-thread calls share the cores
 with the reader and writer better than one call whose threads wait for each other
@@ -118,11 +118,17 @@ def _direct(target: Any) -> Any:
 def scoring_threads(checked: CheckedJob, pool: ActorPool) -> int:
     """How many model calls run at once in the driver: the job's threads for a CPU job whose
     flavor takes concurrent calls (each call then on one thread), else one call on all of them."""
-    from airflow_provider_batchinfer.runtime.flavors import concurrent_calls
+    from airflow_provider_batchinfer.runtime.flavors import flavor, is_optimized, optimized_backend
 
     if pool["device"] != "cpu" or pool["threads"] <= 1:
         return 1
-    return int(pool["threads"]) if concurrent_calls(checked.job.model.flavor, checked.job.job_spec.backend) else 1
+    name, backend = checked.job.model.flavor, checked.job.job_spec.backend
+    if is_optimized(backend):
+        optimized = optimized_backend(name)
+        concurrent = optimized is not None and optimized.concurrent_calls
+    else:
+        concurrent = flavor(name).concurrent_calls
+    return int(pool["threads"]) if concurrent else 1
 
 
 def scored_in_order(
@@ -163,7 +169,7 @@ def run(checked: CheckedJob) -> Any:
     workers = scoring_threads(checked, pool)
     batch = driver_batch_rows(checked, concurrent_calls=workers > 1)
     # concurrent calls: one thread each (a one-thread call waits for no other thread). A flavor whose
-    # CPU calls gain from size (CPU_CALL_ROWS: XGBoost) takes its whole batch in one call; the others
+    # CPU calls gain from size (cpu_call_rows: XGBoost) takes its whole batch in one call; the others
     # (the ONNX Runtime text encoder) keep calls of at most max_batch_rows inside their batch
     flavor = checked.job.model.flavor
     whole_batch = workers > 1 and model_call_rows(flavor, "cpu", None) is not None

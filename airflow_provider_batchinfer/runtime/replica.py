@@ -171,18 +171,18 @@ class ModelReplica:
 
 
 def model_call_rows(flavor: str, device: str, max_rows: int | None) -> int | None:
-    """Rows per model call. On CPU a flavor that sets ``CPU_CALL_ROWS`` (small tabular models) is
+    """Rows per model call. On CPU a flavor that sets ``cpu_call_rows`` (small tabular models) is
     called with at least that many rows: ``JobSpec.max_batch_rows`` (256 by default) is sized for
     text and GPU memory, and a small model's call pays a fixed cost (an OpenMP barrier that waits
     for a thread that lost its core to Ray's read and write tasks: 8x slower per row at 256 rows
     under load) that larger calls share; past a few thousand rows the activations leave the CPU
     caches and calls slow down again (``flavors/torchscript.py``). On a GPU ``max_rows`` bounds
     each call."""
-    from airflow_provider_batchinfer.runtime.flavors import _module
+    from airflow_provider_batchinfer.runtime import flavors
 
-    cpu_rows = getattr(_module(flavor), "CPU_CALL_ROWS", None)
+    cpu_rows = flavors.flavor(flavor).cpu_call_rows
     if device == "cpu" and cpu_rows:
-        return max(max_rows or 0, int(cpu_rows))
+        return max(max_rows or 0, cpu_rows)
     return max_rows
 
 

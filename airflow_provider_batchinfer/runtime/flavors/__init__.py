@@ -1,4 +1,7 @@
-"""One small adapter per model kind, all with the same shape.
+"""One small adapter per model kind, all with the same shape, found here by name.
+
+Each flavor module declares ``FLAVOR = Flavor(...)`` (``flavors/protocol.py``): its ``load`` and
+the capabilities the runtime reads, as typed fields.
 
 ``load(model_dir, manifest, device, threads, max_rows) -> predictor`` and ``predictor(inputs,
 params) -> {output column: values}``, where ``inputs`` is a ``pyarrow.Table`` holding exactly the
@@ -8,19 +11,37 @@ so text stays Python strings for a tokenizer and numbers go to numpy without a p
 ``max_rows`` (``JobSpec.max_batch_rows``) bounds the rows of one model call. The batches Ray hands
 a replica may be larger (``transfer_rows``): moving and converting few large batches is cheaper
 than many small ones, and a text model sorts a larger batch by length before cutting it into
-model calls, so it pads less. A flavor whose ``TRANSFER_ROWS`` is 0 gets batches of exactly
+model calls, so it pads less. A flavor whose ``transfer_rows`` is 0 gets batches of exactly
 ``max_rows`` (the user's own ``predict`` never sees more than that).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-Predictor = Callable[[Any, dict[str, Any]], dict[str, Any]]
+from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor, OptimizedBackend, Predictor
 
+__all__ = [
+    "TRANSFER_BYTES",
+    "Flavor",
+    "OptimizedBackend",
+    "Predictor",
+    "adapter_module",
+    "flavor",
+    "is_optimized",
+    "load_optimized",
+    "load_predictor",
+    "names",
+    "optimized_backend",
+    "optimized_flavors",
+    "refuse_backend",
+    "transfer_rows",
+]
+
+# name -> the module declaring its ``FLAVOR``: a path, imported on first use, so a job imports
+# only its own flavor's module (and that module imports its model library only in ``load``)
 _MODULES = {
     "torchscript": "airflow_provider_batchinfer.runtime.flavors.torchscript",
     "sentence_transformers": "airflow_provider_batchinfer.runtime.flavors.sentence_transformers",
@@ -38,24 +59,43 @@ _MODULES = {
 }
 
 
-# the flavors with an optimized backend (JobSpec.backend="onnx" | "onnx_int8"): ONNX Runtime,
-# exported once per model version and node (optimized_cache.py)
-_OPTIMIZED = {
-    "sentence_transformers": "airflow_provider_batchinfer.runtime.flavors.optimized_text",
-    "torchscript": "airflow_provider_batchinfer.runtime.flavors.optimized_torchscript",
-}
-OPTIMIZED_FLAVORS = tuple(_OPTIMIZED)
+def names() -> tuple[str, ...]:
+    """The flavors this runtime knows, without importing any of them."""
+    return tuple(_MODULES)
 
 
 def adapter_module(flavor: str) -> str | None:
-    """The module that adapts ``flavor`` (None for a flavor this runtime does not know)."""
+    """The module that adapts ``flavor`` (None for a flavor this runtime does not know): a warm
+    spare imports it ahead of the job."""
     return _MODULES.get(flavor)
 
 
-def _module(flavor: str):
-    if flavor not in _MODULES:
-        raise ValueError(f"model flavor {flavor!r} is not supported by this runtime ({', '.join(_MODULES)})")
-    return importlib.import_module(_MODULES[flavor])
+def flavor(name: str) -> Flavor:
+    """``name``'s capabilities: its module's ``FLAVOR``, the module imported now if it was not yet.
+    A module that declares no ``Flavor`` under that name is a bug in this package, refused here."""
+    if name not in _MODULES:
+        raise ValueError(f"model flavor {name!r} is not supported by this runtime ({', '.join(_MODULES)})")
+    declared = getattr(importlib.import_module(_MODULES[name]), "FLAVOR", None)
+    if not isinstance(declared, Flavor) or declared.name != name:
+        raise TypeError(f"{_MODULES[name]} must declare FLAVOR = Flavor(name={name!r}, ...), got {declared!r}")
+    return declared
+
+
+def optimized_backend(name: str) -> OptimizedBackend | None:
+    """The ONNX Runtime backend of flavor ``name``, its module imported now (None: it has none)."""
+    module = flavor(name).optimized
+    if module is None:
+        return None
+    declared = getattr(importlib.import_module(module), "BACKEND", None)
+    if not isinstance(declared, OptimizedBackend) or declared.flavor != name:
+        raise TypeError(f"{module} must declare BACKEND = OptimizedBackend(flavor={name!r}, ...), got {declared!r}")
+    return declared
+
+
+def optimized_flavors() -> tuple[str, ...]:
+    """The flavors with an ONNX Runtime backend, for a refusal's message: imports every flavor
+    module (none imports a model library), so only an error path asks."""
+    return tuple(sorted(name for name in _MODULES if flavor(name).optimized is not None))
 
 
 def is_optimized(backend: str | None) -> bool:
@@ -64,21 +104,24 @@ def is_optimized(backend: str | None) -> bool:
     return backend not in (None, "torch")
 
 
-def concurrent_calls(flavor: str, backend: str | None = None) -> bool:
-    """Whether ``flavor``'s predictor (on ``backend``, when one is named) may be called from several
-    threads at once (its module's ``CONCURRENT_CALLS``): the driver then loads it with one thread and
-    calls it from as many threads as the job has (``runtime/in_driver.py``)."""
-    if is_optimized(backend):
-        module = importlib.import_module(_OPTIMIZED[flavor]) if flavor in _OPTIMIZED else None
-    else:
-        module = _module(flavor)
-    return bool(getattr(module, "CONCURRENT_CALLS", False))
-
-
 def load_predictor(
     model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None
 ) -> Predictor:
-    return _module(manifest["flavor"]).load(model_dir, manifest, device=device, threads=threads, max_rows=max_rows)
+    """The predictor of the manifest's flavor, on the flavor's own library."""
+    return flavor(manifest["flavor"]).load(model_dir, manifest, device=device, threads=threads, max_rows=max_rows)
+
+
+def refuse_backend(backend: str, name: str, model: str) -> None:
+    """Refuse ``backend`` for flavor ``name`` (of ``model``, "name/version") when the flavor has no
+    ONNX Runtime backend; the driver asks before Ray starts, a replica again before it loads."""
+    if name in _MODULES and flavor(name).optimized is not None:
+        return
+    from airflow_provider_batchinfer.runtime.flavors.optimized_cache import BackendRefusedError
+
+    raise BackendRefusedError(
+        f"JobSpec.backend={backend!r} applies to {' and '.join(optimized_flavors())} models; "
+        f"{model} is {name!r}. Leave JobSpec.backend unset for it"
+    )
 
 
 def load_optimized(
@@ -93,16 +136,12 @@ def load_optimized(
     cache_root: Path,
 ) -> Predictor:
     """The flavor's predictor on its optimized backend (ONNX Runtime); a flavor without one is
-    refused (``check_backend`` in the driver refuses it earlier, before Ray starts)."""
-    from airflow_provider_batchinfer.runtime.flavors.optimized_cache import BackendRefusedError
-
-    flavor = manifest["flavor"]
-    if flavor not in _OPTIMIZED:
-        raise BackendRefusedError(
-            f"JobSpec.backend={backend!r} applies to {' and '.join(OPTIMIZED_FLAVORS)} models; "
-            f"{manifest['name']}/{manifest['version']} is {flavor!r}. Leave JobSpec.backend unset for it"
-        )
-    return importlib.import_module(_OPTIMIZED[flavor]).load(
+    refused."""
+    name = manifest["flavor"]
+    refuse_backend(backend, name, f"{manifest['name']}/{manifest['version']}")
+    optimized = optimized_backend(name)
+    assert optimized is not None  # refuse_backend raised otherwise
+    return optimized.load(
         model_dir,
         manifest,
         device,
@@ -114,33 +153,18 @@ def load_optimized(
     )
 
 
-def preflight(model_dir: Path | None, manifest: dict[str, Any]) -> list[str]:
-    """The flavor's own checks before Ray starts (``model_dir``: a verified local copy, or None
-    when the model lives in an object store and only the replicas fetch it): e.g. types a skops
-    file holds that nobody trusted. Returns lines for the job log (a trusted pickle says so)."""
-    check = getattr(_module(manifest["flavor"]), "preflight", None)
-    return check(model_dir, manifest) if check is not None else []
-
-
-def allows_missing(flavor: str) -> bool:
-    """Whether null/NaN inputs reach the model (tree libraries treat them as missing values)
-    instead of failing the batch before the model sees it."""
-    return bool(getattr(_module(flavor), "ALLOWS_MISSING", False))
-
-
 # bytes of input per batch handed to a replica, at most: bounds a replica's memory per batch
 TRANSFER_BYTES = 32 << 20
 
 
-def transfer_rows(flavor: str, max_rows: int, row_bytes: float, gpu: bool = False) -> int:
-    """Rows per batch Ray hands a replica: the flavor's preferred size (``GPU_TRANSFER_ROWS`` on a
-    GPU where it names one: larger model calls want a larger sort window), never below
-    ``max_rows``, and at most ``TRANSFER_BYTES`` of input (``row_bytes``: uncompressed bytes per
-    input row)."""
-    module = _module(flavor)
-    preferred = getattr(module, "TRANSFER_ROWS", 0)
-    if gpu:
-        preferred = getattr(module, "GPU_TRANSFER_ROWS", preferred)
+def transfer_rows(name: str, max_rows: int, row_bytes: float, gpu: bool = False) -> int:
+    """Rows per batch Ray hands a replica: the flavor's preferred size (``gpu_transfer_rows`` on a
+    GPU where it names one), never below ``max_rows``, and at most ``TRANSFER_BYTES`` of input
+    (``row_bytes``: uncompressed bytes per input row)."""
+    declared = flavor(name)
+    preferred = declared.transfer_rows
+    if gpu and declared.gpu_transfer_rows is not None:
+        preferred = declared.gpu_transfer_rows
     if preferred <= max_rows:
         return max_rows
     by_bytes = int(TRANSFER_BYTES // max(row_bytes, 1.0))

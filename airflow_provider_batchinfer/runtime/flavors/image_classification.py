@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-TRANSFER_ROWS = 0
+from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor
 
 
 def decode_image(value: Any, column: str):
@@ -82,3 +82,6 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         return {name: out[name] for name in outputs}
 
     return predict
+
+
+FLAVOR = Flavor(name="image_classification", load=load, transfer_rows=0)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from airflow_provider_batchinfer.registry.tabular import read_settings
+from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor
 from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
     CPU_CALL_ROWS,
     TRANSFER_ROWS,
@@ -24,9 +25,6 @@ from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
     ordered,
     proba_outputs,
 )
-
-__all__ = ["CPU_CALL_ROWS", "TRANSFER_ROWS", "load"]
-ALLOWS_MISSING = True  # NaN is LightGBM's missing value
 
 
 def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None):
@@ -57,3 +55,12 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         return chunked(score, x, inputs.num_rows, max_rows)
 
     return predict
+
+
+FLAVOR = Flavor(
+    name="lightgbm",
+    load=load,
+    allows_missing=True,  # NaN is LightGBM's missing value
+    transfer_rows=TRANSFER_ROWS,
+    cpu_call_rows=CPU_CALL_ROWS,
+)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-TRANSFER_ROWS = 0  # the model's own predict sees at most JobSpec.max_batch_rows rows
+from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor
 
 
 def _columns(out: Any, names: list[str], model: str) -> dict[str, Any]:
@@ -66,3 +66,7 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         return _columns(out, outputs, model)
 
     return predict
+
+
+# transfer_rows 0: the model's own predict sees at most JobSpec.max_batch_rows rows
+FLAVOR = Flavor(name="mlflow_pyfunc", load=load, transfer_rows=0)

@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 
 from airflow_provider_batchinfer.registry.tabular import read_settings
+from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor
 from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import TRANSFER_ROWS
-
-__all__ = ["TRANSFER_ROWS", "load"]
 
 _NUMPY = {"string": object, "bool": np.bool_}
 
@@ -64,3 +63,6 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
     return predict
+
+
+FLAVOR = Flavor(name="onnx", load=load, transfer_rows=TRANSFER_ROWS)

@@ -42,8 +42,18 @@ from airflow_provider_batchinfer.runtime.flavors.optimized_cache import (
     has_files,
     quantize_int8,
 )
+from airflow_provider_batchinfer.runtime.flavors.protocol import OptimizedBackend
 
-__all__ = ["CONCURRENT_CALLS", "BackendRefusedError", "OrtEncoder", "export", "load", "optimized_dir", "prepare"]
+__all__ = [
+    "BACKEND",
+    "CONCURRENT_CALLS",
+    "BackendRefusedError",
+    "OrtEncoder",
+    "export",
+    "load",
+    "optimized_dir",
+    "prepare",
+]
 
 #: In the driver (``runtime/in_driver.py``) the encoder is loaded with one ONNX Runtime thread and
 #: called from as many threads as the job has, each call on its own batch: ``InferenceSession.run``
@@ -341,3 +351,6 @@ def load(
         return {out_col: embeddings}
 
     return predict
+
+
+BACKEND = OptimizedBackend(flavor="sentence_transformers", load=load, concurrent_calls=CONCURRENT_CALLS)

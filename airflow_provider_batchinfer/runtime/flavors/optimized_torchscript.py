@@ -35,6 +35,7 @@ import numpy as np
 
 from airflow_provider_batchinfer.runtime.flavors import optimized_cache
 from airflow_provider_batchinfer.runtime.flavors.optimized_cache import BackendRefusedError, check_guard, has_files
+from airflow_provider_batchinfer.runtime.flavors.protocol import OptimizedBackend
 from airflow_provider_batchinfer.runtime.flavors.torchscript import features, name_outputs, squeeze_column
 
 FORMAT = 1
@@ -189,3 +190,6 @@ def load(
         return name_outputs(arrays if info["tupled"] else arrays[0], outputs)
 
     return predict
+
+
+BACKEND = OptimizedBackend(flavor="torchscript", load=load)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-TRANSFER_ROWS = 0  # predict() gets at most JobSpec.max_batch_rows rows, as the user sized it
+from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor
 
 
 def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None):
@@ -43,3 +43,7 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         return out
 
     return predict
+
+
+# transfer_rows 0: predict() gets at most JobSpec.max_batch_rows rows, as the user sized it
+FLAVOR = Flavor(name="python", load=load, transfer_rows=0)

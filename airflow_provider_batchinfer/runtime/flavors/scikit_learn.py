@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_batchinfer.registry.tabular import UntrustedModelError, read_settings
+from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor
 from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
     CPU_CALL_ROWS,
     TRANSFER_ROWS,
@@ -21,12 +22,10 @@ from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
     proba_outputs,
 )
 
-__all__ = ["CPU_CALL_ROWS", "TRANSFER_ROWS", "load", "preflight"]
 _PICKLE_WARNING = (
     "WARNING: model {name}/{version} is a pickle (joblib), loaded because it was logged with "
     "trust_pickle=True: unpickling runs arbitrary code, so use it only for a file you produced yourself"
 )
-ALLOWS_MISSING = True  # NaN reaches the estimator: HistGradientBoosting and imputers use it, others raise
 
 
 def preflight(model_dir: Path | None, manifest: dict[str, Any]) -> list[str]:
@@ -102,3 +101,13 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         return chunked(score, x, inputs.num_rows, max_rows)
 
     return predict
+
+
+FLAVOR = Flavor(
+    name="sklearn",
+    load=load,
+    preflight=preflight,
+    allows_missing=True,  # NaN reaches the estimator: HistGradientBoosting and imputers use it, others raise
+    transfer_rows=TRANSFER_ROWS,
+    cpu_call_rows=CPU_CALL_ROWS,
+)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor
 from airflow_provider_batchinfer.runtime.flavors.sentence_gpu import fast_features, overlapped_encode
 
 # SentenceTransformer.encode sorts its input by length and cuts it into model calls of
@@ -72,3 +73,12 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         return {out_col: embeddings}
 
     return predict
+
+
+FLAVOR = Flavor(
+    name="sentence_transformers",
+    load=load,
+    transfer_rows=TRANSFER_ROWS,
+    gpu_transfer_rows=GPU_TRANSFER_ROWS,
+    optimized="airflow_provider_batchinfer.runtime.flavors.optimized_text",
+)

@@ -15,8 +15,7 @@ from typing import Any
 
 from airflow_provider_batchinfer.chat import finish_reason, response, response_columns, sampling_params
 from airflow_provider_batchinfer.runtime.dereference import MESSAGES_DTYPE, parse_messages
-
-TRANSFER_ROWS = 0  # generation dominates; Ray's batches are already as large as JobSpec.max_batch_rows
+from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor
 
 
 def text_only(messages: list[dict[str, Any]], column: str, model: str) -> list[dict[str, Any]]:
@@ -111,3 +110,7 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         return response_columns(results)
 
     return predict
+
+
+# transfer_rows 0: generation dominates; Ray's batches are already as large as JobSpec.max_batch_rows
+FLAVOR = Flavor(name="text_generation", load=load, transfer_rows=0)

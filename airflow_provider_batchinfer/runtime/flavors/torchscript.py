@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor
+
 
 def features(inputs) -> np.ndarray:
     """The float32 feature matrix of a batch (also what the ONNX backend feeds, ``optimized_torchscript.py``)."""
@@ -124,3 +126,12 @@ def _to_numpy(t) -> np.ndarray:
 def squeeze_column(arr: np.ndarray) -> np.ndarray:
     """An ``(n, 1)`` output as a flat column of ``n`` values."""
     return arr[:, 0] if arr.ndim == 2 and arr.shape[1] == 1 else arr
+
+
+FLAVOR = Flavor(
+    name="torchscript",
+    load=load,
+    transfer_rows=TRANSFER_ROWS,
+    cpu_call_rows=CPU_CALL_ROWS,
+    optimized="airflow_provider_batchinfer.runtime.flavors.optimized_torchscript",
+)

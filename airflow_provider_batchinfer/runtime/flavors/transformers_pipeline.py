@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_batchinfer.registry.pipelines import SEQ2SEQ_TASKS, canonical_task
+from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor
 
-TRANSFER_ROWS = 1024  # more rows per replica batch: length-sorted model calls pad less
 DEFAULT_BATCH_SIZE = 32
 _COMPONENTS = ("tokenizer", "feature_extractor", "image_processor", "processor")
 
@@ -234,3 +234,7 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         return run(inputs.column(column).to_pylist(), column, params)
 
     return predict
+
+
+# more rows per replica batch than a model call: length-sorted model calls pad less
+FLAVOR = Flavor(name="transformers_pipeline", load=load, transfer_rows=1024)

@@ -3,7 +3,7 @@
 A bare ``Booster`` scores with ``inplace_predict`` (no DMatrix copy); a model logged from the
 scikit-learn wrapper (``XGBClassifier``, ``XGBRegressor``) is reloaded as that wrapper, so
 ``prediction`` is exactly its ``predict`` (class labels for a classifier) and ``predict_proba`` its
-probabilities. Threads: the replica's (``nthread``); on CPU calls of at least ``CPU_CALL_ROWS`` rows.
+probabilities. Threads: the replica's (``nthread``); on CPU calls of at least ``cpu_call_rows`` rows.
 Missing values are NaN (or null) as in training; categorical features go through XGBoost's own
 pandas path, which maps category names to the codes the model was trained with.
 
@@ -12,7 +12,7 @@ read Arrow columns in place, but its columnar predict then spends more CPU per v
 copy saves (1M rows x 32 features, two threads: 2.85 CPU-s of prediction from Arrow, 2.69 from the
 matrix, whose copy costs 0.06-0.12).
 
-``CONCURRENT_CALLS``: ``inplace_predict`` is lock-free and safe to call from several threads at
+``concurrent_calls``: ``inplace_predict`` is lock-free and safe to call from several threads at
 once (XGBoost's documentation), so a job scored in the driver (``runtime/in_driver.py``) loads the
 model with one thread and calls it from as many threads as the job has cores. Measured over 1M rows
 x 32 features on two cores beside the reader and writer threads: two one-thread calls at a time
@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from airflow_provider_batchinfer.registry.tabular import read_settings
+from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor
 from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
     CPU_CALL_ROWS,
     TRANSFER_ROWS,
@@ -38,10 +39,6 @@ from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import (
     ordered,
     proba_outputs,
 )
-
-__all__ = ["CONCURRENT_CALLS", "CPU_CALL_ROWS", "TRANSFER_ROWS", "load"]
-ALLOWS_MISSING = True  # NaN is XGBoost's missing value
-CONCURRENT_CALLS = True  # the predictor may be called from several threads at once (see above)
 
 
 def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None):
@@ -84,3 +81,13 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         return chunked(score, x, inputs.num_rows, max_rows)
 
     return predict
+
+
+FLAVOR = Flavor(
+    name="xgboost",
+    load=load,
+    allows_missing=True,  # NaN is XGBoost's missing value
+    concurrent_calls=True,  # the predictor may be called from several threads at once (see above)
+    transfer_rows=TRANSFER_ROWS,
+    cpu_call_rows=CPU_CALL_ROWS,
+)
