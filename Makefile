@@ -15,7 +15,7 @@ EXTRAS := examples,openlineage
 # pip >= 25.1 installs PEP 735 dependency groups (--group)
 PIP_MIN := pip>=25.1
 
-.PHONY: demo test test-fast lint smoke-lowest constraints bench bench-quick bench-gpu screenshot clean
+.PHONY: demo test test-unit test-fast lint smoke-lowest constraints bench bench-quick bench-gpu screenshot clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,8 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/python scripts/demo.py
 
-# lint, format check and type check, then the whole suite, then the lowest-supported-versions smoke job.
+# lint, format check and type check, then the whole suite (every tier under tests/), then the
+# lowest-supported-versions smoke job.
 # Two pytest-xdist workers, each with its own Airflow home, Ray cluster and S3 server (tests/conftest.py),
 # each taking whole test files: most of the suite waits on schedulers and Ray, so two overlap on 2 cores.
 PYTEST_WORKERS ?= 2
@@ -38,6 +39,11 @@ test: lint
 	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 	$(MAKE) smoke-lowest
 
+# the fast loop: tests/unit alone (no Ray, no subprocess, no Airflow DB; under 3 minutes)
+test-unit: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -q tests/unit
+
+# tests/unit and tests/component: everything but the jobs on Ray and the real services
 test-fast: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q -ra -m "not slow"
 

@@ -19,25 +19,43 @@ import pytest
 
 from airflow_provider_batchinfer.launchers.procs import free_ports
 
+# The tier of a test is the folder it lives in; ``slow`` (end-to-end runs and real services, what
+# ``make test-fast`` leaves out) and ``services`` follow from it.
+TIERS = ("unit", "component", "e2e", "services")
+TIER_MARKERS = {"e2e": ("slow",), "services": ("slow", "services")}
 
+
+def tier_of(item: pytest.Item) -> str:
+    """The tier folder under tests/ that holds this test's file."""
+    parts = Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent).parts
+    if len(parts) < 2 or parts[0] not in TIERS:
+        raise pytest.UsageError(f"{item.nodeid}: a test file belongs in one of tests/{{{','.join(TIERS)}}}/")
+    return parts[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # the markers are on before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Fast unit tests first, then end-to-end runs (``slow``), then real Airflow services: a broken
+    """Unit tests first, then component, then end-to-end runs, then real Airflow services: a broken
     contract or policy shows up in the first minute, not after the long scenarios.
 
     Under pytest-xdist (``make test``: ``-n 2 --dist loadfile --no-loadscope-reorder``) each test file
     runs whole on one worker, in file order, so a module-scoped fixture (the Airflow services, a
     two-node Ray cluster, a trained model) is built once and the tests that build on one another keep
-    their order. Workers take files in the order of this list, and there the file of real Airflow
-    services (the longest, mostly waiting on the scheduler) comes first: one worker runs it while the
-    other goes through the unit tests, instead of both ending on it."""
+    their order. Workers take files in the order of this list, and there the services tier (the
+    longest, mostly waiting on the scheduler) comes first: one worker runs it while the other goes
+    through the unit tests, instead of both ending on it."""
     on_a_worker = hasattr(config, "workerinput")
+    order = {tier: i for i, tier in enumerate(TIERS)}
+    if on_a_worker:
+        order["services"] = -1
 
     def rank(item: pytest.Item) -> int:
-        if item.get_closest_marker("services"):
-            return -1 if on_a_worker else 2
-        return 1 if item.get_closest_marker("slow") else 0
+        tier = tier_of(item)
+        for name in TIER_MARKERS.get(tier, ()):
+            item.add_marker(name)
+        return order[tier]
 
-    items.sort(key=rank)  # stable: file order within each group
+    items.sort(key=rank)  # stable: file order within each tier
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +85,7 @@ os.environ.update(
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
         "HF_HUB_OFFLINE": "1",
-        # the OpenLineage provider emits only where a test turns it on (tests/test_airflow_services.py),
+        # the OpenLineage provider emits only where a test turns it on (tests/services/test_airflow_services.py),
         # whatever OPENLINEAGE_* settings the environment has
         "AIRFLOW__OPENLINEAGE__DISABLED": "True",
         "TRANSFORMERS_OFFLINE": "1",
@@ -375,7 +393,7 @@ def s3_bucket(s3_server, monkeypatch):
 # A head and a worker node joined with ``ray start --address``, each with its own temp dir and its own
 # node-local model cache (``BATCHINFER_MODEL_CACHE`` in that node's environment); the worker declares
 # one GPU that this CPU-only machine does not have (for the "GPU without CUDA" test). Module-scoped:
-# only tests/test_multinode.py pays for it.
+# only tests/services/test_multinode.py pays for it.
 #
 # Each node has its own loopback address. Ray turns "127.0.0.1" into the machine's own network address
 # on a multi-node cluster (``resolve_ip_for_localhost``), and then the nodes talk over that address: on

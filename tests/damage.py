@@ -1,5 +1,5 @@
 """Damage that a footer check cannot see, and a filesystem that counts the bytes read, for the tests
-that prove the readers check content (tests/test_sensor.py, tests/test_reuse_source.py)."""
+that prove the readers check content (tests/e2e/test_sensor.py, tests/unit/test_reuse_source.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Models and inputs for tests/test_incremental.py and benchmarks/incremental.py, built in-process."""
+"""Models and inputs for tests/e2e/test_incremental.py and benchmarks/incremental.py, built in-process."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Committed runs with a ``reuse`` section, for the tests that choose the earlier run to reuse from
-(tests/test_incremental.py, tests/test_reuse_source.py): a real part, a key file, a ``_job.json``
+(tests/e2e/test_incremental.py, tests/unit/test_reuse_source.py): a real part, a key file, a ``_job.json``
 claim and a ``_SUCCESS`` whose store time (mtime) is set, since commit order is what the store says."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DAGs for the transformers_pipeline and MLflow tests (tests/test_flavors_hf.py, tests/test_mlflow_models.py):
+"""DAGs for the transformers_pipeline and MLflow tests (tests/e2e/test_flavors_hf.py, tests/e2e/test_mlflow_models.py):
 every input location from params (run_conf)."""
 
 from __future__ import annotations

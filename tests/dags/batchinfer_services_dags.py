@@ -1,4 +1,4 @@
-"""DAGs for the real-services tests (tests/test_airflow_services.py)."""
+"""DAGs for the real-services tests (tests/services/test_airflow_services.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The incremental-scoring DAG of tests/test_incremental.py: one task that reuses the predictions of
+"""The incremental-scoring DAG of tests/e2e/test_incremental.py: one task that reuses the predictions of
 unchanged rows from the newest earlier run under ``params.base`` and dead-letters rows it cannot score."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The asset pair the tests run: an inference DAG whose commits are Asset events, and a publish DAG
-scheduled on that asset (``tests/test_assets.py`` with ``dag.test()``, ``tests/test_airflow_services.py``
+scheduled on that asset (``tests/e2e/test_assets.py`` with ``dag.test()``, ``tests/services/test_airflow_services.py``
 with the real scheduler). They live in their own folder so that the services test can give them a
 scheduler that creates asset-triggered runs (``use_job_schedule`` on) with no clock-scheduled DAG
 beside them."""

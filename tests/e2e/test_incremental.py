@@ -1,0 +1,582 @@
+"""Incremental scoring (``JobSpec(reuse="unchanged")``, issue 16 part 1) on real parts.
+
+Unit tests first (keys, the manifest section, choosing the earlier run, the parse-time checks), then
+one module-scoped scenario on the session's Ray cluster driven through ``BatchInferenceOperator.execute``:
+20k products scored, 5% of their texts changed, rows added and deleted, scored again; the second
+run must copy the unchanged rows, score only the rest (counted by the model itself), and equal a
+full re-score row for row. A new model version and new params reuse nothing; a damaged key index
+falls back to scoring every row. ``dag.test()`` and an ``s3://`` stage run at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER, Manifest, ManifestError
+from airflow_provider_batchinfer.contract.reuse import key_file_name
+from airflow_provider_batchinfer.runtime.reuse_keys import KeyShard, context_digest, row_keys, split_keys
+from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
+from airflow_provider_batchinfer.stage import Stage
+from tests import reuse_runs
+from tests.incremental_support import (
+    SIGNATURE,
+    TextFingerprint,
+    TextFingerprintV2,
+    product_texts,
+    tallied,
+    write_products,
+)
+from tests.task_context import TaskInstanceStandIn
+
+CONTEXT = reuse_runs.CONTEXT
+
+# --- keys ------------------------------------------------------------------------------------------------
+
+
+def _keys(table: pa.Table, columns=("text",), context: str = CONTEXT) -> list[bytes]:
+    raw = row_keys(table, list(columns), context)
+    return [raw[i : i + 16] for i in range(0, len(raw), 16)]
+
+
+def test_a_row_key_is_128_bits_of_its_model_inputs_and_changes_with_any_of_them():
+    table = pa.table({"text": ["a", "b", "a", None, ""], "n": pa.array([1, 2, 1, 3, None], pa.int64())})
+    keys = _keys(table)
+    assert all(len(k) == 16 for k in keys)
+    assert keys[0] == keys[2] and len({keys[0], keys[1], keys[3], keys[4]}) == 4  # null != "" != "a"
+    both = _keys(table, ("text", "n"))
+    assert both[0] == both[2] and both[0] != keys[0]
+    # the same values under another context (model, params, schema) never match
+    other = context_digest(
+        model="m/v2",
+        model_sha256="0" * 64,
+        flavor="python",
+        params={},
+        inputs=[("text", "text", "string")],
+        outputs={"length": "int64"},
+        engine=None,
+    )
+    assert set(_keys(table, context=other)).isdisjoint(keys)
+    # value boundaries are length-prefixed: ("ab", "c") and ("a", "bc") differ
+    pair = pa.table({"x": ["ab", "a"], "y": ["c", "bc"]})
+    first, second = _keys(pair, ("x", "y"))
+    assert first != second
+
+
+def test_row_keys_cover_numbers_lists_and_nulls_canonically():
+    table = pa.table(
+        {
+            "f": pa.array([0.1, 0.1, None, 2.0], pa.float64()),
+            "v": pa.array([[1.0, 2.0], [1.0, 2.0], [1.0], None], pa.list_(pa.float32())),
+            "b": pa.array([True, True, False, None]),
+        }
+    )
+    keys = _keys(table, ("f", "v", "b"))
+    assert keys[0] == keys[1] and len(set(keys)) == 3
+    # a chunked column keys as its combined values
+    chunked = pa.Table.from_batches(table.to_batches(max_chunksize=1))
+    assert _keys(chunked, ("f", "v", "b")) == keys
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model_sha256": "1" * 64},
+        {"params": {"normalize_embeddings": True}},
+        {"outputs": {"length": "float64"}},
+        {"inputs": [("text", "text", "large_string")]},
+        {"model": "m/v1b"},
+    ],
+)
+def test_the_context_changes_with_model_params_schema_and_version(change):
+    base = {
+        "model": "m/v1",
+        "model_sha256": "0" * 64,
+        "flavor": "python",
+        "params": {},
+        "inputs": [("text", "text", "string")],
+        "outputs": {"length": "int64"},
+        "engine": None,
+    }
+    assert context_digest(**base) == CONTEXT
+    assert context_digest(**{**base, **change}) != CONTEXT
+
+
+def test_a_key_shard_finds_each_key_once_and_misses_new_ones(tmp_path):
+    import numpy as np
+
+    texts = pa.table({"text": [f"row {i}" for i in range(300)]})
+    raw = row_keys(texts, ["text"], CONTEXT)
+    files = []
+    for part in range(3):  # three key files, 100 keys each, as three parts would have them
+        keys = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(16), 100, [None, pa.py_buffer(raw[part * 1600 : (part + 1) * 1600])]
+        )
+        path = tmp_path / f"k{part}.parquet"
+        pq.write_table(pa.table({"key": keys, "reused": pa.array([False] * 100)}), path)
+        files.append((part, str(path), 100, hashlib.sha256(path.read_bytes()).hexdigest()))
+    shards = [KeyShard(i, 2) for i in range(2)]
+    assert sum(s.load(files, None) for s in shards) == 300
+    probe = row_keys(pa.table({"text": ["row 250", "row 7", "new row"]}), ["text"], CONTEXT)
+    hi, lo = split_keys(probe, 3)
+    found_part = np.full(3, -1)
+    found_row = np.zeros(3, np.int64)
+    for s, shard in enumerate(shards):
+        mine = np.nonzero(hi % np.uint64(2) == s)[0]
+        part, row = shard.lookup(hi[mine], lo[mine])
+        found_part[mine], found_row[mine] = part, row
+    assert found_part.tolist() == [2, 0, -1] and found_row[:2].tolist() == [50, 7]
+    # a key file whose bytes changed is refused by its checksum
+    Path(files[1][1]).write_bytes(b"x" * 10)
+    with pytest.raises(RuntimeError, match="does not match its sha256"):
+        KeyShard(0, 1).load(files, None)
+
+
+def test_the_gatherer_copies_predictions_from_the_row_groups_that_hold_them(tmp_path):
+    import numpy as np
+
+    from airflow_provider_batchinfer.runtime.reuse import Gatherer
+    from airflow_provider_batchinfer.runtime.reuse_source import Source
+
+    for n in range(2):  # two earlier parts, written one row group per batch as the datasink does
+        with pq.ParquetWriter(
+            tmp_path / f"part-{n}.parquet", pa.schema([("id", pa.int64()), ("y", pa.float64())])
+        ) as w:
+            for start in range(0, 100, 30):
+                ids = np.arange(start, min(start + 30, 100)) + 1000 * n
+                w.write_table(pa.table({"id": ids, "y": ids * 0.5}))
+    source = Source(str(tmp_path), ("part-0.parquet", "part-1.parquet"), (), ("id",), "")
+    parts = np.array([1, 0, 0, 1, 0], np.int32)
+    rows = np.array([99, 0, 61, 30, 29], np.int64)
+    got = Gatherer(source, None).take(parts, rows)
+    assert got.column_names == ["y"]  # passthrough columns come from today's input, never from the old part
+    assert got.column("y").to_pylist() == [0.5 * (1000 * p + r) for p, r in zip(parts, rows, strict=True)]
+
+
+def test_resume_keeps_the_key_files_of_kept_parts_and_drops_broken_ones(tmp_path):
+    from airflow_provider_batchinfer.runtime.resume import nothing_kept
+    from airflow_provider_batchinfer.runtime.reuse import section
+    from airflow_provider_batchinfer.runtime.reuse_source import ReusePlan
+    from tests.runs import write_part
+
+    run = tmp_path / "run"
+    kept = nothing_kept()
+    for n, reused in ((0, [True, False, True]), (1, None), (2, [True])):  # part 1: key file lost
+        part = write_part(run, f"part-{n:05d}-t01a.parquet", [n * 10 + i for i in range(3)])
+        kept["files"].append(part)
+        if reused is not None:
+            path = run / key_file_name(part.name)
+            path.parent.mkdir(exist_ok=True)
+            keys = pa.array([bytes(16)] * len(reused), pa.binary(16))
+            pq.write_table(pa.table({"key": keys, "reused": reused}), path)
+    kept["rows"] = 9
+    plan = ReusePlan(mode="unchanged", context=CONTEXT, columns=("text",), source=None)
+    info = section(plan, Stage.open(str(run)), kept, [], input_rows=9)
+    assert info is not None
+    # part 2's key file holds 1 key for 3 rows: not trusted; part 1 has none: both scored next time
+    assert [e.part for e in info.index] == ["part-00000-t01a.parquet"]
+    assert (info.reused_rows, info.scored_rows) == (2, 7)
+    entry = info.index[0]
+    data = (run / entry.name).read_bytes()
+    assert (entry.size, entry.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+
+
+# --- the manifest section ------------------------------------------------------------------------------
+
+
+_reuse_manifest = reuse_runs.reuse_manifest
+
+
+def test_the_reuse_section_round_trips_and_old_manifests_still_read(tmp_path):
+    manifest = _reuse_manifest(tmp_path / "run")
+    again = Manifest.from_json(manifest.to_json())
+    assert again.reuse == manifest.reuse and again.reuse.summary() == {
+        "reused_rows": 1,
+        "scored_rows": 2,
+        "reused_from": None,
+    }
+    plain = manifest.to_dict()
+    del plain["reuse"]
+    assert Manifest.from_dict(plain).reuse is None
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda r: r["index"][0].update(rows=4), "describes part-00000-t01a.parquet with 4 rows"),
+        (lambda r: r.update(scored_rows=5), "reused_rows 1 \\+ scored_rows 5 != input_rows 3"),
+        (lambda r: r["index"][0].update(name="_reuse/../x.keys.parquet"), "must be '_reuse/part-00000"),
+        (lambda r: r["index"][0].update(reused_rows=7), "reused_rows <= rows"),
+        (lambda r: r.update(reused_rows=0, scored_rows=3), "sum of the index's reused_rows"),
+    ],
+)
+def test_a_reuse_section_that_does_not_add_up_is_refused(tmp_path, edit, match):
+    data = _reuse_manifest(tmp_path / "run").to_dict()
+    edit(data["reuse"])
+    with pytest.raises(ManifestError, match=match):
+        Manifest.from_dict(data)
+
+
+def test_xcom_and_the_lineage_run_facet_carry_the_reuse_counts(text_length_model, tmp_path):
+    from airflow_provider_batchinfer import BatchInferenceOperator
+    from airflow_provider_batchinfer.lineage import RUN_FACET
+    from airflow_provider_batchinfer.operators.finalize import committed_result
+
+    run = tmp_path / "base" / "run1"
+    manifest = _reuse_manifest(run)
+    (run / SUCCESS_MARKER).write_text(manifest.to_json())
+    op = BatchInferenceOperator(
+        task_id="infer",
+        model="text_length",
+        version="v1",
+        input=str(tmp_path / "in"),
+        output_spec=OutputSpec(base_stage_location=str(tmp_path / "base")),
+        job_spec=JobSpec(reuse="unchanged"),
+    )
+    counts = op.get_openlineage_facets_on_complete(TaskInstanceStandIn(run_id="run1")).run_facets[RUN_FACET].counts
+    assert counts == {
+        "input_rows": 3,
+        "output_rows": 3,
+        "error_rows": 0,
+        "reused_rows": 1,
+        "scored_rows": 2,
+        "reused_from": None,
+    }
+    xcom = committed_result(str(run), manifest.job.attempt, {}, op.log)
+    assert (xcom["reused_rows"], xcom["scored_rows"], xcom["reused_from"]) == (1, 2, None)
+
+
+# --- choosing the earlier run ---------------------------------------------------------------------------
+
+
+_committed = reuse_runs.committed
+_source_job = reuse_runs.source_job
+
+
+def test_the_newest_compatible_valid_run_is_chosen_and_every_skip_is_noted(tmp_path):
+    from airflow_provider_batchinfer.runtime.reuse_source import find_source
+
+    base = tmp_path / "base"
+    oldest = _committed(base, "d1", "2026-11-20T00:00:00+00:00")
+    _committed(base, "d2", "2026-11-21T00:00:00+00:00", context="f" * 64)  # another model: incompatible
+    _committed(base, "d3", "2026-11-22T00:00:00+00:00", with_keys=False)  # newest compatible, key file gone
+    (base / "d4").mkdir()
+    (base / "d4" / SUCCESS_MARKER).write_text("{not json")  # a broken marker
+    (base / "d5").mkdir()  # uncommitted: ignored
+    (base / "today").mkdir()
+    notes: list[str] = []
+    source = find_source(Stage.open(str(base)), _source_job(base), CONTEXT, notes)
+    assert source is not None and source.run_dir == str(oldest)
+    assert source.parts == ("part-00000-t01a.parquet",) and source.indexed_rows == 3
+    text = "\n".join(notes)
+    assert f"skipped {base / 'd4'}" in text and "not valid JSON" in text
+    assert "1 earlier run(s)" in text and "another model sha256" in text
+    assert (
+        f"skipped {base / 'd3'}" in text and "key file _reuse/part-00000-t01a.parquet.keys.parquet is missing" in text
+    )
+
+
+def test_without_a_compatible_run_nothing_is_reused_and_the_note_says_so(tmp_path):
+    from airflow_provider_batchinfer.runtime.reuse_source import find_source
+
+    base = tmp_path / "base"
+    _committed(base, "d1", "2026-11-20T00:00:00+00:00", context="f" * 64)
+    (base / "d1" / "part-00000-t01a.parquet").write_bytes(b"garbage")  # never even opened: incompatible
+    notes: list[str] = []
+    assert find_source(Stage.open(str(base)), _source_job(base), CONTEXT, notes) is None
+    assert any("no earlier committed run" in n for n in notes)
+
+
+def test_a_run_directory_outside_a_base_location_is_refused(tmp_path):
+    from airflow_provider_batchinfer.runtime.reuse_source import ReuseSpecError, base_of
+
+    job = _source_job(tmp_path, "not-the-run-key")
+    job = job.__class__(**{**job.__dict__, "run_dir": str(tmp_path / "fixed")})
+    with pytest.raises(ReuseSpecError, match="needs OutputSpec\\(base_stage_location=...\\)"):
+        base_of(job)
+    assert base_of(_source_job(tmp_path / "b", "run1")).location == str(tmp_path / "b")
+
+
+def _plan(tmp_path, **input_spec):
+    import dataclasses
+
+    from airflow_provider_batchinfer.runtime.plan import plan_columns
+
+    job = _source_job(tmp_path / "base", "run1")
+    job = dataclasses.replace(
+        job, input_spec=InputSpec(**{"id_column": "id", **input_spec}), job_spec=JobSpec(reuse="unchanged")
+    )
+    job = dataclasses.replace(job, model=dataclasses.replace(job.model, signature={"inputs": {"text": "string"}}))
+    schema = pa.schema([("id", pa.int64()), ("text", pa.string())])
+    return job, plan_columns(schema, job.model.signature, job.input_spec, "in.parquet"), schema
+
+
+def test_new_params_give_a_new_context_so_nothing_of_the_old_run_matches(tmp_path):
+    from airflow_provider_batchinfer.runtime.reuse_source import plan_reuse
+
+    (tmp_path / "base").mkdir()
+    contexts = set()
+    for params in ({}, {"salt": "pepper"}, {"salt": "salt"}):
+        job, columns, schema = _plan(tmp_path, params=params)
+        plan = plan_reuse(job, columns, schema, None)
+        assert plan is not None and plan.columns == ("text",) and plan.source is None
+        contexts.add(plan.context)
+    assert len(contexts) == 3
+    job, columns, schema = _plan(tmp_path)
+    assert plan_reuse(dataclasses_replace(job, job_spec=JobSpec()), columns, schema, None) is None
+
+
+@pytest.mark.parametrize(
+    ("input_spec", "engine", "match"),
+    [
+        ({"column_handling": {"text": "bytes"}}, None, "cannot be combined with InputSpec.column_handling"),
+        ({}, "vllm", "not supported on the vLLM engine"),
+    ],
+)
+def test_the_runtime_refuses_reuse_it_cannot_key_before_ray(tmp_path, input_spec, engine, match):
+    from airflow_provider_batchinfer.runtime.reuse_source import ReuseSpecError, plan_reuse
+
+    job, columns, schema = _plan(tmp_path, **input_spec)
+    with pytest.raises(ReuseSpecError, match=match) as err:
+        plan_reuse(job, columns, schema, engine)
+    assert err.value.permanent
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+# --- parse-time checks ----------------------------------------------------------------------------------
+
+
+def test_jobspec_reuse_is_validated_when_the_dag_is_parsed():
+    assert JobSpec(reuse="unchanged").reuse == "unchanged" and JobSpec().reuse is None
+    with pytest.raises(SpecError, match="write JobSpec\\(reuse='unchanged'\\)"):
+        JobSpec(reuse="always")
+    assert JobSpec.from_dict(JobSpec(reuse="unchanged").to_dict()).reuse == "unchanged"
+
+
+@pytest.mark.parametrize(
+    ("output_spec", "input_spec", "match"),
+    [
+        (OutputSpec(stage_location="out/fixed"), InputSpec(), "give OutputSpec\\(base_stage_location=...\\)"),
+        (OutputSpec(base_stage_location="out"), InputSpec(column_handling={"path": "bytes"}), "column_handling"),
+    ],
+)
+def test_the_operator_refuses_reuse_where_it_cannot_work(output_spec, input_spec, match):
+    from airflow_provider_batchinfer import BatchInferenceOperator
+
+    with pytest.raises(SpecError, match=match):
+        BatchInferenceOperator(
+            task_id="infer",
+            model="m",
+            version="v1",
+            input="in",
+            input_spec=input_spec,
+            output_spec=output_spec,
+            job_spec=JobSpec(reuse="unchanged"),
+        )
+
+
+# --- the scenario on Ray --------------------------------------------------------------------------------
+
+ROWS = 20_000
+
+
+def _read(manifest: dict) -> pa.Table:
+    from airflow_provider_batchinfer.markers import read_committed
+
+    return read_committed(manifest).sort_by("product_id")
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory, ray_cluster, airflow_db):
+    """Runs on one base location: A (20k rows, nothing to reuse), B (5% changed, 300 deleted, 200
+    added), FULL (B's input, reuse off, elsewhere), V2 (a new model version), DAMAGED (A and B's key files damaged; new params are
+    checked without Ray: they change the context the same way). Returns {name: (xcom, manifest dict, rows scored by the model)}."""
+    from airflow_provider_batchinfer import BatchInferenceOperator
+    from airflow_provider_batchinfer.registry import ModelRegistry
+
+    root = tmp_path_factory.mktemp("incremental")
+    tally = root / "tally"
+    tally.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BATCHINFER_HOME", str(root / "home"))
+        registry = ModelRegistry(str(root / "home" / "registry"))
+        registry.log_model("products", "v1", "python", python_class=TextFingerprint, signature=SIGNATURE)
+        registry.log_model("products", "v2", "python", python_class=TextFingerprintV2, signature=SIGNATURE)
+        day1 = product_texts(ROWS)
+        day2 = product_texts(ROWS, changed_every=20)  # 1,000 new texts
+        for i in range(1, 6000, 20):  # 300 rows deleted
+            del day2[i]
+        for i in range(ROWS, ROWS + 200):  # 200 new rows
+            day2[i] = f"new product {i}"
+        inputs = {1: write_products(root / "day1", day1), 2: write_products(root / "day2", day2)}
+        runs = {}
+
+        def run(name, day, base="products", version="v1", reuse="unchanged"):
+            op = BatchInferenceOperator(
+                task_id="embed",
+                model="products",
+                version=version,
+                input=str(inputs[day]),
+                input_spec=InputSpec(id_column="product_id", params={"tally": str(tally)}),
+                output_spec=OutputSpec(base_stage_location=str(root / base), mode=SaveMode.OVERWRITE),
+                job_spec=JobSpec(reuse=reuse, max_batch_rows=500, progress_interval_s=5),
+            )
+            ti = TaskInstanceStandIn(dag_id="bi_incremental", task_id="embed", run_id=f"scheduled__{name}")
+            xcom = op.execute({"ti": ti})
+            manifest = json.loads(Stage.open(xcom["manifest_location"]).read_bytes())
+            runs[name] = (xcom, manifest, tallied(tally))
+            return xcom
+
+        run("A", 1)
+        run("B", 2)
+        run("FULL", 2, base="full", reuse=None)
+        run("V2", 2, version="v2")
+        # every key file committed like a part (size and sha256 as listed), before they are damaged
+        runs["intact"] = {
+            name: [
+                hashlib.sha256(Path(runs[name][0]["output_location"], e["name"]).read_bytes()).hexdigest()
+                == e["sha256"]
+                for e in runs[name][1]["reuse"]["index"]
+            ]
+            for name in ("A", "B")
+        }
+        # damage the key files of every compatible earlier run, keeping their sizes: reuse falls back
+        for name in ("A", "B"):
+            for entry in runs[name][1]["reuse"]["index"]:
+                path = Path(runs[name][0]["output_location"], entry["name"])
+                path.write_bytes(b"\0" * path.stat().st_size)
+        run("DAMAGED", 2)
+        yield runs
+
+
+def test_the_first_run_scores_everything_and_leaves_a_key_index(scenario):
+    xcom, manifest, scored_by_model = scenario["A"]
+    reuse = manifest["reuse"]
+    assert (reuse["reused_rows"], reuse["scored_rows"], reuse["source_run"]) == (0, ROWS, None)
+    assert scored_by_model == ROWS and xcom["scored_rows"] == ROWS and xcom["reused_rows"] == 0
+    assert sum(e["rows"] for e in reuse["index"]) == ROWS  # one key per committed row
+    assert {e["part"] for e in reuse["index"]} == {f["name"] for f in manifest["files"]}
+    assert scenario["intact"]["A"] == [True] * len(reuse["index"]) and all(scenario["intact"]["B"])
+    assert any("no earlier committed run" in n for n in reuse["notes"])
+
+
+def test_the_second_run_copies_unchanged_rows_and_equals_a_full_rescore(scenario):
+    xcom, manifest, scored_by_model = scenario["B"]
+    reuse = manifest["reuse"]
+    assert manifest["counts"]["input_rows"] == ROWS - 300 + 200
+    # 1,000 changed texts + 200 new rows go to the model; the other 18,700 are copied from run A
+    assert (reuse["scored_rows"], reuse["reused_rows"]) == (1_200, 18_700)
+    assert scored_by_model == 1_200  # counted by the model itself
+    assert reuse["source_run"] == scenario["A"][0]["output_location"] == xcom["reused_from"]
+    assert (xcom["reused_rows"], xcom["scored_rows"]) == (18_700, 1_200)
+    incremental, full = _read(manifest), _read(scenario["FULL"][1])
+    assert incremental.schema == full.schema and incremental.equals(full)
+    assert scenario["FULL"][1].get("reuse") is None and "reused_rows" not in scenario["FULL"][0]
+    assert set(incremental.column_names) == {"product_id", "price", "length", "crc"}  # no key column leaks
+
+
+def test_a_new_model_version_reuses_nothing(scenario):
+    xcom, manifest, scored_by_model = scenario["V2"]
+    reuse = manifest["reuse"]
+    assert (reuse["reused_rows"], reuse["source_run"], xcom["reused_from"]) == (0, None, None)
+    assert scored_by_model == reuse["scored_rows"] == ROWS - 100
+    assert any("none of their rows can be reused" in n for n in reuse["notes"])
+    v2 = _read(scenario["V2"][1])
+    assert v2.column("length").to_pylist() == [n + 1 for n in _read(scenario["FULL"][1]).column("length").to_pylist()]
+
+
+def test_a_damaged_key_index_falls_back_to_scoring_every_row(scenario):
+    _xcom, manifest, scored_by_model = scenario["DAMAGED"]
+    reuse = manifest["reuse"]
+    # V2 is newer but incompatible; B is the newest compatible run, its key files fail their sha256
+    assert (reuse["reused_rows"], reuse["source_run"], scored_by_model) == (0, None, ROWS - 100)
+    assert any(
+        f"not reusing {scenario['B'][0]['output_location']}" in n and "does not match its sha256" in n
+        for n in reuse["notes"]
+    )
+    assert _read(manifest).equals(_read(scenario["FULL"][1]))
+
+
+# --- an s3:// stage, through dag.test(), with a dead-lettered row ------------------------------------------
+
+
+def _expected(texts: dict[int, str]) -> pa.Table:
+    """What a full re-score gives, computed in-process with the model itself (ids sorted)."""
+    import pandas as pd
+
+    ids = sorted(texts)
+    out = TextFingerprint().predict(pd.DataFrame({"text": [texts[i] for i in ids]}))
+    return pa.table({"product_id": pa.array(ids, pa.int64()), "length": out["length"], "crc": out["crc"]})
+
+
+def test_an_s3_stage_through_dag_test_reuses_and_dead_letters(
+    airflow_db, ray_cluster, s3_server, s3_bucket, monkeypatch, tmp_path
+):
+    from airflow_provider_batchinfer import BatchInferenceOperator
+    from airflow_provider_batchinfer.markers import read_committed, read_valid_manifest
+    from airflow_provider_batchinfer.registry import ModelRegistry
+    from tests.conftest import run_dag, xcom_value
+    from tests.e2e.test_s3 import KEY_ID, SECRET, options
+
+    storage = options(s3_server)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_BATCHINFER_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "batchinfer",
+                "login": KEY_ID,
+                "password": SECRET,
+                "extra": {
+                    "endpoint_url": s3_server,
+                    "region_name": "us-east-1",
+                    "stage_root": f"s3://{s3_bucket}/stage",
+                    "registry_root": f"s3://{s3_bucket}/registry",
+                },
+            }
+        ),
+    )
+    monkeypatch.setenv("BATCHINFER_MODEL_CACHE", str(tmp_path / "model-cache"))
+    ModelRegistry(f"s3://{s3_bucket}/registry", storage).log_model(
+        "products", "v1", "python", python_class=TextFingerprint, signature=SIGNATURE
+    )
+    base = f"s3://{s3_bucket}/stage/products"
+    day1 = product_texts(2_000)
+    day2 = product_texts(2_000, changed_every=10)  # 200 new texts
+    day2[5] = "boom"  # unchanged id, new text the model raises on: dead-lettered
+    del day2[3], day2[7]
+    day2.update({2_000: "new product a", 2_001: "new product b"})
+    first = BatchInferenceOperator(
+        task_id="embed",
+        model="products",
+        version="v1",
+        input=str(write_products(tmp_path / "day1", day1)),
+        input_spec=InputSpec(id_column="product_id"),
+        output_spec=OutputSpec(base_stage_location=base, mode=SaveMode.OVERWRITE),
+        job_spec=JobSpec(reuse="unchanged", max_batch_rows=200, progress_interval_s=5),
+    ).execute({"ti": TaskInstanceStandIn(dag_id="bi_test_incremental", task_id="embed", run_id="scheduled__day1")})
+    assert first["scored_rows"] == 2_000 and first["output_location"] == f"{base}/scheduled__day1"
+
+    state, tasks, run_id = run_dag("bi_test_incremental", input=str(write_products(tmp_path / "day2", day2)), base=base)
+    assert state == "success", tasks
+    xcom = xcom_value("bi_test_incremental", run_id, "embed")
+    # 200 changed + 1 "boom" + 2 new rows scored (the boom row dead-lettered); 2,000 - 2 deleted - 201 copied
+    assert (xcom["reused_rows"], xcom["scored_rows"], xcom["error_rows"]) == (1_797, 203, 1)
+    assert xcom["reused_from"] == first["output_location"] and xcom["rows"] == 2_000 - 1
+    manifest = read_valid_manifest(xcom["output_location"], storage, verify_checksums=True)
+    assert manifest is not None and manifest.reuse is not None
+    assert manifest.reuse.indexed_rows == manifest.counts.output_rows  # dead-lettered rows get no key
+    present = dict(Stage.open(xcom["output_location"], storage).list_files())
+    assert all(present[e.name] == e.size for e in manifest.reuse.index)
+    del day2[5]
+    got = read_committed(manifest, storage).select(["product_id", "length", "crc"]).sort_by("product_id")
+    assert got.equals(_expected(day2))

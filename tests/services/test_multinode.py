@@ -1,0 +1,143 @@
+"""Jobs across a real 2-node Ray cluster on this machine (``two_node_cluster``: a head and a worker
+joined with ``ray start --address``, each with its own temp dir and model cache), with the model in
+an S3 registry (``moto_server``): replicas spread over both nodes, each node fetches and verifies
+the model once into its own cache, a node without a replica fetches nothing, every row exactly once;
+and a node that declares a GPU without CUDA fails the job before the model is loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER, JobFailure, last_failure
+from airflow_provider_batchinfer.registry import MODEL_MANIFEST, ModelRegistry
+from airflow_provider_batchinfer.specs import JobSpec
+from tests.models import SlowLength, TextLength, committed_manifest, ticket_job, write_job_file
+
+pytestmark = pytest.mark.timeout(900)
+
+REPO = Path(__file__).resolve().parents[2]
+SIGNATURE = {"inputs": {"text": "string"}, "outputs": {"length": "int64"}}
+KEY_ID, SECRET = "AKIDMULTINODE", "multinode-secret"
+
+
+class OtherLength(TextLength):
+    """Another class for the other tests' models. Logged from this file, all of them share one sha256
+    (it hashes the files, and the source file is the same): each test looks for its own version by
+    name in a node's cache."""
+
+
+@pytest.fixture
+def s3_registry(s3_server, s3_bucket, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    options = {"endpoint_url": s3_server, "region": "us-east-1", "max_attempts": 2}
+    return ModelRegistry(f"s3://{s3_bucket}/registry", options)
+
+
+def _run(cluster, registry: ModelRegistry, model, tmp_path: Path, name: str, rows: int = 240, **spec):
+    run_dir, job = ticket_job(tmp_path, registry, model, name, rows, ray_address=cluster["address"], **spec)
+    job = dataclasses.replace(job, storage_options=dict(registry.storage_options or {}))
+    # the test driver has no cache of its own: each node's BATCHINFER_MODEL_CACHE is what counts
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": cluster["address"], "RAY_AUTH_MODE": "token"}
+    env.pop("BATCHINFER_MODEL_CACHE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow_provider_batchinfer.runtime", "--spec", write_job_file(job)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    return run_dir, proc.returncode, proc.stdout + proc.stderr
+
+
+def _cached(cache: Path) -> list[str]:
+    """The model versions (``name/version``) a node's cache holds: ``<sha256>/<location key>/MODEL.json``
+    (in-flight downloads are dot-dirs, without a manifest)."""
+    manifests = [json.loads(p.read_text()) for p in cache.glob(f"*/*/{MODEL_MANIFEST}")] if cache.exists() else []
+    return sorted(f"{m['name']}/{m['version']}" for m in manifests)
+
+
+def test_replicas_spread_over_both_nodes_each_fetching_the_model_once(two_node_cluster, s3_registry, tmp_path):
+    model = s3_registry.log_model("slow_length", "v1", "python", python_class=SlowLength, signature=SIGNATURE)
+    run_dir, rc, out = _run(two_node_cluster, s3_registry, model, tmp_path, "spread", replicas=2, num_workers=2)
+    assert rc == 0, out[-5000:]
+    manifest = committed_manifest(str(run_dir))
+    assert manifest["counts"] == {"input_rows": 240, "output_rows": 240, "error_rows": 0}
+    ids = pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]]).column("ticket_id").to_pylist()
+    assert sorted(ids) == list(range(240))  # every row exactly once
+    pool = manifest["job"]["pool"]
+    print(f"2-node pool: {pool}")
+    assert (pool["min_replicas"], pool["max_replicas"], pool["num_workers"]) == (2, 2, 2)
+    assert {n["node_id"] for n in pool["nodes"]} == set(two_node_cluster["nodes"])  # one replica on each node
+    assert [n["replicas"] for n in pool["nodes"]] == [1, 1]
+    assert re.search(r"\[batchinfer\] replicas ran: 1 on node [\d.]+ \(\w+\), 1 on node [\d.]+ \(\w+\)", out), out[
+        -3000:
+    ]
+    assert "[batchinfer] actor pool: 2..2 replica(s) over 2 nodes x 1 CPU" in out
+    for node in two_node_cluster["nodes"].values():  # each node fetched and verified it once, for itself
+        assert _cached(node["cache"]) == ["slow_length/v1"]
+
+
+def test_a_node_without_a_replica_fetches_nothing(two_node_cluster, s3_registry, tmp_path):
+    model = s3_registry.log_model("other_length", "v1", "python", python_class=OtherLength, signature=SIGNATURE)
+    run_dir, rc, out = _run(two_node_cluster, s3_registry, model, tmp_path, "single", rows=60)
+    assert rc == 0, out[-5000:]
+    pool = committed_manifest(str(run_dir))["job"]["pool"]
+    assert [n["replicas"] for n in pool["nodes"]] == [1]
+    ran_on = pool["nodes"][0]["node_id"]
+    for node_id, node in two_node_cluster["nodes"].items():
+        assert ("other_length/v1" in _cached(node["cache"])) == (node_id == ran_on), (node_id, ran_on)
+
+
+def test_a_gpu_that_cuda_cannot_see_fails_the_job_before_the_model_is_loaded(two_node_cluster, s3_registry, tmp_path):
+    """The worker node declares ``--num-gpus=1`` on this CPU-only machine: Ray gives the replica the
+    GPU, torch sees no CUDA device, and the job fails (permanent) before fetching or loading the model."""
+    model = s3_registry.log_model("gpu_length", "v1", "python", python_class=OtherLength, signature=SIGNATURE)
+    run_dir, rc, out = _run(two_node_cluster, s3_registry, model, tmp_path, "gpu", rows=40, num_gpus=1, num_cpus=0.5)
+    failure = last_failure(out)
+    assert rc != 0 and isinstance(failure, JobFailure), out[-5000:]
+    assert failure.error.startswith("NoCudaError: replica on Ray node "), failure.error
+    assert "was given 1 GPU(s) by Ray (JobSpec.num_gpus=1; GPU ids ['0']" in failure.error, failure.error
+    assert "but torch.cuda.is_available() is False there, so the model was not loaded" in failure.error
+    assert "or run on CPU with JobSpec(num_gpus=0)" in failure.error and failure.permanent
+    assert not (run_dir / SUCCESS_MARKER).exists()
+    # the node that gave the replica its GPU never fetched the model: the check runs first
+    for node in two_node_cluster["nodes"].values():
+        if node["gpus"]:
+            assert "gpu_length/v1" not in _cached(node["cache"])
+
+
+def test_the_vllm_engine_reads_the_model_from_the_registry_location_never_the_drivers_copy(
+    s3_registry, tmp_path, monkeypatch
+):
+    """vLLM itself needs a GPU (not here): what can be checked is the source every node's engine is
+    given. An S3 registry's version is passed as its ``s3://`` URI (``ray.data.llm`` downloads it on
+    each engine's node) and the driver fetches nothing; a local registry is its directory."""
+    from airflow_provider_batchinfer.contract import ModelRef
+    from airflow_provider_batchinfer.runtime import llm
+
+    monkeypatch.setenv("BATCHINFER_MODEL_CACHE", str(tmp_path / "driver-cache"))
+    model = ModelRef.from_dict(
+        s3_registry.log_model("text_length", "v1", "python", python_class=TextLength, signature=SIGNATURE).to_dict()
+    )
+    source, multimodal = llm.model_source(s3_registry, model)
+    assert source == model.uri and source.startswith(f"{s3_registry.root}/text_length/") and multimodal is False
+    assert not (tmp_path / "driver-cache").exists()  # nothing was downloaded on the driver's node
+    config = llm.processor_config(source, JobSpec(num_gpus=1), multimodal=True)
+    assert config["model_source"] == source and config["prepare_multimodal_stage"] is True
+
+    local = ModelRegistry(str(tmp_path / "registry"))
+    model = ModelRef.from_dict(
+        local.log_model("text_length", "v1", "python", python_class=TextLength, signature=SIGNATURE).to_dict()
+    )
+    source, multimodal = llm.model_source(local, model)
+    assert Path(source) == local.local_copy("text_length", "v1") and Path(source, "MODEL.json").exists()
