@@ -1,7 +1,7 @@
 # Airflow with the provider installed: api-server, scheduler, dag-processor and triggerer all use it.
 # The Airflow side only submits and watches Ray jobs, so it needs neither torch nor a GPU.
 # The base image's Airflow is the one constraints/constraints-3.11.txt pins (the tested set);
-# tests/test_docker_compose.py checks that they agree.
+# tests/unit/test_docker_compose.py checks that they agree.
 FROM apache/airflow:3.3.2-python3.11
 
 COPY --chown=airflow:root pyproject.toml README.md LICENSE /opt/batchinfer/

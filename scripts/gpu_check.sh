@@ -7,7 +7,7 @@
 #      torch and vllm come as the [llm] extra resolves them (CUDA builds: the constraints pin the CPU
 #      torch, which is why they are not applied to torch here);
 #   2. runs the GPU tests: every test whose name says gpu/cuda (the vLLM end-to-end test in
-#      tests/test_llm.py skips itself without CUDA or vllm: -rs shows why, if it did);
+#      tests/e2e/test_llm.py skips itself without CUDA or vllm: -rs shows why, if it did);
 #   3. runs benchmarks/gpu_bench.py (MiniLM raw encode CPU vs CUDA, the provider's job with
 #      num_gpus=0 and 1, and a vLLM text job) and prints its figures.
 # Without a GPU it says so and exits 0: nothing is installed, nothing is measured.

@@ -1,7 +1,7 @@
 """Screenshot of the Airflow UI showing a finished run of the ticket-embeddings example DAG.
 
 Starts real Airflow services (api-server, scheduler, dag-processor, triggerer; LocalExecutor on
-SQLite) in a temporary AIRFLOW_HOME on 127.0.0.1, the same way tests/test_airflow_services.py
+SQLite) in a temporary AIRFLOW_HOME on 127.0.0.1, the same way tests/services/test_airflow_services.py
 does, triggers ``batchinfer_ticket_embeddings`` through the REST API, waits for it to succeed, and
 has headless Chromium (Debian's ``chromium`` package) take a picture of the run's page. Every
 service it started is stopped (by process group) however it ends.

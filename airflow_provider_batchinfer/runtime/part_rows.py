@@ -28,7 +28,7 @@ def cut_into_parts(ds: Dataset, rows_per_part: int, remote_args: Mapping[str, An
     The logical operator holds its remote arguments in a dict it made for itself (a dataclass field
     ``ray_remote_args`` on Ray 2.60, the attribute ``_ray_remote_args`` on 2.50); that dict is updated
     in place. A Ray that holds them elsewhere keeps its 1-CPU default: slower, still correct, and
-    ``tests/test_part_rows.py`` fails on it so the next Ray upgrade sees it."""
+    ``tests/component/test_part_rows.py`` fails on it so the next Ray upgrade sees it."""
     cut = ds.repartition(target_num_rows_per_block=rows_per_part)
     args = repartition_remote_args(cut)
     if args is not None:
