@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU benchmark for issue #18: `bash benchmarks/gpu.sh` (or `make bench-gpu`) on a machine with an
+# GPU benchmark: `bash benchmarks/gpu.sh` (or `make bench-gpu`) on a machine with an
 # NVIDIA GPU. Installs what it needs into .venv-gpu (CUDA torch and vLLM through the [llm] extra,
 # see scripts/gpu_check.sh), runs the GPU tests, then benchmarks/gpu_bench.py:
 #   - MiniLM over 100k texts: raw `encode` on the GPU vs the operator with JobSpec(num_gpus=1);

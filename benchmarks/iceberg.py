@@ -1,4 +1,4 @@
-"""1M rows into an Iceberg table vs the same job writing Parquet parts (issue 17).
+"""1M rows into an Iceberg table vs the same job writing Parquet parts.
 
 ``PYTHONPATH=. python -m benchmarks.iceberg [--rows 1000000] [--repeat 1]``: one process drives
 ``BatchInferenceOperator.execute`` as a task runs it, on the embedded default (local stage, SQLite

@@ -11,7 +11,7 @@ on this benchmark's own warm embedded Ray):
 2. ``full``: day 2 (2% of the rows changed) with reuse off: what a run costs today;
 3. ``incremental``: day 2 with reuse on, under the same base as day 1: only the changed rows scored.
 
-The ratio ``incremental ÷ full`` is the figure of issue 16 (target ≤ 0.15 on MiniLM). MiniLM runs
+The ratio ``incremental ÷ full`` is the headline figure (target ≤ 0.15 on MiniLM). MiniLM runs
 ~100-300 rows/s on 2 cores, so its default size is 20k texts (a full run of 1M would take hours);
 the MLP runs 1M rows. The load average is printed before and after: on a shared machine, figures are
 only comparable when it is low. Results go to ``benchmarks/results/incremental.json``.
