@@ -15,13 +15,12 @@ Shared layer: imports neither Airflow nor Ray (boto3 only, when a session is der
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from airflow_provider_batchinfer.redact import scrub
-from airflow_provider_batchinfer.s3 import DEFAULT_ROLE_SESSION_NAME, S3StageError, sts_endpoint
+from airflow_provider_batchinfer.s3 import DEFAULT_ROLE_SESSION_NAME, S3StageError, sts_client, sts_endpoint
 
 #: kept between the job's deadline and the session's end: the finalize step, clock skew
 SESSION_MARGIN_S = 300
@@ -91,19 +90,10 @@ def derive_session(options: dict[str, Any], job_timeout: float | None) -> JobSes
     seconds = session_seconds(job_timeout, bool(role_arn))
     where = sts_endpoint(options) or "AWS STS"
     try:
-        import boto3
-        from botocore.config import Config
+        import boto3  # noqa: F401
     except ImportError as exc:
         raise JobSessionError(f"the job was not started: deriving its S3 session needs boto3. {_FIXES}") from exc
-    client = boto3.client(
-        "sts",
-        endpoint_url=sts_endpoint(options),
-        config=Config(connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}),
-        region_name=options.get("region") or os.environ.get("AWS_REGION") or "us-east-1",
-        aws_access_key_id=options["access_key"],
-        aws_secret_access_key=options["secret_key"],
-        aws_session_token=options.get("session_token") or None,
-    )
+    client = sts_client(options)
     try:
         if role_arn:
             request: dict[str, Any] = {

@@ -225,13 +225,30 @@ def sts_endpoint(options: dict[str, Any]) -> str | None:
     )
 
 
+def sts_client(options: dict[str, Any]) -> Any:
+    """A boto3 STS client signed with the options' own keys, at their STS endpoint: what both a
+    role's session here and a job's derived session ask for."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "sts",
+        endpoint_url=sts_endpoint(options),
+        config=Config(connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}),
+        region_name=options.get("region") or os.environ.get("AWS_REGION") or "us-east-1",
+        aws_access_key_id=options["access_key"],
+        aws_secret_access_key=options["secret_key"],
+        aws_session_token=options.get("session_token") or None,
+    )
+
+
 def assume_role(options: dict[str, Any]) -> dict[str, str]:
     """Temporary keys of ``role_arn``, assumed with the explicit keys in ``options`` (pyarrow can
     assume a role only from the default chain). Used on the Airflow side, whose S3 work is short
     (checks, the job file, the marker); a session is reused until 10 minutes before it expires.
     The runtime never gets here: its options carry no keys."""
     try:
-        import boto3
+        import boto3  # noqa: F401  (the message below names the missing package)
     except ImportError as exc:
         raise ValueError(
             "role_arn with access keys on the connection needs boto3 on the Airflow worker (pip install boto3); "
@@ -242,17 +259,7 @@ def assume_role(options: dict[str, Any]) -> dict[str, str]:
         cached = _ROLE_SESSIONS.get(cache_key)
         if cached and cached[0] - time.time() > _ROLE_REUSE_MARGIN_S:
             return dict(cached[1])
-        from botocore.config import Config
-
-        client = boto3.client(
-            "sts",
-            endpoint_url=sts_endpoint(options),
-            config=Config(connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}),
-            region_name=options.get("region") or os.environ.get("AWS_REGION") or "us-east-1",
-            aws_access_key_id=options["access_key"],
-            aws_secret_access_key=options["secret_key"],
-            aws_session_token=options.get("session_token") or None,
-        )
+        client = sts_client(options)
         request: dict[str, Any] = {
             "RoleArn": options["role_arn"],
             "RoleSessionName": options.get("role_session_name") or DEFAULT_ROLE_SESSION_NAME,
