@@ -41,11 +41,13 @@ from airflow_provider_batchinfer.operators import assets, table_io
 from airflow_provider_batchinfer.operators.errors import airflow_error, check_arguments, fail_on_s3_errors
 from airflow_provider_batchinfer.operators.finalize import committed_result
 from airflow_provider_batchinfer.operators.job_file import build_job_file
+from airflow_provider_batchinfer.operators.lineage_methods import OpenLineageMethods
 from airflow_provider_batchinfer.operators.materialize import materialize_sql
+from airflow_provider_batchinfer.operators.runs import run_directory, run_owner
 from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.s3 import check_bucket, is_s3
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec
-from airflow_provider_batchinfer.stage import Stage, join, sanitize_run_key
+from airflow_provider_batchinfer.stage import Stage
 from airflow_provider_batchinfer.tables.names import is_table_input
 from airflow_provider_batchinfer.triggers.base import WatchStatus, event_log_offset, job_trigger, validate_event
 
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
     from airflow_provider_batchinfer.registry import ModelVersion
 
 
-class BatchInferenceOperator(BaseOperator):
+class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
     """Run a registered model over every row of a table and commit the predictions with ``_SUCCESS``.
 
     :param model: registered model name. :param version: its version (immutable, pinned by sha256).
@@ -156,34 +158,17 @@ class BatchInferenceOperator(BaseOperator):
     def hook(self) -> ModelServiceHook:
         return ModelServiceHook(model_service_conn_id=self.model_service_conn_id)
 
+    def _tables(self) -> table_io.TableSteps:
+        """The table side of this task, from its rendered fields."""
+        return table_io.TableSteps(self.hook, self.table, self.save_mode, self.input, self.base_stage_location)
+
     # --- resolve (no side effects) --------------------------------------------------------------------
     def resolve_run_directory(self, context: Context) -> str:
         """``stage_location`` as given, or ``<base>/<sanitized run_id>[/map-<i>]``: stable across tries
         of one run (so retries overwrite), distinct across runs, backfills and manual triggers."""
         if self.table:
-            return table_io.claim_directory(self, context["ti"])
-        spec = OutputSpec(
-            stage_location=self.stage_location, base_stage_location=self.base_stage_location, mode=self.save_mode
-        )
-        if spec.stage_location:
-            return self.hook.resolve_location(spec.stage_location)
-        ti = context["ti"]
-        location = join(self.hook.resolve_location(spec.base_stage_location or ""), sanitize_run_key(ti.run_id))
-        map_index = getattr(ti, "map_index", -1)
-        if map_index is not None and map_index >= 0:
-            location = join(location, f"map-{map_index}")
-        return location
-
-    def _owner(self, context: Context) -> RunOwner:
-        ti = context["ti"]
-        map_index = getattr(ti, "map_index", -1)
-        return RunOwner(
-            dag_id=ti.dag_id,
-            task_id=ti.task_id,
-            run_id=ti.run_id,
-            try_number=int(ti.try_number),
-            map_index=-1 if map_index is None else int(map_index),
-        )
+            return self._tables().claim_directory(context["ti"])
+        return run_directory(self.hook, self.stage_location, self.base_stage_location, context["ti"])
 
     def _resolve(self, context: Context) -> tuple[ModelVersion, Stage]:
         try:
@@ -221,7 +206,7 @@ class BatchInferenceOperator(BaseOperator):
     @assets.emits_asset_event
     @fail_on_s3_errors
     def execute(self, context: Context) -> dict[str, Any]:
-        owner = self._owner(context)
+        owner = run_owner(context["ti"])
         self.hook.check_credential_lifetime(self.job_timeout)
         mv, run_dir = self._resolve(context)
         launcher = self._launcher = self.hook.get_launcher()
@@ -307,12 +292,13 @@ class BatchInferenceOperator(BaseOperator):
         result: dict[str, str],
     ) -> JobFile:
         """Everything before the launch: save mode, the job file, SQL materialization."""
-        pinned = table_io.pinned_input(self, run_dir)  # read before the claim is cleared
+        tables = self._tables()
+        pinned = tables.pinned_input(run_dir)  # read before the claim is cleared
         try:
             prep = rundir.prepare(
                 run_dir,
                 owner,
-                table_io.claim_mode(self, run_dir),  # ERROR on a table is checked against the table
+                tables.claim_mode(run_dir),  # ERROR on a table is checked against the table
                 result=result,
                 materialized_input=self.sql is not None or is_table_input(self.input),
                 requeried_input=self.sql is not None,
@@ -321,9 +307,20 @@ class BatchInferenceOperator(BaseOperator):
             raise airflow_error(exc, exc.permanent) from exc
         for message in prep.messages:
             self.log.info("%s", message)
-        job = build_job_file(self, launcher, owner, mv, run_dir, input_locations, prep.resume, identity)
+        job = build_job_file(
+            self.hook,
+            self.input_spec,
+            self.job_spec,
+            launcher,
+            owner,
+            mv,
+            run_dir,
+            input_locations,
+            prep.resume,
+            identity,
+        )
         job = dataclasses.replace(job, result=result)  # what decided these rows: a RESUME compares it
-        job = table_io.bind(self, job, run_dir, pinned)  # table input snapshot, table output
+        job = tables.bind(job, run_dir, pinned)  # table input snapshot, table output
         # claimed before anything else is written into it (so a retry recognizes whatever this
         # attempt leaves behind as its own) and before the submit (so a retry finds the job even
         # when this worker dies right after submitting it)
@@ -334,7 +331,7 @@ class BatchInferenceOperator(BaseOperator):
             if prep.input_digest is not None:  # RESUME kept parts scored from the query's earlier result
                 for message in rundir.confirm_requeried_input(run_dir, prep.input_digest):
                     self.log.info("%s", message)
-        table_io.materialize_input(self, job, run_dir)
+        tables.materialize_input(job, run_dir, self.log)
         return job
 
     def _defer(self, launcher: Launcher, handle: JobHandle) -> NoReturn:
@@ -390,7 +387,7 @@ class BatchInferenceOperator(BaseOperator):
         return self._finalize(location, attempt)
 
     def _finalize(self, location: str, attempt: str) -> dict[str, Any]:
-        location, options = table_io.result_source(self, location)  # iceberg://<table>/<run key>
+        location, options = self._tables().result_source(location)  # iceberg://<table>/<run key>
         return committed_result(location, attempt, options, self.log)
 
     def on_kill(self) -> None:
@@ -400,22 +397,3 @@ class BatchInferenceOperator(BaseOperator):
         if launcher is not None and handle is not None:
             stopped = launcher.stop(handle)
             self.log.info("Stopped job %s: %s", handle.job_id, stopped)
-
-    # --- OpenLineage (called by apache-airflow-providers-openlineage when it is installed) ------------
-    def get_openlineage_facets_on_start(self) -> Any:
-        """Inputs, the model and (with a fixed ``stage_location``) the output, before the job runs."""
-        from airflow_provider_batchinfer.lineage import operator_lineage
-
-        return operator_lineage(self)
-
-    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """Inputs, the model and the run directory, with schemas and statistics from ``_SUCCESS``."""
-        from airflow_provider_batchinfer.lineage import operator_lineage
-
-        return operator_lineage(self, task_instance)
-
-    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
-        """What the task meant to read and write; nothing from a manifest (none of this try's)."""
-        from airflow_provider_batchinfer.lineage import operator_lineage
-
-        return operator_lineage(self, task_instance, committed=False)

@@ -9,14 +9,17 @@ from airflow_provider_batchinfer.stage import sanitize_run_key
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.contract import RunOwner
+    from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
     from airflow_provider_batchinfer.launchers import Launcher
-    from airflow_provider_batchinfer.operators.batch_inference import BatchInferenceOperator
     from airflow_provider_batchinfer.registry import ModelVersion
+    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
     from airflow_provider_batchinfer.stage import Stage
 
 
 def build_job_file(
-    operator: BatchInferenceOperator,
+    hook: ModelServiceHook,
+    input_spec: InputSpec,
+    job_spec: JobSpec,
     launcher: Launcher,
     owner: RunOwner,
     mv: ModelVersion,
@@ -28,7 +31,6 @@ def build_job_file(
     """A new attempt's job file: the model pinned by sha256, the specs, where to read and write,
     the connection's settings the runtime needs (never its credentials: see ``runtime_env()``)."""
     attempt = new_attempt_id(owner.try_number)
-    hook = operator.hook
     config = hook.config
     return JobFile(
         job_id=f"batchinfer-{sanitize_run_key(owner.dag_id)}-{sanitize_run_key(owner.task_id)}-{attempt}",
@@ -36,8 +38,8 @@ def build_job_file(
         launcher=launcher.name,
         run_dir=run_dir.location,
         input_locations=tuple(input_locations or [run_dir.child(INPUT_DIR).location]),
-        input_spec=operator.input_spec,
-        job_spec=operator.job_spec,
+        input_spec=input_spec,
+        job_spec=job_spec,
         model=ModelRef(
             name=mv.name, version=mv.version, flavor=mv.flavor, sha256=mv.sha256, uri=mv.uri, signature=mv.signature
         ),

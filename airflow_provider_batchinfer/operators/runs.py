@@ -1,0 +1,39 @@
+"""Which run a task instance is and where its rows go: the owner recorded in ``_job.json`` and the
+run directory, both derived from the task instance alone so that every try of a run agrees."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_batchinfer.contract import RunOwner
+from airflow_provider_batchinfer.specs import OutputSpec
+from airflow_provider_batchinfer.stage import join, sanitize_run_key
+
+if TYPE_CHECKING:
+    from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
+
+
+def run_owner(ti: Any) -> RunOwner:
+    """The DAG, task, run, try and map index a claim records."""
+    map_index = getattr(ti, "map_index", -1)
+    return RunOwner(
+        dag_id=ti.dag_id,
+        task_id=ti.task_id,
+        run_id=ti.run_id,
+        try_number=int(ti.try_number),
+        map_index=-1 if map_index is None else int(map_index),
+    )
+
+
+def run_directory(hook: ModelServiceHook, stage_location: str | None, base_stage_location: str | None, ti: Any) -> str:
+    """``stage_location`` as given, or ``<base>/<sanitized run_id>[/map-<i>]``: stable across tries of
+    one run (so retries overwrite), distinct across runs, backfills and manual triggers. The rendered
+    values are checked again as an ``OutputSpec`` (a template may render to nothing)."""
+    OutputSpec(stage_location=stage_location, base_stage_location=base_stage_location)
+    if stage_location:
+        return hook.resolve_location(stage_location)
+    location = join(hook.resolve_location(base_stage_location or ""), sanitize_run_key(ti.run_id))
+    map_index = getattr(ti, "map_index", -1)
+    if map_index is not None and map_index >= 0:
+        location = join(location, f"map-{map_index}")
+    return location
