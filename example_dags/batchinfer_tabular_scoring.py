@@ -100,7 +100,7 @@ def batchinfer_tabular_scoring():
         input="{{ ti.xcom_pull(task_ids='data_prep') }}",
         input_spec=InputSpec(passthrough_columns=["customer_id"]),
         output_spec=OutputSpec(base_stage_location="scores/churn", mode=SaveMode.OVERWRITE),
-        job_spec=JobSpec(replicas=1, max_batch_rows=4096),
+        job_spec=JobSpec(replicas=1),  # rows per model call: the kind decides (TorchScript on CPU: 4,096)
         deferrable=True,  # with the ray_jobs launcher the wait happens in the triggerer
     )
 

@@ -102,9 +102,10 @@ def batchinfer_ticket_embeddings():
         model=MODEL_NAME,
         version=MODEL_VERSION,
         input="{{ ti.xcom_pull(task_ids='data_prep') }}",
-        input_spec=InputSpec(columns=["ticket_id", "text"], params={"batch_size": 64, "normalize_embeddings": True}),
+        input_spec=InputSpec(columns=["ticket_id", "text"], params={"normalize_embeddings": True}),
         output_spec=OutputSpec(base_stage_location="embeddings/tickets", mode=SaveMode.OVERWRITE),
-        job_spec=JobSpec(replicas=1, max_batch_rows=512),
+        # 64 texts per model call; unset, the kind decides (encode's own 32 on CPU, 256 on a GPU)
+        job_spec=JobSpec(replicas=1, max_batch_rows=64),
         deferrable=True,  # with the ray_jobs launcher the wait happens in the triggerer
     )
 

@@ -26,7 +26,7 @@ from airflow_provider_batchinfer.runtime import commit, in_driver, llm, resource
 from airflow_provider_batchinfer.runtime.attach import init_ray
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
-from airflow_provider_batchinfer.runtime.flavors import flavor, transfer_rows
+from airflow_provider_batchinfer.runtime.flavors import call_rows, flavor, transfer_rows
 from airflow_provider_batchinfer.runtime.io import make_datasink, read_input, replicas_per_node, row_bytes
 from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts
 from airflow_provider_batchinfer.runtime.plan import (
@@ -62,8 +62,10 @@ class CheckedJob:
     input_rows: int
     plan: ColumnPlan
     kept: KeptParts
-    batch_rows: int
+    batch_rows: int  # rows per batch handed to a replica
     engine: str | None
+    # the most rows of one model call (flavors.call_rows): JobSpec.max_batch_rows, or the kind's own
+    call_rows: int
     # incremental scoring: the key context and the earlier run to copy from (None: reuse off)
     reuse: ReusePlan | None = None
 
@@ -129,8 +131,10 @@ def check_before_ray(job: JobFile) -> CheckedJob:
         check_unique_ids(files, input_spec.id_column, storage)
     kept = resume_state(job, run_dir)
     read_bytes = row_bytes(files[0], plan["read"], storage)
-    batch_rows = transfer_rows(model.flavor, job.job_spec.max_batch_rows, read_bytes, gpu=job.job_spec.num_gpus > 0)
-    batch_rows = batch_rows_for_input(batch_rows, job.job_spec.max_batch_rows, input_rows, len(files))
+    gpu = job.job_spec.num_gpus > 0  # the replica's device: plan.size_actor_pool picks "cuda" exactly then
+    rows_per_call = call_rows(model.flavor, "cuda" if gpu else "cpu", job.job_spec.max_batch_rows)
+    batch_rows = transfer_rows(model.flavor, rows_per_call, read_bytes, gpu=gpu)
+    batch_rows = batch_rows_for_input(batch_rows, rows_per_call, input_rows, len(files))
     plan["dereference"] = dereference_plan(
         input_spec.column_handling,
         plan["sources"],
@@ -162,6 +166,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
         kept=kept,
         batch_rows=batch_rows,
         engine=engine,
+        call_rows=rows_per_call,
         reuse=reuse_plan,
     )
 
@@ -176,7 +181,6 @@ def check_backend(job: JobFile) -> None:
 
 def log_pool(pool: ActorPool, checked: CheckedJob) -> None:
     """The pool in the job log, with why it differs from the ask."""
-    job = checked.job.job_spec
     for note in pool["notes"]:
         print(f"[batchinfer] resources: {note}", flush=True)
     nodes = f" over {pool['num_workers']} nodes" if pool["num_workers"] > 1 else ""
@@ -185,7 +189,7 @@ def log_pool(pool: ActorPool, checked: CheckedJob) -> None:
         f"{pool['num_cpus']:g} CPU / {pool['num_gpus']:g} GPU on {pool['device']}, {pool['threads']} thread(s) each, "
         f"reads and writes at {pool['io_cpus']:g} CPU; reserved {pool['reserved_cpus']:g} CPU / "
         f"{pool['reserved_gpus']:g} GPU; batches of {checked.batch_rows:,} rows, model calls of at most "
-        f"{job.max_batch_rows:,} rows",
+        f"{checked.call_rows:,} rows",
         flush=True,
     )
 
@@ -259,7 +263,7 @@ def replica_kwargs(checked: CheckedJob, pool: ActorPool, counter: Any) -> dict[s
         "device": pool["device"],
         "threads": pool["threads"],
         "counter": counter,
-        "max_rows": spec.max_batch_rows,
+        "max_rows": checked.call_rows,
         "policy": {
             "on_error": spec.on_error,
             "keep_columns": plan["passthrough"],

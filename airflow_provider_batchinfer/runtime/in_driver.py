@@ -17,8 +17,9 @@ operators do. A flavor whose predictor takes concurrent calls (``concurrent_call
 the ONNX Runtime text encoder of ``JobSpec.backend``) is loaded with one thread and called from as
 many threads as the job has, batches kept in order: independent one-thread calls share the cores
 with the reader and writer better than one call whose threads wait for each other
-(``flavors/xgboost_booster.py``, ``flavors/optimized_text.py``). An XGBoost call takes a whole
-batch of up to ``CONCURRENT_BATCH_ROWS`` (``in_driver_io.py``). Parts are named and checksummed as
+(``flavors/xgboost_booster.py``, ``flavors/optimized_text.py``). Unless the job sets
+``JobSpec.max_batch_rows``, an XGBoost call takes a whole batch of up to
+``Tuning.concurrent_batch_rows`` (``runtime/tuning.py``). Parts are named and checksummed as
 Ray's write tasks name theirs, and the commit protocol after them is unchanged.
 ``in_driver_max_rows=0`` sends every job to the actor pool.
 
@@ -158,23 +159,32 @@ def scored_in_order(
                 waiting.cancel()
 
 
+def whole_batch_calls(checked: CheckedJob, workers: int) -> bool:
+    """Whether each concurrent model call takes its whole batch: one-thread calls wait for no other
+    thread, and a flavor whose own predictor takes them and whose CPU calls gain from size
+    (``concurrent_calls`` and ``cpu_call_rows``: XGBoost) spends less CPU per row in longer ones.
+    Only while the job leaves ``JobSpec.max_batch_rows`` unset (a set one is the most rows of a
+    call, always); other concurrent predictors (the ONNX Runtime text encoder) keep their calls."""
+    from airflow_provider_batchinfer.runtime.flavors import flavor, is_optimized
+
+    spec = checked.job.job_spec
+    if workers <= 1 or spec.max_batch_rows is not None or is_optimized(spec.backend):
+        return False
+    declared = flavor(checked.job.model.flavor)
+    return declared.concurrent_calls and declared.cpu_call_rows is not None
+
+
 def run(checked: CheckedJob) -> Any:
     """Score the job here and return what :func:`driver.run_pipeline` returns for the pool."""
     from airflow_provider_batchinfer.runtime import commit
     from airflow_provider_batchinfer.runtime.driver import PipelineRun
-    from airflow_provider_batchinfer.runtime.replica import model_call_rows
 
     spec = checked.job.job_spec
     pool = size_actor_pool(spec, resources.reservation(spec, 1))
     workers = scoring_threads(checked, pool)
     batch = driver_batch_rows(checked, concurrent_calls=workers > 1)
-    # concurrent calls: one thread each (a one-thread call waits for no other thread). A flavor whose
-    # CPU calls gain from size (cpu_call_rows: XGBoost) takes its whole batch in one call; the others
-    # (the ONNX Runtime text encoder) keep calls of at most max_batch_rows inside their batch
-    flavor = checked.job.model.flavor
-    whole_batch = workers > 1 and model_call_rows(flavor, "cpu", None) is not None
-    max_rows = batch if whole_batch else spec.max_batch_rows
-    calls = min(batch, model_call_rows(flavor, "cpu", max_rows) or batch)
+    max_rows = batch if whole_batch_calls(checked, workers) else checked.call_rows
+    calls = min(batch, max_rows)
     threads = f"{workers} one-thread model calls at a time" if workers > 1 else f"{pool['threads']} thread(s)"
     print(
         f"[batchinfer] scoring {checked.todo_rows:,} rows in the driver process, no actor pool "

@@ -8,7 +8,7 @@ the model loads, which hides most of the input's first reads behind torch's impo
 
 Parts are named and checksummed as Ray's write tasks name theirs (``part-<n>-<attempt>``, the
 sha256 of the bytes computed while they are written), a new one for each input file and after
-``JobSpec.rows_per_part`` rows (RESUME's unit) or ``PART_BYTES`` bytes; rows that failed go to the
+``JobSpec.rows_per_part`` rows (RESUME's unit) or ``Tuning.part_bytes`` bytes; rows that failed go to the
 dead-letter file with the same number.
 """
 
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract import FileEntry, part_name
 from airflow_provider_batchinfer.runtime.errors import split_errors
 from airflow_provider_batchinfer.runtime.io import _PartWriter
+from airflow_provider_batchinfer.runtime.tuning import TUNING
 from airflow_provider_batchinfer.stage import Stage
 
 if TYPE_CHECKING:
@@ -29,28 +30,13 @@ if TYPE_CHECKING:
 
     from airflow_provider_batchinfer.runtime.driver import CheckedJob
 
-#: a part is closed and the next one opened past this many bytes (input files bigger than that)
-PART_BYTES = 512 << 20
-#: batches waiting between the reader and the model, and between the model and the writer (4 held
-#: ~100 MB more at the 1M-row MLP and was no faster)
-QUEUE_BATCHES = 2
-#: rows per batch in the driver, whatever the input's layout. The batches in flight (queued on both
-#: sides of the model, being scored, being written) are what the driver holds, so their size bounds
-#: its memory; the pool's batch size follows the input files' size instead (``plan.batch_rows_for_input``),
-#: which made the 1M-row MLP job hold 1.8x what the 100k one did. 16,384 rows keep a batch's fixed
-#: cost (the replica's checks, Arrow to numpy) small and a 64-feature batch at 4 MB.
-DRIVER_BATCH_ROWS = 16_384
-#: rows per batch when the model takes concurrent one-thread calls (XGBoost, ``in_driver.py``): a
-#: one-thread call waits for no other thread however long it runs, and XGBoost spends less CPU per
-#: row in longer calls (1M rows x 32 features, one thread: 2.80-2.88 CPU-s in calls of 16,384 rows, 2.70
-#: in calls of 65,536, 2.67 over the whole array). A batch of 32 float32 features is then 8 MB.
-CONCURRENT_BATCH_ROWS = 65_536
-
 
 def driver_batch_rows(checked: CheckedJob, concurrent_calls: bool = False) -> int:
-    """Rows per batch for a job scored in the driver: the plan's, at most ``DRIVER_BATCH_ROWS``
-    (``CONCURRENT_BATCH_ROWS`` for a model called from several threads at once)."""
-    cap = CONCURRENT_BATCH_ROWS if concurrent_calls else DRIVER_BATCH_ROWS
+    """Rows per batch for a job scored in the driver: the plan's, at most ``TUNING.driver_batch_rows``
+    (``TUNING.concurrent_batch_rows`` for a model called from several threads at once). The batches
+    in flight are what the driver holds, so this cap, not the input files' size
+    (``plan.batch_rows_for_input``), bounds its memory."""
+    cap = TUNING.concurrent_batch_rows if concurrent_calls else TUNING.driver_batch_rows
     return max(1, min(checked.batch_rows, cap))
 
 
@@ -64,8 +50,8 @@ _END = object()
 class Pipe:
     """A bounded queue between two threads that either side can abort, waking the other."""
 
-    def __init__(self, size: int = QUEUE_BATCHES) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue(size)
+    def __init__(self, size: int | None = None) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(TUNING.queue_batches if size is None else size)
         self.aborted = threading.Event()
         self.error: BaseException | None = None  # the writing side's own failure, for the reader
 
@@ -173,7 +159,7 @@ class PartRoller:
         """Rows scored from input file ``file_index``, cut at the part boundaries."""
         while table.num_rows:
             full = self.rows_per_part is not None and self._rows >= self.rows_per_part
-            too_big = self._out is not None and self._out.sink is not None and self._out.sink.size >= PART_BYTES
+            too_big = self._out is not None and self._out.sink is not None and self._out.sink.size >= TUNING.part_bytes
             if self._out is None or file_index != self._file_index or full or too_big:
                 self._next_part(file_index)
             room = table.num_rows if self.rows_per_part is None else self.rows_per_part - self._rows

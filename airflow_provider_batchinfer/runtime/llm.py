@@ -3,7 +3,8 @@
 ``ray.data.llm`` builds the whole GPU pipeline (chat template -> tokenize -> vLLM engine ->
 detokenize, each a Ray Data stage sized on its own); this module only maps our contract onto it:
 
-- ``JobSpec``: ``replicas`` -> engine ``concurrency``, ``max_batch_rows`` -> ``batch_size``,
+- ``JobSpec``: ``replicas`` -> engine ``concurrency``, ``max_batch_rows`` -> ``batch_size`` (unset:
+  ``Tuning.call_rows``, through ``flavors.call_rows`` as every flavor's calls),
   ``num_gpus`` -> ``tensor_parallel_size`` (unless ``engine_kwargs`` sets it), ``engine_kwargs``
   (``max_model_len``, ``dtype``, ...) -> vLLM as is;
 - ``InputSpec.params`` and a row's ``sampling_params`` -> vLLM sampling parameters;
@@ -25,6 +26,7 @@ from typing import Any
 from airflow_provider_batchinfer.chat import finish_reason, response, response_types, sampling_params
 from airflow_provider_batchinfer.contract.placement import LLM_FLAVOR, chosen_engine
 from airflow_provider_batchinfer.runtime.dereference import dereference_messages, normalize_roots, parse_messages
+from airflow_provider_batchinfer.runtime.flavors import call_rows
 
 INSTALL_HINT = "pip install 'airflow-provider-batchinfer[llm]' (vllm and ray[llm]) in the image the Ray workers run"
 
@@ -121,7 +123,7 @@ def processor_config(model_dir: Path | str, job: Any, multimodal: bool | None = 
         "model_source": str(model_dir),
         "engine_kwargs": engine_kwargs,
         "concurrency": job.replicas,
-        "batch_size": job.max_batch_rows,
+        "batch_size": call_rows(LLM_FLAVOR, "cuda", job.max_batch_rows),  # vLLM runs on GPUs only
         "chat_template_stage": True,
         "tokenize_stage": True,
         "detokenize_stage": True,

@@ -54,7 +54,7 @@ class ModelReplica:
         backend: str | None = None,
         min_cosine: float = 0.99,
     ) -> None:
-        from airflow_provider_batchinfer.runtime.flavors import is_optimized, load_optimized, load_predictor
+        from airflow_provider_batchinfer.runtime.flavors import call_rows, is_optimized, load_optimized, load_predictor
 
         started = time.monotonic()
         node = node_identity()
@@ -77,7 +77,9 @@ class ModelReplica:
             device, threads, load_torch=manifest["flavor"] in TORCH_FLAVORS and not optimized
         )
         imported = time.monotonic()
-        rows = model_call_rows(manifest["flavor"], device, max_rows)
+        # the most rows of one model call: the driver passes them resolved (flavors.call_rows), which
+        # returns a given value as is; None (a replica built by hand) gets the kind's own
+        rows = call_rows(manifest["flavor"], device, max_rows)
         if optimized:
             from airflow_provider_batchinfer.registry.fetch import model_cache_dir
 
@@ -168,22 +170,6 @@ class ModelReplica:
         if self.counter is not None:
             self.counter.add.remote(batch.num_rows)
         return pa.table(columns)
-
-
-def model_call_rows(flavor: str, device: str, max_rows: int | None) -> int | None:
-    """Rows per model call. On CPU a flavor that sets ``cpu_call_rows`` (small tabular models) is
-    called with at least that many rows: ``JobSpec.max_batch_rows`` (256 by default) is sized for
-    text and GPU memory, and a small model's call pays a fixed cost (an OpenMP barrier that waits
-    for a thread that lost its core to Ray's read and write tasks: 8x slower per row at 256 rows
-    under load) that larger calls share; past a few thousand rows the activations leave the CPU
-    caches and calls slow down again (``flavors/torchscript.py``). On a GPU ``max_rows`` bounds
-    each call."""
-    from airflow_provider_batchinfer.runtime import flavors
-
-    cpu_rows = flavors.flavor(flavor).cpu_call_rows
-    if device == "cpu" and cpu_rows:
-        return max(max_rows or 0, cpu_rows)
-    return max_rows
 
 
 def set_torch_threads(device: str, threads: int, load_torch: bool = True) -> int | None:

@@ -25,7 +25,12 @@ class JobSpec:
     (bytes): what each replica reserves. ``resource_wait_s``: how long a job waits for its minimum
     (``num_workers`` replicas and a little CPU for reading and writing) on a busy cluster before it
     fails with what it waited for (an Airflow retry may then find the cluster free).
-    ``max_batch_rows``: rows per model call.
+    ``max_batch_rows``: the most rows of one model call, exactly: a set value is never raised (on
+    CPU or anywhere), never replaced by a model kind's default, and is vLLM's ``batch_size``.
+    ``None`` (default) lets the model kind decide: on CPU its own size where it has one (tabular
+    models 16,384 rows, TorchScript 4,096, sentence-transformers 32, ``encode``'s default), else 256
+    (sized for text models and GPU memory). Set it to bound a call's memory (a GPU, a large model)
+    or to size a user's own ``predict``; leave it unset for speed.
     ``progress_interval_s``: how often the job logs rows done, rows/s and ETA.
     ``engine``: for ``text_generation`` models, ``"vllm"`` (GPU, through ``ray.data.llm``) or
     ``"transformers"`` (CPU or GPU, a transformers model per replica); ``None`` lets the connection
@@ -68,7 +73,7 @@ class JobSpec:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     memory: int | None = None
-    max_batch_rows: int = 256
+    max_batch_rows: int | None = None
     progress_interval_s: float = 10.0
     resource_wait_s: float = 600.0
     engine: str | None = None
@@ -109,8 +114,11 @@ class JobSpec:
         object.__setattr__(self, "engine_kwargs", dict(self.engine_kwargs))
         for name in ("replicas", "num_workers", "max_batch_rows"):
             value = getattr(self, name)
+            if value is None and name == "max_batch_rows":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(f"JobSpec.{name} must be a whole number >= 1, got {value!r}.")
+                unset = " or None (the model kind decides)" if name == "max_batch_rows" else ""
+                raise SpecError(f"JobSpec.{name} must be a whole number >= 1{unset}, got {value!r}.")
         for name in ("num_cpus", "num_gpus"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:

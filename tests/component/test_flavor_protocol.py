@@ -18,7 +18,8 @@ from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor, Optimiz
 EXPECTED = {
     # name: (allows_missing, concurrent_calls, transfer_rows, gpu_transfer_rows, cpu_call_rows, optimized)
     "torchscript": (False, False, 65536, None, 4096, True),
-    "sentence_transformers": (False, False, 4096, 8192, None, True),
+    # cpu_call_rows 32: encode's own default, the CPU call size when JobSpec.max_batch_rows is unset
+    "sentence_transformers": (False, False, 4096, 8192, 32, True),
     "python": (False, False, 0, None, None, False),
     "text_generation": (False, False, 0, None, None, False),
     "image_classification": (False, False, 0, None, None, False),

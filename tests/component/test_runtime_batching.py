@@ -63,30 +63,31 @@ def test_torchscript_calls_the_model_with_at_most_max_batch_rows(tmp_path):
     assert set(whole.tolist()) == {1000.0}
 
 
-def test_small_tabular_models_are_called_in_cache_sized_calls_on_cpu_only():
-    from airflow_provider_batchinfer.runtime.flavors import torchscript
-    from airflow_provider_batchinfer.runtime.replica import model_call_rows
+def test_small_tabular_models_are_called_in_cache_sized_calls_on_cpu_when_the_job_leaves_it_unset():
+    from airflow_provider_batchinfer.runtime.flavors import call_rows, torchscript
 
     # 256-row TorchScript calls paid a fixed cost 16 times as often (8x slower per row when Ray's
     # read and write tasks shared the two cores); whole 65,536-row batches left the CPU caches
-    assert model_call_rows("torchscript", "cpu", 256) == torchscript.CPU_CALL_ROWS == 4096
-    assert model_call_rows("torchscript", "cpu", 65536) == 65536  # a user's larger calls are kept
-    assert model_call_rows("torchscript", "cpu", None) == 4096
-    assert model_call_rows("torchscript", "cuda", 256) == 256  # GPU memory: JobSpec.max_batch_rows holds
-    assert model_call_rows("sentence_transformers", "cpu", 256) == 256
-    assert model_call_rows("python", "cpu", 100) == 100
+    assert call_rows("torchscript", "cpu", None) == torchscript.CPU_CALL_ROWS == 4096
+    assert call_rows("torchscript", "cuda", None) == 256  # GPU memory: Tuning.call_rows
+    # a job's own value is the most rows of a call, exactly: never raised, never replaced
+    assert call_rows("torchscript", "cpu", 256) == 256
+    assert call_rows("torchscript", "cpu", 65536) == 65536
+    assert call_rows("torchscript", "cuda", 100) == 100
+    assert call_rows("python", "cpu", None) == 256 and call_rows("python", "cpu", 100) == 100
 
 
-def test_tree_and_scikit_learn_models_are_called_with_at_least_16384_rows_on_cpu():
+def test_tree_and_scikit_learn_models_are_called_with_16384_rows_on_cpu_by_default():
+    from airflow_provider_batchinfer.runtime.flavors import call_rows
     from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import CPU_CALL_ROWS
-    from airflow_provider_batchinfer.runtime.replica import model_call_rows
 
-    # XGBoost over 1M rows: 2.63 s in 256-row calls (JobSpec's default), 1.42 s in 16,384-row ones
+    # XGBoost over 1M rows: 2.63 s in 256-row calls, 1.42 s in 16,384-row ones
     assert CPU_CALL_ROWS == 16384
     for flavor in ("xgboost", "lightgbm", "sklearn"):
-        assert model_call_rows(flavor, "cpu", 256) == 16384, flavor
-        assert model_call_rows(flavor, "cpu", 100_000) == 100_000, flavor  # a user's larger calls are kept
-        assert model_call_rows(flavor, "cuda", 256) == 256, flavor
+        assert call_rows(flavor, "cpu", None) == 16384, flavor
+        assert call_rows(flavor, "cpu", 256) == 256, flavor  # the job's own, exactly
+        assert call_rows(flavor, "cpu", 100_000) == 100_000, flavor
+        assert call_rows(flavor, "cuda", None) == 256, flavor
 
 
 def test_the_nan_check_finds_nan_but_not_infinities_that_cancel():
@@ -114,16 +115,20 @@ def test_a_batch_is_never_larger_than_what_one_input_file_holds():
     assert batch_rows_for_input(256, 256, 50, 2) == 25 and batch_rows_for_input(256, 256, 0, 1) == 256
 
 
-def test_sentence_transformers_calls_are_encodes_32_on_cpu_and_max_batch_rows_on_a_gpu():
+def test_sentence_transformers_calls_are_encodes_32_on_cpu_and_256_on_a_gpu_unless_the_job_says():
+    from airflow_provider_batchinfer.runtime.flavors import call_rows
     from airflow_provider_batchinfer.runtime.flavors.sentence_transformers import encode_batch_size
 
-    assert encode_batch_size({}, "cpu", 256) == 32
-    assert encode_batch_size({}, "cuda", 256) == 256
-    assert encode_batch_size({}, "cuda", None) == 32
-    # the job's own batch_size wins on either device, never above JobSpec.max_batch_rows
-    assert encode_batch_size({"batch_size": 64}, "cuda", 256) == 64
-    assert encode_batch_size({"batch_size": 64}, "cpu", 256) == 64
-    assert encode_batch_size({"batch_size": 1024}, "cpu", 256) == 256
+    assert call_rows("sentence_transformers", "cpu", None) == 32  # encode's own default
+    assert call_rows("sentence_transformers", "cuda", None) == 256
+    assert call_rows("sentence_transformers", "cpu", 512) == 512  # JobSpec.max_batch_rows, exactly
+    assert encode_batch_size({}, 32) == 32
+    assert encode_batch_size({}, 256) == 256
+    assert encode_batch_size({}, 512) == 512
+    # the job's own batch_size wins, never above the rows per call
+    assert encode_batch_size({"batch_size": 64}, 256) == 64
+    assert encode_batch_size({"batch_size": 64}, 32) == 32
+    assert encode_batch_size({"batch_size": 1024}, 256) == 256
 
 
 def test_features_transposed_on_the_device_are_the_same_matrix_and_contiguous():

@@ -89,6 +89,17 @@ def test_job_file_errors_name_the_key():
         JobFile.from_json("{")
 
 
+def test_an_older_job_file_with_max_batch_rows_256_still_loads():
+    # job files written before max_batch_rows became optional carry the old default, 256: read as a
+    # job that set it (exactly 256 rows per call); a file without it reads as unset (the kind decides)
+    data = job_file("/stage/run1").to_dict()
+    old = JobFile.from_json(json.dumps({**data, "job_spec": {**data["job_spec"], "max_batch_rows": 256}}))
+    assert old.job_spec.max_batch_rows == 256
+    without = {k: v for k, v in data["job_spec"].items() if k != "max_batch_rows"}
+    assert JobFile.from_dict({**data, "job_spec": without}).job_spec.max_batch_rows is None
+    assert json.loads(job_file("/stage/run1").to_json())["job_spec"]["max_batch_rows"] is None
+
+
 def test_manifest_round_trips_through_its_dict_and_json():
     manifest = _manifest()
     assert Manifest.from_dict(manifest.to_dict()) == manifest

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from airflow_provider_batchinfer.runtime.flavors import transfer_rows
+from airflow_provider_batchinfer.runtime.flavors import call_rows, transfer_rows
 from airflow_provider_batchinfer.runtime.flavors.sentence_gpu import CHECK_TEXTS, fast_features, overlapped_encode
 
 
@@ -88,9 +88,13 @@ def test_a_default_prompt_keeps_encode(minilm, monkeypatch):
 
 
 def test_a_gpu_job_hands_the_replica_larger_batches_to_sort():
-    assert transfer_rows("sentence_transformers", 256, 500.0) == 4096
-    assert transfer_rows("sentence_transformers", 256, 500.0, gpu=True) == 8192
-    assert transfer_rows("sentence_transformers", 256, 10_000.0, gpu=True) == 3355  # 32 MiB of input at most
+    cpu, gpu = call_rows("sentence_transformers", "cpu", None), call_rows("sentence_transformers", "cuda", None)
+    assert (cpu, gpu) == (32, 256)  # JobSpec.max_batch_rows unset: encode's 32 on CPU, Tuning.call_rows on a GPU
+    assert transfer_rows("sentence_transformers", cpu, 500.0) == 4096
+    assert transfer_rows("sentence_transformers", gpu, 500.0, gpu=True) == 8192
+    assert transfer_rows("sentence_transformers", gpu, 10_000.0, gpu=True) == 3355  # 32 MiB of input at most
+    assert transfer_rows("sentence_transformers", 512, 10_000.0, gpu=True) == 3355
+    assert transfer_rows("sentence_transformers", 8192, 10_000.0, gpu=True) == 8192  # never below a call
     assert transfer_rows("torchscript", 256, 256.0, gpu=True) == transfer_rows("torchscript", 256, 256.0)
 
 

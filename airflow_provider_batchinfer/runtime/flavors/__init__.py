@@ -8,7 +8,8 @@ params) -> {output column: values}``, where ``inputs`` is a ``pyarrow.Table`` ho
 model's input columns (signature names, signature order). Each flavor converts only what it needs,
 so text stays Python strings for a tokenizer and numbers go to numpy without a pandas detour.
 
-``max_rows`` (``JobSpec.max_batch_rows``) bounds the rows of one model call. The batches Ray hands
+``max_rows`` bounds the rows of one model call: ``JobSpec.max_batch_rows`` when the job sets it,
+else the kind's own size (:func:`call_rows`), resolved once by the driver. The batches Ray hands
 a replica may be larger (``transfer_rows``): moving and converting few large batches is cheaper
 than many small ones, and a text model sorts a larger batch by length before cutting it into
 model calls, so it pads less. A flavor whose ``transfer_rows`` is 0 gets batches of exactly
@@ -22,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor, OptimizedBackend, Predictor
+from airflow_provider_batchinfer.runtime.tuning import TUNING
 
 __all__ = [
-    "TRANSFER_BYTES",
     "Flavor",
     "OptimizedBackend",
     "Predictor",
     "adapter_module",
+    "call_rows",
     "flavor",
     "is_optimized",
     "load_optimized",
@@ -153,19 +155,27 @@ def load_optimized(
     )
 
 
-# bytes of input per batch handed to a replica, at most: bounds a replica's memory per batch
-TRANSFER_BYTES = 32 << 20
+def call_rows(name: str, device: str, max_batch_rows: int | None) -> int:
+    """Rows per model call of flavor ``name`` on ``device`` ("cpu", or a GPU such as "cuda"): the
+    job's ``JobSpec.max_batch_rows`` exactly when it sets one; else, on CPU, the kind's own
+    ``cpu_call_rows`` where it declares one (a small model's call pays a fixed cost that larger calls
+    share; a text encoder's own default), else ``TUNING.call_rows`` (sized for text and GPU memory).
+    The one place this is decided: the driver, the replica and the vLLM engine all ask here."""
+    if max_batch_rows is not None:
+        return int(max_batch_rows)
+    cpu_rows = flavor(name).cpu_call_rows if device == "cpu" else None
+    return cpu_rows or TUNING.call_rows
 
 
 def transfer_rows(name: str, max_rows: int, row_bytes: float, gpu: bool = False) -> int:
     """Rows per batch Ray hands a replica: the flavor's preferred size (``gpu_transfer_rows`` on a
-    GPU where it names one), never below ``max_rows``, and at most ``TRANSFER_BYTES`` of input
-    (``row_bytes``: uncompressed bytes per input row)."""
+    GPU where it names one), never below ``max_rows`` (the job's rows per model call), and at most
+    ``TUNING.transfer_bytes`` of input (``row_bytes``: uncompressed bytes per input row)."""
     declared = flavor(name)
     preferred = declared.transfer_rows
     if gpu and declared.gpu_transfer_rows is not None:
         preferred = declared.gpu_transfer_rows
     if preferred <= max_rows:
         return max_rows
-    by_bytes = int(TRANSFER_BYTES // max(row_bytes, 1.0))
+    by_bytes = int(TUNING.transfer_bytes // max(row_bytes, 1.0))
     return max(max_rows, min(preferred, by_bytes))

@@ -68,5 +68,5 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
     return predict
 
 
-# transfer_rows 0: the model's own predict sees at most JobSpec.max_batch_rows rows
+# transfer_rows 0: the model's own predict sees at most JobSpec.max_batch_rows rows (unset: Tuning.call_rows)
 FLAVOR = Flavor(name="mlflow_pyfunc", load=load, transfer_rows=0)

@@ -327,7 +327,7 @@ def load(
     say: Callable[[str], None] = print,
 ) -> Callable[[Any, dict[str, Any]], dict[str, Any]]:
     """A predictor with the sentence-transformers flavor's shape, running on ONNX Runtime."""
-    from airflow_provider_batchinfer.runtime.flavors.sentence_transformers import DEFAULT_BATCH_SIZE
+    from airflow_provider_batchinfer.runtime.flavors.sentence_transformers import CPU_CALL_ROWS, encode_batch_size
 
     model = f"{manifest['name']}/{manifest['version']}"  # the flavor was checked by flavors.load_optimized
     directory, info, exported = prepare(model_dir / manifest["options"]["dir"], manifest["sha256"], backend, cache_root)
@@ -342,9 +342,7 @@ def load(
     (out_col,) = list(manifest["signature"]["outputs"]) or ["embedding"]
 
     def predict(inputs: Any, params: dict[str, Any]) -> dict[str, Any]:
-        batch_size = int(params.get("batch_size", DEFAULT_BATCH_SIZE))
-        if max_rows:
-            batch_size = min(batch_size, max_rows)
+        batch_size = encode_batch_size(params, max_rows or CPU_CALL_ROWS)  # the flavor's own rule
         embeddings = encoder.encode(inputs.column(text_col).to_pylist(), batch_size)
         if params.get("normalize_embeddings"):
             embeddings /= np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)

@@ -23,7 +23,8 @@ Predictor = Callable[[Any, dict[str, Any]], dict[str, Any]]
 class Load(Protocol):
     """``load(model_dir, manifest, device, threads, max_rows) -> predictor``: the model's own
     libraries are imported here, never at module import, so asking a flavor its capabilities
-    costs no torch."""
+    costs no torch. ``max_rows``: the most rows of one model call, as ``flavors.call_rows``
+    resolved it for the job."""
 
     def __call__(
         self, model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None
@@ -75,12 +76,14 @@ class Flavor:
       values) instead of failing the batch first.
     - ``concurrent_calls``: the predictor may be called from several threads at once; the driver
       then loads it with one thread and calls it from as many threads as the job has.
-    - ``transfer_rows``: rows per batch Ray hands a replica, preferred (0: exactly
-      ``JobSpec.max_batch_rows``, so a user's own ``predict`` sees no more than asked).
+    - ``transfer_rows``: rows per batch Ray hands a replica, preferred (0: exactly the job's rows
+      per model call, so a user's own ``predict`` sees no more than asked).
     - ``gpu_transfer_rows``: the same on a GPU, where larger model calls want a larger sort window
       (None: ``transfer_rows``).
-    - ``cpu_call_rows``: on CPU, rows per model call at least (None: ``JobSpec.max_batch_rows``):
-      a small model's call pays a fixed cost that larger calls share.
+    - ``cpu_call_rows``: rows per model call on CPU when the job leaves ``JobSpec.max_batch_rows``
+      unset (None: ``Tuning.call_rows``): a small model's call pays a fixed cost that larger calls
+      share, and a text encoder has its own default. A job that sets ``max_batch_rows`` gets
+      exactly that instead (``flavors.call_rows``).
     - ``optimized``: the module of the flavor's ONNX Runtime backend (``JobSpec.backend="onnx"``
       or ``"onnx_int8"``), declaring ``BACKEND``; a module path, not the module, so a job that
       never asks for it never imports it. None: the flavor has no such backend.

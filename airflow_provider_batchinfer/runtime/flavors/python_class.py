@@ -45,5 +45,6 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
     return predict
 
 
-# transfer_rows 0: predict() gets at most JobSpec.max_batch_rows rows, as the user sized it
+# transfer_rows 0: predict() gets at most JobSpec.max_batch_rows rows, as the user sized it (unset:
+# Tuning.call_rows)
 FLAVOR = Flavor(name="python", load=load, transfer_rows=0)

@@ -17,26 +17,28 @@ from airflow_provider_batchinfer.runtime.flavors.sentence_gpu import fast_featur
 # onnx_int8 291 and 262 against 260 and 243. A batch takes ~30 s on 2 cores: progress and RESUME
 # move in steps of that size.
 TRANSFER_ROWS = 4096
-# On a GPU a call holds 256 texts (``encode_batch_size``): a 1,024-text batch sorted 4 calls' worth
-# and padded MiniLM's calls to 65.9 tokens a text where a sort over 8,192 texts pads to 39.3 (all
-# 100k texts: 37.4; the H100 profile, ``docs/gpu.md``). 32 calls a batch.
+# On a GPU a call holds 256 texts by default (``Tuning.call_rows``): a 1,024-text batch sorted 4
+# calls' worth and padded MiniLM's calls to 65.9 tokens a text where a sort over 8,192 texts pads to
+# 39.3 (all 100k texts: 37.4; the H100 profile, ``docs/gpu.md``). 32 calls a batch.
 GPU_TRANSFER_ROWS = 8192
-DEFAULT_BATCH_SIZE = 32  # encode's own default, kept on CPU
+# on CPU, texts per call when the job leaves JobSpec.max_batch_rows unset: encode's own default
+CPU_CALL_ROWS = 32
 
 
-def encode_batch_size(params: dict[str, Any], device: str, max_rows: int | None) -> int:
-    """Texts per model call: ``params["batch_size"]`` if the job names one, else encode's own 32 on
-    CPU and ``max_rows`` (JobSpec.max_batch_rows, 256 by default) on a GPU; never above ``max_rows``.
+def encode_batch_size(params: dict[str, Any], max_rows: int) -> int:
+    """Texts per model call: ``params["batch_size"]`` if the job names one, never above
+    ``max_rows`` (the job's rows per model call, ``flavors.call_rows``), else ``max_rows``.
 
-    Why a GPU gets larger calls: a call of 32 short texts is a few hundred small kernel launches
-    that leave the GPU idle while the replica launches them (MiniLM, 100k texts, one H200, same
-    run: 3,806 rows/s steady in calls of 32, 5,526 in calls of 256; ``docs/gpu.md``)."""
-    default = DEFAULT_BATCH_SIZE if device == "cpu" else (max_rows or DEFAULT_BATCH_SIZE)
-    batch_size = int(params.get("batch_size", default))
-    return min(batch_size, max_rows) if max_rows else batch_size
+    By default that is encode's own 32 on CPU (``CPU_CALL_ROWS``) and 256 on a GPU, where a call of
+    32 short texts is a few hundred small kernel launches that leave the GPU idle while the
+    replica launches them (``docs/gpu.md``)."""
+    if "batch_size" in params:
+        return max(1, min(int(params["batch_size"]), max_rows))
+    return max_rows
 
 
 def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None):
+    rows = max_rows or CPU_CALL_ROWS  # the runtime always passes the resolved rows; a bare call gets encode's
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
@@ -59,7 +61,7 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
 
     def predict(inputs, params: dict[str, Any]) -> dict[str, Any]:
         texts = inputs.column(text_col).to_pylist()
-        batch_size = encode_batch_size(params, device, max_rows)
+        batch_size = encode_batch_size(params, rows)
         normalize = bool(params.get("normalize_embeddings", False))
         if tokenize is not None:
             return {out_col: overlapped_encode(model, texts, tokenize, batch_size, normalize, device)}
@@ -80,5 +82,6 @@ FLAVOR = Flavor(
     load=load,
     transfer_rows=TRANSFER_ROWS,
     gpu_transfer_rows=GPU_TRANSFER_ROWS,
+    cpu_call_rows=CPU_CALL_ROWS,
     optimized="airflow_provider_batchinfer.runtime.flavors.optimized_text",
 )

@@ -15,11 +15,12 @@ import numpy as np
 
 # tabular rows are small: hand a replica large batches and convert them to one matrix at once
 TRANSFER_ROWS = 65536
-# ...and on CPU call the library with at least this many rows (``replica.model_call_rows``), whatever
-# JobSpec.max_batch_rows says (256 by default, sized for text and GPU memory): each predict call pays a
-# fixed cost (input validation, thread start-up) that small calls pay over and over. Measured over
-# 1M rows x 32 features, 2 threads: XGBoost (200 trees, depth 8) 2.63 s in 256-row calls, 1.48 s at
-# 4,096, 1.42 s at 16,384, 1.67 s at 65,536; scikit-learn HistGradientBoosting 5.0 s, 3.0 s, 2.2 s, 2.7 s.
+# ...and on CPU, unless the job sets JobSpec.max_batch_rows, call the library with this many rows
+# (``flavors.call_rows``) instead of ``Tuning.call_rows`` (256, sized for text and GPU memory): each
+# predict call pays a fixed cost (input validation, thread start-up) that small calls pay over and
+# over. Measured over 1M rows x 32 features, 2 threads: XGBoost (200 trees, depth 8) 2.63 s in
+# 256-row calls, 1.48 s at 4,096, 1.42 s at 16,384, 1.67 s at 65,536; scikit-learn
+# HistGradientBoosting 5.0 s, 3.0 s, 2.2 s, 2.7 s.
 CPU_CALL_ROWS = 16384
 
 
@@ -46,7 +47,7 @@ def frame(inputs: Any, categorical: list[str]) -> Any:
 
 
 def chunked(score: Callable[[Any], dict[str, Any]], x: Any, rows: int, max_rows: int | None) -> dict[str, Any]:
-    """``score`` over model calls of at most ``max_rows`` rows (``JobSpec.max_batch_rows``), joined."""
+    """``score`` over model calls of at most ``max_rows`` rows (``flavors.call_rows``), joined."""
     step = max_rows or rows or 1
     if rows <= step:
         return score(x)

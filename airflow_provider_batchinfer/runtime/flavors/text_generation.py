@@ -112,5 +112,6 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
     return predict
 
 
-# transfer_rows 0: generation dominates; Ray's batches are already as large as JobSpec.max_batch_rows
+# transfer_rows 0: generation dominates; Ray's batches are already as large as a model call
+# (JobSpec.max_batch_rows, unset: Tuning.call_rows)
 FLAVOR = Flavor(name="text_generation", load=load, transfer_rows=0)

@@ -61,10 +61,11 @@ def feature_tensor(inputs, device: str, transpose_there: bool | None = None):
 
 # tabular rows are small: hand a replica large batches and convert them to one matrix at once
 TRANSFER_ROWS = 65536
-# ...and on CPU score them in calls of 4,096 rows (``replica.model_call_rows``): a call has a fixed cost
-# that 256-row calls (JobSpec.max_batch_rows' default, sized for text) pay 16 times as often, and a
-# whole 65,536-row batch spills each layer's activations out of the CPU caches (benchmark MLP, 2
-# threads, 1M rows: 2.26 s in whole batches, 1.34 s at 16,384 rows, 0.97 s at 4,096 and 1,024)
+# ...and on CPU, unless the job sets JobSpec.max_batch_rows, score them in calls of 4,096 rows
+# (``flavors.call_rows``): a call has a fixed cost that 256-row calls (``Tuning.call_rows``, sized
+# for text) pay 16 times as often, and a whole 65,536-row batch spills each layer's activations out
+# of the CPU caches (benchmark MLP, 2 threads, 1M rows: 2.26 s in whole batches, 1.34 s at 16,384
+# rows, 0.97 s at 4,096 and 1,024)
 CPU_CALL_ROWS = 4096
 
 
@@ -83,7 +84,7 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         with torch.inference_mode():
             if len(x) <= step:
                 y = model(x)
-            else:  # model calls of at most max_rows rows (JobSpec.max_batch_rows)
+            else:  # model calls of at most max_rows rows (flavors.call_rows)
                 y = _concat([model(x[i : i + step]) for i in range(0, len(x), step)])
         if isinstance(y, dict):
             return {name: _to_numpy(y[name]) for name in outputs}

@@ -3,7 +3,7 @@
 Every task's output is flattened into typed Arrow columns (``registry/pipelines.py`` lists them):
 a label and its score, a list of entity structs, a list of token vectors, a string. Rows are sorted
 by length before they are cut into model calls of ``batch_size`` (``InputSpec.params``, capped by
-``JobSpec.max_batch_rows``), so a call pads little, and put back in order after. Parameters other
+the job's rows per model call, ``flavors.call_rows``), so a call pads little, and put back in order after. Parameters other
 than ``batch_size`` go to the pipeline call (``top_k``, ``candidate_labels``, ``aggregation_strategy``,
 ``chunk_length_s``...) or, for the text-to-text tasks, to ``generate`` (``max_new_tokens``,
 ``num_beams``...). Audio arrives as the bytes of a WAV file (``column_handling={"path": "bytes"}``).

@@ -3,9 +3,10 @@
 A bare ``Booster`` scores with ``inplace_predict`` (no DMatrix copy); a model logged from the
 scikit-learn wrapper (``XGBClassifier``, ``XGBRegressor``) is reloaded as that wrapper, so
 ``prediction`` is exactly its ``predict`` (class labels for a classifier) and ``predict_proba`` its
-probabilities. Threads: the replica's (``nthread``); on CPU calls of at least ``cpu_call_rows`` rows.
-Missing values are NaN (or null) as in training; categorical features go through XGBoost's own
-pandas path, which maps category names to the codes the model was trained with.
+probabilities. Threads: the replica's (``nthread``); on CPU calls of ``cpu_call_rows`` rows unless
+the job sets ``JobSpec.max_batch_rows``. Missing values are NaN (or null) as in training;
+categorical features go through XGBoost's own pandas path, which maps category names to the codes
+the model was trained with.
 
 Numeric inputs go to XGBoost as one float32 matrix, not as the Arrow columns: XGBoost 3.x can
 read Arrow columns in place, but its columnar predict then spends more CPU per value than the

@@ -1,0 +1,37 @@
+"""The runtime's internal sizes, in one typed place (as Ray Data keeps its own in ``DataContext``).
+
+These are buffers and defaults of the runtime, not capabilities of a model kind: what a flavor
+knows about its own model (``transfer_rows``, ``cpu_call_rows``) stays on its ``Flavor``. Each
+field says why it has its value; the modules read ``TUNING.<field>`` instead of constants of
+their own, so a size is changed (or a test shrinks one) in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Sizes the runtime uses where neither the job nor the model kind decides."""
+
+    # rows per model call when JobSpec.max_batch_rows is unset and the kind declares no CPU size
+    # of its own: sized for text models and GPU memory
+    call_rows: int = 256
+    # bytes of input per batch handed to a replica, at most: bounds a replica's memory per batch
+    transfer_bytes: int = 32 << 20
+    # rows per batch scored in the driver: the batches in flight bound the driver's memory, and
+    # this size keeps a batch's fixed cost (checks, Arrow to numpy) small
+    driver_batch_rows: int = 16_384
+    # rows per batch in the driver when the model takes concurrent one-thread calls: such a call
+    # waits for no other thread, and XGBoost spends less CPU per row in longer calls
+    concurrent_batch_rows: int = 65_536
+    # a part written in the driver is closed and the next one opened past this many bytes
+    part_bytes: int = 512 << 20
+    # batches waiting between the driver's reader and the model, and the model and the writer:
+    # more held memory and was no faster
+    queue_batches: int = 2
+
+
+#: the sizes every module of the runtime reads
+TUNING = Tuning()
