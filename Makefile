@@ -30,14 +30,21 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/python scripts/demo.py
 
-# lint, format check and type check, then the whole suite (every tier under tests/), then the
-# lowest-supported-versions smoke job.
+# lint, format check and type check, then the whole suite (every tier under tests/), with the
+# lowest-supported-versions smoke job running beside it (its own virtualenv: mostly download and
+# unpacking, while the suite mostly waits on schedulers and Ray); its log is printed at the end.
 # Two pytest-xdist workers, each with its own Airflow home, Ray cluster and S3 server (tests/conftest.py),
 # each taking whole test files: most of the suite waits on schedulers and Ray, so two overlap on 2 cores.
 PYTEST_WORKERS ?= 2
-test: lint
-	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
-	$(MAKE) smoke-lowest
+test: $(VENV)/.installed
+	@log=$$(mktemp /tmp/batchinfer-smoke-lowest-XXXXXX); \
+	PYTHON=$(PYTHON) scripts/lowest_versions_smoke.sh > $$log 2>&1 & smoke=$$!; \
+	trap 'kill $$smoke 2>/dev/null' INT TERM; \
+	$(MAKE) --no-print-directory lint && \
+	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder; \
+	suite=$$?; wait $$smoke; lowest=$$?; \
+	echo "== lowest-versions smoke (ran beside the suite), exit $$lowest:"; cat $$log; rm -f $$log; \
+	test $$suite -eq 0 && test $$lowest -eq 0
 
 # the fast loop: tests/unit alone (no Ray, no subprocess, no Airflow DB; under 3 minutes)
 test-unit: $(VENV)/.installed

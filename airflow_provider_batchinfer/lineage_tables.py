@@ -1,4 +1,4 @@
-"""OpenLineage datasets for Iceberg tables (issue 17), used by ``lineage.py``.
+"""OpenLineage datasets for Iceberg tables, used by ``lineage.py``.
 
 A table is named the way OpenLineage's Spark integration names Iceberg tables: by its physical
 location per the dataset naming spec (``file`` + absolute path, or ``s3://bucket`` + key), with a

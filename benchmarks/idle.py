@@ -3,7 +3,7 @@
 The benchmark refuses to call a target held when the 1-minute load average before a system's run is
 above the core count. Without a wait, the benchmark's own previous system (plain Ray Data's workers, an
 actor pool, a Ray shutting down) is still in that average, or still running, when the next one starts:
-round nine marked eight of its figures NOT MEASURED for its own load. So before each system the harness
+a run once marked eight of its figures NOT MEASURED for its own load. So before each system the harness
 waits until the last second's CPU was mostly idle *and* the load average has fallen to the core count,
 at most ``MAX_WAIT_S``. It never lowers the bar: a machine busy with something else stays busy, the
 wait runs out, and the figure is marked as before.

@@ -255,7 +255,8 @@ def _ray_head(ray_bin: str, env: dict[str, str]) -> tuple[BackgroundServer, int,
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One real local Ray cluster (``ray start --head --block``, dashboard and Jobs API on 127.0.0.1)
-    for the session; local-launcher jobs attach to it through RAY_ADDRESS, ray_jobs submit to it."""
+    for the session; ray_jobs submit to it, and local-launcher jobs of a test that uses it attach to
+    it through RAY_ADDRESS (``_ray_address``)."""
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = dict(os.environ, RAY_AUTH_MODE="token")
     # token auth needs ~/.ray/auth_token, which a fresh machine does not have (`ray start` then fails)
@@ -267,17 +268,26 @@ def ray_cluster():
         except RuntimeError:
             if attempt == 2:
                 raise
-    address = f"127.0.0.1:{port}"
-    os.environ["RAY_ADDRESS"] = address
     os.environ["RAY_AUTH_MODE"] = "token"
     yield {
-        "address": address,
+        "address": f"127.0.0.1:{port}",
         "dashboard": f"http://127.0.0.1:{dashboard_port}",
         "token": (Path.home() / ".ray" / "auth_token").read_text().strip(),
     }
-    os.environ.pop("RAY_ADDRESS", None)
     head.stop(timeout=_RAY_STOP_GRACE)
     shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _ray_address(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RAY_ADDRESS names the session's cluster exactly for the tests that use ``ray_cluster`` (directly
+    or through a fixture), and is absent for every other test: those run on the embedded default,
+    where a one-replica CPU job is scored in the runtime's own process, as it is for a user without
+    a cluster. No test's path depends on which test file ran before it on the same worker."""
+    if "ray_cluster" in request.fixturenames:
+        monkeypatch.setenv("RAY_ADDRESS", request.getfixturevalue("ray_cluster")["address"])
+    else:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
 @pytest.fixture
@@ -389,7 +399,48 @@ def s3_bucket(s3_server, monkeypatch):
     return name
 
 
-# --- pool (issue 14): a real 2-node Ray cluster on this machine ---------------------------------------
+@pytest.fixture(scope="session")
+def iam_s3():
+    """moto_server with IAM auth on: user ``airflow`` may only assume ``batch``; only ``batch`` may use
+    S3. Yields (endpoint, bucket, the user's key id, its secret, the role's ARN). One per session: a
+    process that assumed the role keeps its provider's endpoint, which a second server would not be."""
+    import boto3
+
+    port = _free_port()
+    setup_actions = 6  # everything below until create_bucket runs unauthenticated, then auth is enforced
+    server = BackgroundServer(
+        "moto-iam",
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        ports=[port],
+        timeout=60,
+        env=dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT=str(setup_actions)),
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    admin = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "AKIDADMIN"}
+    admin["aws_secret_access_key"] = "setup"
+    try:
+        iam = boto3.client("iam", **admin)
+        iam.create_user(UserName="airflow")
+        key = iam.create_access_key(UserName="airflow")["AccessKey"]
+        allow = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Resource": "*"}],
+        }
+        iam.put_user_policy(UserName="airflow", PolicyName="assume-only", PolicyDocument=json.dumps(allow))
+        trust = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}],
+        }
+        role = iam.create_role(RoleName="batch", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+        s3_all = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+        iam.put_role_policy(RoleName="batch", PolicyName="s3", PolicyDocument=json.dumps(s3_all))
+        boto3.client("s3", **admin).create_bucket(Bucket="lake")
+        yield endpoint, "lake", key["AccessKeyId"], key["SecretAccessKey"], role
+    finally:
+        server.stop(timeout=30)
+
+
+# --- pool: a real 2-node Ray cluster on this machine ---------------------------------------
 # A head and a worker node joined with ``ray start --address``, each with its own temp dir and its own
 # node-local model cache (``BATCHINFER_MODEL_CACHE`` in that node's environment); the worker declares
 # one GPU that this CPU-only machine does not have (for the "GPU without CUDA" test). Module-scoped:

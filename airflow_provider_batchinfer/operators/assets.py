@@ -1,4 +1,4 @@
-"""Airflow Asset events for committed runs (issue 16.3): downstream DAGs scheduled on the data.
+"""Airflow Asset events for committed runs: downstream DAGs scheduled on the data.
 
 A ``BatchInferenceOperator`` declares its output as an outlet Asset, and when a try commits, the
 event it emits carries the manifest's summary as its ``extra`` (run directory, rows, model, version,

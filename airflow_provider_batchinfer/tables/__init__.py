@@ -1,4 +1,4 @@
-"""Apache Iceberg tables as input and output (issue 17; docs/iceberg.md).
+"""Apache Iceberg tables as input and output (docs/iceberg.md).
 
 ``names``: how tables are written in specs and locations (checked at parse time); ``catalog``: which
 catalog a connection means (the embedded SQLite one by default) and opening it; ``read``: a committed

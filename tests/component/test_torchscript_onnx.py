@@ -1,4 +1,4 @@
-"""The optimized backend for TorchScript models (#18): ONNX Runtime, fp32 or dynamic INT8, exported
+"""The optimized backend for TorchScript models: ONNX Runtime, fp32 or dynamic INT8, exported
 once per model version and node, guarded by how well its outputs agree with PyTorch's.
 
 The jobs run the real runtime in a subprocess, scored in its driver as on the embedded Ray (no Ray

@@ -36,7 +36,7 @@ def _inference_dag(dag_id: str, mode: SaveMode, retries: int = 0, **operator_kwa
 bi_test_error_mode = _inference_dag("bi_test_error_mode", SaveMode.ERROR)
 bi_test_overwrite_retry = _inference_dag("bi_test_overwrite_retry", SaveMode.OVERWRITE, retries=1)
 bi_test_error_mode_retry = _inference_dag("bi_test_error_mode_retry", SaveMode.ERROR, retries=1)
-# #18: the same job always on the actor pool (a small input would otherwise be scored in the driver)
+# The same job always on the actor pool (a small input would otherwise be scored in the driver)
 bi_test_on_pool = _inference_dag(
     "bi_test_on_pool", SaveMode.ERROR, job_spec=JobSpec(max_batch_rows=100, progress_interval_s=2, in_driver_max_rows=0)
 )

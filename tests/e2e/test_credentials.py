@@ -1,4 +1,4 @@
-"""Long jobs and S3 credentials (issue 14): temporary keys are never frozen into a job that outlives
+"""Long jobs and S3 credentials: temporary keys are never frozen into a job that outlives
 them. Either every process assumes the connection's ``role_arn`` itself (and refreshes it), or the
 workers use their own chain (``credentials: worker``), or the task refuses to start the job.
 
@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
-import sys
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -41,7 +38,7 @@ from airflow_provider_batchinfer.s3 import (
 )
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode
 from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, Stage
-from tests.conftest import BackgroundServer, _free_port
+from tests.conftest import _free_port
 from tests.task_context import TaskInstanceStandIn
 
 from airflow.sdk.exceptions import AirflowFailException  # isort: skip
@@ -364,46 +361,6 @@ def test_a_session_token_that_outlives_the_deadline_runs_and_commits(s3_server, 
 
 
 # --- the role, assumed for real by every process ---------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def iam_s3():
-    """moto_server with IAM auth on: user ``airflow`` may only assume ``batch``; only ``batch`` may use
-    S3. Yields (endpoint, bucket, the user's key id, its secret, the role's ARN)."""
-    import boto3
-
-    port = _free_port()
-    setup_actions = 6  # everything below until create_bucket runs unauthenticated, then auth is enforced
-    server = BackgroundServer(
-        "moto-iam",
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        ports=[port],
-        timeout=60,
-        env=dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT=str(setup_actions)),
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    admin = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "AKIDADMIN"}
-    admin["aws_secret_access_key"] = "setup"
-    try:
-        iam = boto3.client("iam", **admin)
-        iam.create_user(UserName="airflow")
-        key = iam.create_access_key(UserName="airflow")["AccessKey"]
-        allow = {
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Resource": "*"}],
-        }
-        iam.put_user_policy(UserName="airflow", PolicyName="assume-only", PolicyDocument=json.dumps(allow))
-        trust = {
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}],
-        }
-        role = iam.create_role(RoleName="batch", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
-        s3_all = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
-        iam.put_role_policy(RoleName="batch", PolicyName="s3", PolicyDocument=json.dumps(s3_all))
-        boto3.client("s3", **admin).create_bucket(Bucket="lake")
-        yield endpoint, "lake", key["AccessKeyId"], key["SecretAccessKey"], role
-    finally:
-        server.stop(timeout=30)
 
 
 def test_the_users_own_keys_cannot_use_s3_only_the_role_can(iam_s3, monkeypatch):

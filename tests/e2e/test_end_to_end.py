@@ -65,22 +65,6 @@ def test_ticket_embeddings_example_end_to_end(batchinfer_home):
     assert report["rows"] == 300 and report["dimensions"] == 384
 
 
-def test_tabular_example_two_runs_land_in_two_directories(batchinfer_home):
-    run_ids = []
-    for _ in range(2):
-        state, tasks, run_id = run_dag("batchinfer_tabular_scoring", num_customers=3000)
-        assert state == "success", tasks
-        run_ids.append(run_id)
-    base = batchinfer_home / "stage" / "scores" / "churn"
-    assert sorted(p.name for p in base.iterdir()) == sorted(sanitize_run_key(r) for r in run_ids)
-    for run_id in run_ids:
-        manifest = committed_manifest(str(base / sanitize_run_key(run_id)))
-        assert manifest["counts"]["output_rows"] == 3000
-        assert manifest["model"]["flavor"] == "torchscript"
-    # the model was logged once under a content-addressed version and reused by the second run
-    assert len(list((batchinfer_home / "registry" / "churn_scorer").iterdir())) == 1
-
-
 def test_error_mode_refuses_a_non_empty_directory_before_launching(
     batchinfer_home, text_length_model, tickets, tmp_path
 ):

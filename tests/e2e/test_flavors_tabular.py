@@ -1,4 +1,4 @@
-"""Traditional models (issue #15): ``sklearn`` (skops, or a pickle with ``trust_pickle``), ``xgboost``,
+"""Traditional models: ``sklearn`` (skops, or a pickle with ``trust_pickle``), ``xgboost``,
 ``lightgbm`` and ``onnx``.
 
 Every model is trained in-process on synthetic data. Each flavor runs once end to end through

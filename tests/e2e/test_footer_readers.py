@@ -1,4 +1,4 @@
-"""#18: a job's Parquet listing starts one footer-reading actor per ten input files (``runtime/io.py``).
+"""A job's Parquet listing starts one footer-reading actor per ten input files (``runtime/io.py``).
 
 Ray Data 2.60 lists a Parquet input in a pool of ``FooterReader`` actors it starts for every
 ``read_parquet``: 32 by default, each a fresh Ray worker process, on two cores most of a small job's

@@ -1,4 +1,4 @@
-"""Iceberg tables as output and input (issue 17), on the embedded SQL catalog (SQLite + a local
+"""Iceberg tables as output and input, on the embedded SQL catalog (SQLite + a local
 warehouse under the stage root), with real Ray jobs driven through ``BatchInferenceOperator.execute``.
 
 One module-scoped embedded default (stage, registry, catalog) holds one table that the tests grow

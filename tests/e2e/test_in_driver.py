@@ -1,4 +1,4 @@
-"""#18: on the embedded Ray, one-replica CPU jobs and small jobs are scored in the driver process
+"""On the embedded Ray, one-replica CPU jobs and small jobs are scored in the driver process
 (runtime/in_driver.py), reading, scoring and writing on three threads (runtime/in_driver_io.py).
 
 The fast tests drive the runtime's ``run`` in this process with Ray refused outright: the in-driver

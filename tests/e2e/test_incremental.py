@@ -1,4 +1,4 @@
-"""Incremental scoring (``JobSpec(reuse="unchanged")``, issue 16 part 1) on real parts.
+"""Incremental scoring (``JobSpec(reuse="unchanged")``) on real parts.
 
 Unit tests first (keys, the manifest section, choosing the earlier run, the parse-time checks), then
 one module-scoped scenario on the session's Ray cluster driven through ``BatchInferenceOperator.execute``:
@@ -409,6 +409,7 @@ def scenario(tmp_path_factory, ray_cluster, airflow_db):
     tally.mkdir()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BATCHINFER_HOME", str(root / "home"))
+        mp.setenv("RAY_ADDRESS", ray_cluster["address"])  # set up before any test's own RAY_ADDRESS
         registry = ModelRegistry(str(root / "home" / "registry"))
         registry.log_model("products", "v1", "python", python_class=TextFingerprint, signature=SIGNATURE)
         registry.log_model("products", "v2", "python", python_class=TextFingerprintV2, signature=SIGNATURE)

@@ -180,11 +180,9 @@ def test_without_sts_the_job_is_not_started_and_the_key_stays_home(keyed, monkey
 
 # --- a role: only its session may use S3, and the runtime must not assume it again --------------------
 
-from tests.e2e.test_credentials import iam_s3  # noqa: E402, F401  (the module-scoped moto server with IAM auth on)
-
 
 def test_a_role_on_the_connection_gives_the_job_that_roles_session_only(
-    iam_s3,  # noqa: F811
+    iam_s3,
     ray_cluster,
     batchinfer_home,
     monkeypatch,

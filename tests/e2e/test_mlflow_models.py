@@ -258,7 +258,7 @@ def test_which_mlflow_files_a_native_tabular_flavor_may_read(tmp_path):
 
 @pytest.mark.skipif(
     "sklearn" not in __import__("airflow_provider_batchinfer.registry", fromlist=["FLAVORS"]).FLAVORS,
-    reason="the native sklearn flavor (#15 tabular, registry/tabular.py) is not installed beside this branch",
+    reason="the native sklearn flavor (registry/tabular.py) is not installed beside this branch",
 )
 def test_tabular_models_run_natively(logged, monkeypatch):
     """Activated by merging the tabular flavors: MLflow's skops scikit-learn model runs on the

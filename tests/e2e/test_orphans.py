@@ -128,7 +128,7 @@ def test_kill_9_of_the_task_process_ends_its_job_and_nothing_commits(registry, t
 
 @pytest.mark.usefixtures("airflow_db")
 def test_kill_9_of_the_task_process_ends_a_job_scored_in_the_driver(registry, tmp_path):
-    """#18: a job scored in the driver process (1,000 rows: 10 model calls of 0.5 s) dies with it too."""
+    """A job scored in the driver process (1,000 rows: 10 model calls of 0.5 s) dies with it too."""
     _kill_the_task_process_mid_job(registry, tmp_path, rows=1000, scoring="rows in the driver process")
 
 

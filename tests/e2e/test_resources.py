@@ -272,7 +272,7 @@ def test_a_job_that_cannot_get_its_minimum_fails_after_resource_wait_s_naming_wh
 
 
 def test_read_and_write_tasks_run_one_per_replica_and_at_least_two():
-    """#18: Ray would start up to eight read workers per two CPUs at 0.25 CPU each; their start-ups
+    """Ray would start up to eight read workers per two CPUs at 0.25 CPU each; their start-ups
     crowd the replicas' own on a small machine."""
     from airflow_provider_batchinfer.runtime.plan import io_tasks
 

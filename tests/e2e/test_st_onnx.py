@@ -1,4 +1,4 @@
-"""The optimized sentence-transformers backend (#18): ONNX Runtime with dynamic INT8, exported once per
+"""The optimized sentence-transformers backend: ONNX Runtime with dynamic INT8, exported once per
 model version, guarded by the cosine similarity of its embeddings to PyTorch's.
 
 One export (the offline all-MiniLM-L6-v2, INT8) is shared by the module; the Ray test reuses it

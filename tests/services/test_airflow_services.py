@@ -63,7 +63,6 @@ def world(tmp_path_factory, ray_cluster):
     services.start()
     for dag_id in (
         "batchinfer_ticket_embeddings",
-        "batchinfer_tabular_scoring",
         "bi_test_overwrite_retry",
         "bi_svc_error_daily",
         "bi_svc_ray_jobs",
@@ -173,83 +172,6 @@ def test_rest_trigger_of_the_embeddings_dag(world):
     TIMINGS["REST trigger, embeddings DAG"] = time.monotonic() - t0
 
 
-# its own waits allow more than the suite's 600 s default (421 s seen on a loaded fresh clone)
-@pytest.mark.timeout(1200)
-def test_backfill_three_dates_then_reprocess(world):
-    s = world["services"]
-    t0 = time.monotonic()
-    dag_id = "batchinfer_tabular_scoring"
-    # the DAG's own max_active_runs: the runs' jobs share the session's 2-CPU Ray cluster
-    s.create_backfill(
-        dag_id,
-        "2026-11-01",
-        "2026-11-03",
-        "--dag-run-conf",
-        json.dumps({"num_customers": 1000}),
-    )
-    backfill_runs = lambda: sorted(r["dag_run_id"] for r in s.runs(dag_id) if r["run_type"] == "backfill")  # noqa: E731
-    deadline = time.monotonic() + 60
-    while len(backfill_runs()) < 3 and time.monotonic() < deadline:
-        time.sleep(2)
-    runs = backfill_runs()
-    assert len(runs) == 3, runs
-    for run_id in runs:
-        assert s.wait_for_run(dag_id, run_id) == "success", s.task_states(dag_id, run_id)
-    base = world["stage"] / "scores" / "churn"
-    first = {}
-    for run_id in runs:
-        manifest = committed_manifest(str(base / sanitize_run_key(run_id)))
-        assert manifest["counts"]["output_rows"] == 1000
-        first[run_id] = manifest["job"]["attempt"]
-    TIMINGS["backfill create, 3 dates"] = time.monotonic() - t0
-    # reprocessing the same dates: same run ids, OVERWRITE replaces each directory cleanly. Seen
-    # under load on SQLite: a reprocess backfill that closes without taking one of the runs (it
-    # stays at its first attempt); then the backfill is created again, as an operator would
-    t0 = time.monotonic()
-
-    def reprocessed() -> set[str]:
-        done = set()
-        for r in runs:
-            try:
-                manifest = committed_manifest(str(base / sanitize_run_key(r)))
-            except Exception:  # the marker went away between listing and reading: OVERWRITE at work
-                manifest = None
-            if manifest and manifest["job"]["attempt"] != first[r]:
-                done.add(r)
-        return done
-
-    for _ in range(3):
-        s.wait_for_backfills(dag_id)
-        s.create_backfill(
-            dag_id,
-            "2026-11-01",
-            "2026-11-03",
-            "--reprocess-behavior",
-            "completed",
-            "--dag-run-conf",
-            json.dumps({"num_customers": 1000}),
-        )
-        deadline = time.monotonic() + 420
-        while time.monotonic() < deadline:
-            if reprocessed() == set(runs):
-                break
-            if _backfills_closed(s, dag_id) and all(
-                s.api("GET", f"/dags/{dag_id}/dagRuns/{r}")["state"] == "success" for r in runs
-            ):
-                break
-            time.sleep(3)
-        if reprocessed() == set(runs):
-            break
-    for run_id in runs:
-        assert s.wait_for_run(dag_id, run_id) == "success"
-        run_dir = base / sanitize_run_key(run_id)
-        manifest = committed_manifest(str(run_dir))
-        assert manifest["job"]["attempt"] != first[run_id]
-        assert sorted(p.name for p in run_dir.glob("part-*.parquet")) == sorted(f["name"] for f in manifest["files"])
-        assert pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]]).num_rows == 1000
-    TIMINGS["backfill reprocess, OVERWRITE"] = time.monotonic() - t0
-
-
 def _backfill(s, dag_id: str, first: str, last: str, expected: int, known: set[str]) -> tuple[list[str], float]:
     """Create a backfill of ``first``..``last``; wait until its ``expected`` new runs end. Returns
     them and the wall time from the create to the last run's end."""
@@ -302,38 +224,85 @@ def _peak_overlap(jobs: list) -> int:
     return peak
 
 
+def _reprocess(s, dag_id: str, first: str, last: str, runs: list[str], attempt_of) -> None:
+    """A reprocess backfill of ``first``..``last`` (``--reprocess-behavior completed``): the same run
+    ids run again. Seen under load on SQLite: a reprocess backfill that closes without taking one of
+    the runs; then it is created again, as an operator would."""
+    for _ in range(3):
+        s.wait_for_backfills(dag_id)
+        s.create_backfill(dag_id, first, last, "--reprocess-behavior", "completed")
+        deadline = time.monotonic() + 420
+        while time.monotonic() < deadline:
+            if all(attempt_of(r) for r in runs):
+                return
+            if _backfills_closed(s, dag_id) and all(
+                s.api("GET", f"/dags/{dag_id}/dagRuns/{r}")["state"] == "success" for r in runs
+            ):
+                break
+            time.sleep(3)
+        if all(attempt_of(r) for r in runs):
+            return
+
+
 # its own waits allow more than the suite's 600 s default (421 s seen on a loaded fresh clone)
 @pytest.mark.timeout(1200)
-def test_backfill_four_dates_at_once_through_the_jobs_api(world):
-    """The acceptance: 4 logical dates with max_active_runs=4, each run deferred while its job runs
-    on the one 2-CPU cluster; every run commits exactly once (one _SUCCESS, one attempt, all rows)."""
+def test_backfill_four_dates_at_once_then_reprocess_them_with_overwrite(world):
+    """4 logical dates with max_active_runs=4, each run deferred while its job runs on the one 2-CPU
+    cluster through the Jobs API: every run commits exactly once (one _SUCCESS, one attempt, all
+    rows). Then a reprocess backfill of the same dates: the same run ids run again and OVERWRITE
+    replaces each run directory with exactly the new attempt's parts."""
     s = world["services"]
     dag_id = "bi_svc_ray_jobs_daily"
-    alone, TIMINGS["ray_jobs backfill, 1 date alone"] = _backfill(s, dag_id, "2026-11-10", "2026-11-10", 1, set())
-    s.wait_for_backfills(dag_id)
+    base = world["stage"] / "svc" / "ray_jobs_daily"
     try:
         runs, TIMINGS["ray_jobs backfill, 4 dates, max_active_runs=4"] = _backfill(
-            s, dag_id, "2026-11-01", "2026-11-04", 4, set(alone)
+            s, dag_id, "2026-11-01", "2026-11-04", 4, set()
         )
     finally:  # jobs that stalled must not hold the cluster for the scenarios after this one
         _stop_running_jobs(world, dag_id)
     jobs = _ray_jobs_of(world, dag_id)
+    first = {}
     for run_id in runs:
         assert s.task_states(dag_id, run_id)["infer"] == ("success", 1)
-        run_dir = world["stage"] / "svc" / "ray_jobs_daily" / sanitize_run_key(run_id)
-        manifest = committed_manifest(str(run_dir))
-        assert manifest["counts"] == {"input_rows": 400, "output_rows": 400, "error_rows": 0}
+        manifest = _one_clean_commit(base / sanitize_run_key(run_id))
         assert manifest["job"]["attempt"].startswith("t01") and manifest["job"]["launcher"] == "ray_jobs"
-        assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("part-")) == sorted(
-            f["name"] for f in manifest["files"]
-        )
-        ids = pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]]).column("ticket_id").to_pylist()
-        assert sorted(ids) == list(range(400))  # every row exactly once
+        first[run_id] = manifest["job"]["attempt"]
         assert len(jobs[run_id]) == 1, jobs[run_id]  # one Ray job per run
     # the runs' jobs shared the cluster: at least two ran at once (each task deferred while its job ran)
     peak = _peak_overlap([jobs[r][0] for r in runs])
     TIMINGS["ray_jobs backfill, peak concurrent jobs"] = peak
     assert peak >= 2, [(j.start_time, j.end_time) for r in runs for j in jobs[r]]
+
+    def replaced(run_id: str) -> bool:
+        try:
+            manifest = committed_manifest(str(base / sanitize_run_key(run_id)))
+        except Exception:  # the marker went away between listing and reading: OVERWRITE at work
+            return False
+        return bool(manifest) and manifest["job"]["attempt"] != first[run_id]
+
+    t0 = time.monotonic()
+    try:
+        _reprocess(s, dag_id, "2026-11-01", "2026-11-04", runs, replaced)
+    finally:
+        _stop_running_jobs(world, dag_id)
+    for run_id in runs:
+        assert s.wait_for_run(dag_id, run_id) == "success"
+        assert replaced(run_id), run_id
+        _one_clean_commit(base / sanitize_run_key(run_id))
+    TIMINGS["ray_jobs backfill reprocess, OVERWRITE"] = time.monotonic() - t0
+
+
+def _one_clean_commit(run_dir) -> dict:
+    """The run directory holds one commit: 400 rows, each input row exactly once, and no part file
+    but those its manifest lists."""
+    manifest = committed_manifest(str(run_dir))
+    assert manifest["counts"] == {"input_rows": 400, "output_rows": 400, "error_rows": 0}
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("part-")) == sorted(
+        f["name"] for f in manifest["files"]
+    )
+    ids = pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]]).column("ticket_id").to_pylist()
+    assert sorted(ids) == list(range(400))  # every row exactly once
+    return manifest
 
 
 def _backfills_closed(s, dag_id: str) -> bool:
