@@ -190,6 +190,9 @@ class Manifest:
     resume: ResumeInfo = field(default_factory=ResumeInfo)
     started_at: str = ""
     finished_at: str = ""
+    # seconds and rows/s: total_s, ray_init_s, pipeline_s, rows_per_s, steady_rows_per_s, and
+    # id_check_s (the InputSpec.id_column uniqueness check; null without an id column, absent in
+    # manifests written before it)
     timings: Mapping[str, float | None] = field(default_factory=dict)
     format: str = MANIFEST_FORMAT
     # what the attempt held and cost (contract/usage.py); None in manifests written before it
@@ -208,6 +211,13 @@ class Manifest:
     @property
     def error_file_names(self) -> list[str]:
         return [f.name for f in self.error_files]
+
+    @property
+    def id_check_s(self) -> float | None:
+        """Seconds the input's id column took to check unique (``timings.id_check_s``); None without
+        an id column, or in a manifest written before the check was timed."""
+        seconds = self.timings.get("id_check_s")
+        return None if seconds is None else float(seconds)
 
     def to_dict(self) -> dict[str, Any]:
         return {

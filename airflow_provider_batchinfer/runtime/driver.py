@@ -68,6 +68,8 @@ class CheckedJob:
     call_rows: int
     # incremental scoring: the key context and the earlier run to copy from (None: reuse off)
     reuse: ReusePlan | None = None
+    # seconds the check that InputSpec.id_column is unique took (None: no id column)
+    id_check_s: float | None = None
 
     @property
     def todo_rows(self) -> int:
@@ -127,8 +129,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     plan = with_id_column(plan_columns(schema, signature, input_spec, files[0]), input_spec.id_column)
     if flavor(model.flavor).allows_missing:  # trees take null/NaN as missing values
         plan["missing_ok"] = list(plan["model_inputs"])
-    if input_spec.id_column:
-        check_unique_ids(files, input_spec.id_column, storage)
+    id_check_s = check_unique_ids(files, input_spec.id_column, storage, input_rows) if input_spec.id_column else None
     kept = resume_state(job, run_dir)
     read_bytes = row_bytes(files[0], plan["read"], storage)
     gpu = job.job_spec.num_gpus > 0  # the replica's device: plan.size_actor_pool picks "cuda" exactly then
@@ -168,6 +169,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
         engine=engine,
         call_rows=rows_per_call,
         reuse=reuse_plan,
+        id_check_s=id_check_s,
     )
 
 
@@ -393,6 +395,7 @@ def run(spec_location: str) -> Manifest:
             "pipeline_s": round(pipeline.pipeline_s, 3),
             "rows_per_s": round(processed / pipeline.pipeline_s, 2) if pipeline.pipeline_s > 0 else None,
             "steady_rows_per_s": pipeline.steady_rows_per_s,
+            "id_check_s": checked.id_check_s,
         },
         usage=pipeline.meter.usage(time.monotonic() - t0, processed),
         reuse=reuse.section(checked.reuse, checked.run_dir, checked.kept, pipeline.written.index, checked.input_rows),

@@ -187,36 +187,24 @@ def split_errors(table: Any, keep_columns: list[str]) -> tuple[Any, Any]:
     return (good if good.num_rows else None), (bad if bad.num_rows else None)
 
 
-def check_unique_ids(files: list[str], id_column: str, storage_options: dict[str, Any] | None) -> None:
-    """Fail before any compute when ``id_column`` is missing or holds a value twice: resuming and
-    dead-lettering both identify rows by it. Reads only that one column."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+def check_unique_ids(
+    files: list[str],
+    id_column: str,
+    storage_options: dict[str, Any] | None,
+    total_rows: int,
+    rows_per_partition: int | None = None,
+) -> float:
+    """Fail before any compute when ``id_column`` is missing, null or holds a value twice: resuming
+    and dead-lettering both identify rows by it. Reads only that one column, and holds at most
+    ``Tuning.id_check_rows_per_partition`` ids at once (``total_rows``, from the footers, sizes the
+    partitions it spills; runtime/unique_ids.py). Returns the seconds it took, for the manifest's
+    ``timings.id_check_s``."""
+    import time
 
-    from airflow_provider_batchinfer.inputs import InputError
-    from airflow_provider_batchinfer.stage import Stage
+    from airflow_provider_batchinfer.runtime import unique_ids
 
-    chunks = []
-    for location in files:
-        stage = Stage.open(location, storage_options)
-        with stage.fs.open_input_file(stage.path) as f:
-            pf = pq.ParquetFile(f)
-            if id_column not in pf.schema_arrow.names:
-                raise InputError(
-                    f"InputSpec.id_column {id_column!r} is not a column of {location} "
-                    f"(columns: {pf.schema_arrow.names})"
-                )
-            chunks.append(pf.read(columns=[id_column]).column(id_column))
-    ids = pa.chunked_array([c for chunk in chunks for c in chunk.chunks], type=chunks[0].type)
-    if ids.null_count:
-        raise InputError(f"id column {id_column!r} has {ids.null_count} null value(s); every row needs an id")
-    if pc.count_distinct(ids).as_py() != len(ids):
-        counts = pc.value_counts(ids)
-        dup = counts.filter(pc.greater(counts.field("counts"), 1))
-        example = dup[0]
-        raise InputError(
-            f"id column {id_column!r} is not unique: {len(dup)} value(s) appear more than once (e.g. "
-            f"{example['values'].as_py()!r} appears {example['counts'].as_py()} times); deduplicate in data_prep "
-            "or choose another InputSpec.id_column"
-        )
+    started = time.monotonic()
+    unique_ids.check_unique_ids(files, id_column, storage_options, total_rows, rows_per_partition)
+    seconds = round(time.monotonic() - started, 3)
+    print(f"[batchinfer] input: {total_rows:,} ids of {id_column!r} checked unique in {seconds:.3f} s", flush=True)
+    return seconds

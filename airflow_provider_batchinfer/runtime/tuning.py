@@ -31,6 +31,10 @@ class Tuning:
     # batches waiting between the driver's reader and the model, and the model and the writer:
     # more held memory and was no faster
     queue_batches: int = 2
+    # ids checked at once when InputSpec.id_column is checked unique: a larger input is split by
+    # hash into spilled partitions of about this many ids, so the check's memory stays the same
+    # whatever the input's size (2M int64 ids are 16 MiB; sorting them takes about twice that)
+    id_check_rows_per_partition: int = 2_000_000
 
 
 #: the sizes every module of the runtime reads
