@@ -84,7 +84,7 @@ def test_a_consumer_finds_the_run_directories_in_its_triggering_events():
     assert extra == {"run_dir": "/s/run1", "rows": 5, "sha256": "ab", "cost": 0.25}
 
 
-@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+@pytest.mark.usefixtures("airflow_db")
 def test_a_commit_emits_an_asset_event_with_the_manifest_summary(batchinfer_home, text_length_model, tmp_path):
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session

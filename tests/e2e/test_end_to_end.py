@@ -15,7 +15,7 @@ from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, san
 from tests.conftest import run_dag, xcom_value
 from tests.models import committed_manifest, write_tickets
 
-pytestmark = pytest.mark.usefixtures("airflow_db", "ray_cluster")
+pytestmark = pytest.mark.usefixtures("airflow_db")
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:

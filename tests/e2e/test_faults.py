@@ -445,7 +445,7 @@ def _bad_rows_input(directory: Path) -> Path:
     return directory
 
 
-@pytest_jobs
+@pytest.mark.usefixtures("airflow_db")
 def test_bad_input_row_that_makes_the_model_raise_fails_the_job_by_default(
     batchinfer_home, text_length_model, tmp_path
 ):

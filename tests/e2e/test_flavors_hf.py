@@ -271,7 +271,7 @@ def test_a_model_file_changed_after_logging_is_refused_before_any_compute(fails_
 # --- end to end through dag.test(): text and audio files ----------------------------------------------
 
 
-@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+@pytest.mark.usefixtures("airflow_db")
 def test_dag_scores_text_and_transcribes_audio_files(hf_home, monkeypatch):
     """600 texts through text-classification and 24 WAV files (read from the stage through
     ``column_handling``) through speech recognition, in one DAG; every prediction equals the

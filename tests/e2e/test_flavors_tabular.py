@@ -456,7 +456,7 @@ def test_each_flavor_scores_end_to_end_like_the_models_own_predict(tabular, tmp_
     assert "row_id" in passthrough and not passthrough & set(mv.signature["inputs"])
 
 
-@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+@pytest.mark.usefixtures("airflow_db")
 def test_a_missing_feature_fails_the_task_before_ray_and_commits_nothing(tabular, tmp_path, monkeypatch, capfd):
     from tests.conftest import run_dag
 

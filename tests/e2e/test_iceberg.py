@@ -33,7 +33,7 @@ TABLE = "ml.ticket_scores"
 
 
 def slow(test):
-    return pytest.mark.usefixtures("airflow_db", "ray_cluster")(test)
+    return pytest.mark.usefixtures("airflow_db")(test)
 
 
 def ti(run_id: str, try_number: int = 1) -> TaskInstanceStandIn:

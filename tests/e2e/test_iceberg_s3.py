@@ -48,7 +48,7 @@ def s3_world(s3_server, s3_bucket, monkeypatch, tmp_path):
     return {"bucket": s3_bucket, "inputs": f"s3://{s3_bucket}/input", "options": options}
 
 
-@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+@pytest.mark.usefixtures("airflow_db")
 def test_a_table_with_an_s3_warehouse_commits_one_snapshot(s3_world):
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
     from airflow_provider_batchinfer.tables.catalog import io_properties, open_catalog

@@ -499,7 +499,7 @@ def test_ray_job_with_a_missing_image_fails_naming_it_and_commits_nothing(
 # --- the example DAGs end to end -------------------------------------------------------------------------
 
 
-@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+@pytest.mark.usefixtures("airflow_db")
 def test_ticket_summaries_dag_fills_responses_and_token_counts_reconcile(batchinfer_home):
     from transformers import AutoTokenizer
 
@@ -535,7 +535,7 @@ def test_ticket_summaries_dag_fills_responses_and_token_counts_reconcile(batchin
     assert sum(report["finish_reasons"].values()) == 20
 
 
-@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+@pytest.mark.usefixtures("airflow_db")
 def test_image_labels_dag_reads_real_image_files_from_the_stage(batchinfer_home):
     from tests.conftest import run_dag, xcom_value
 

@@ -323,7 +323,7 @@ def test_bad_inputs_and_changed_files_fail_before_any_compute(logged, monkeypatc
 # --- end to end through dag.test() --------------------------------------------------------------------
 
 
-@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+@pytest.mark.usefixtures("airflow_db")
 def test_dag_scores_a_pinned_pyfunc_copy(logged, monkeypatch):
     """5000 rows through the pyfunc copy of ridge@champion, after the alias moved to version 2: the
     job still runs version 1's bytes and equals its own predict. (An MLflow transformers model runs

@@ -285,7 +285,7 @@ def snapshot(endpoint: str, location: str) -> dict[str, int]:
     return dict(Stage.open(location, options(endpoint)).list_files())
 
 
-@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+@pytest.mark.usefixtures("airflow_db")
 def test_end_to_end_input_stage_and_registry_on_s3_then_the_sensors(
     s3_server, s3_connection, s3_model, s3_tickets, capfd
 ):
@@ -339,7 +339,7 @@ def test_end_to_end_input_stage_and_registry_on_s3_then_the_sensors(
     assert f"{run_dir}/{manifest['files'][0]['name']} is listed in _SUCCESS but missing" in capfd.readouterr().out
 
 
-@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+@pytest.mark.usefixtures("airflow_db")
 def test_error_and_overwrite_on_s3_with_1000_plus_stale_objects_and_run10_untouched(
     s3_server, s3_connection, s3_model, s3_tickets, capfd
 ):
