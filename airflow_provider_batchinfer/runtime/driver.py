@@ -133,7 +133,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     kept = resume_state(job, run_dir)
     read_bytes = row_bytes(files[0], plan["read"], storage)
     gpu = job.job_spec.num_gpus > 0  # the replica's device: plan.size_actor_pool picks "cuda" exactly then
-    rows_per_call = call_rows(model.flavor, "cuda" if gpu else "cpu", job.job_spec.max_batch_rows)
+    rows_per_call = call_rows(model.flavor, "cuda" if gpu else "cpu", job.job_spec.max_batch_rows, input_spec.params)
     batch_rows = transfer_rows(model.flavor, rows_per_call, read_bytes, gpu=gpu)
     batch_rows = batch_rows_for_input(batch_rows, rows_per_call, input_rows, len(files))
     plan["dereference"] = dereference_plan(

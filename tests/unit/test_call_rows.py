@@ -147,3 +147,13 @@ def test_vllms_batch_size_is_the_jobs_rows_per_call(tmp_path) -> None:
 
     assert batch_size(JobSpec(num_gpus=1)) == TUNING.call_rows
     assert batch_size(JobSpec(num_gpus=1, max_batch_rows=8)) == 8
+
+
+def test_the_kinds_own_rows_per_call_parameter_counts_when_max_batch_rows_is_unset():
+    """sentence-transformers' ``batch_size`` param is its rows per call, as before ``max_batch_rows``
+    had one meaning; ``max_batch_rows`` set wins, and other kinds ignore the param."""
+    assert call_rows("sentence_transformers", "cpu", None, {"batch_size": 64}) == 64
+    assert call_rows("sentence_transformers", "cuda", None, {"batch_size": 512}) == 512
+    assert call_rows("sentence_transformers", "cpu", 16, {"batch_size": 64}) == 16
+    assert call_rows("sentence_transformers", "cpu", None, {}) == 32
+    assert call_rows("torchscript", "cpu", None, {"batch_size": 64}) == 4096

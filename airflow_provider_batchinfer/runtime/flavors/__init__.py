@@ -19,6 +19,7 @@ model calls, so it pads less. A flavor whose ``transfer_rows`` is 0 gets batches
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -155,15 +156,20 @@ def load_optimized(
     )
 
 
-def call_rows(name: str, device: str, max_batch_rows: int | None) -> int:
+def call_rows(name: str, device: str, max_batch_rows: int | None, params: Mapping[str, Any] | None = None) -> int:
     """Rows per model call of flavor ``name`` on ``device`` ("cpu", or a GPU such as "cuda"): the
     job's ``JobSpec.max_batch_rows`` exactly when it sets one; else, on CPU, the kind's own
     ``cpu_call_rows`` where it declares one (a small model's call pays a fixed cost that larger calls
     share; a text encoder's own default), else ``TUNING.call_rows`` (sized for text and GPU memory).
-    The one place this is decided: the driver, the replica and the vLLM engine all ask here."""
+    A model parameter the kind reads as its own rows per call (``call_rows_param``, in ``params``)
+    comes before the kind's defaults. The one place this is decided: the driver, the replica and
+    the vLLM engine all ask here."""
     if max_batch_rows is not None:
         return int(max_batch_rows)
-    cpu_rows = flavor(name).cpu_call_rows if device == "cpu" else None
+    declared = flavor(name)
+    if declared.call_rows_param and params and params.get(declared.call_rows_param) is not None:
+        return max(1, int(params[declared.call_rows_param]))
+    cpu_rows = declared.cpu_call_rows if device == "cpu" else None
     return cpu_rows or TUNING.call_rows
 
 

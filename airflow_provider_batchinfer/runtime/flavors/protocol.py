@@ -84,6 +84,9 @@ class Flavor:
       unset (None: ``Tuning.call_rows``): a small model's call pays a fixed cost that larger calls
       share, and a text encoder has its own default. A job that sets ``max_batch_rows`` gets
       exactly that instead (``flavors.call_rows``).
+    - ``call_rows_param``: the model parameter (``InputSpec.params``) that is the model's own rows
+      per call (sentence-transformers' ``batch_size``): when the job sets it and leaves
+      ``max_batch_rows`` unset, it is the rows per model call, on any device.
     - ``optimized``: the module of the flavor's ONNX Runtime backend (``JobSpec.backend="onnx"``
       or ``"onnx_int8"``), declaring ``BACKEND``; a module path, not the module, so a job that
       never asks for it never imports it. None: the flavor has no such backend.
@@ -97,6 +100,7 @@ class Flavor:
     transfer_rows: int = 0
     gpu_transfer_rows: int | None = None
     cpu_call_rows: int | None = None
+    call_rows_param: str | None = None
     optimized: str | None = None
 
     def __post_init__(self) -> None:
@@ -112,6 +116,8 @@ class Flavor:
         _rows(owner, "transfer_rows", self.transfer_rows, optional=False)
         _rows(owner, "gpu_transfer_rows", self.gpu_transfer_rows, optional=True)
         _rows(owner, "cpu_call_rows", self.cpu_call_rows, optional=True)
+        if self.call_rows_param is not None and not (isinstance(self.call_rows_param, str) and self.call_rows_param):
+            raise TypeError(f"{owner}: call_rows_param must name a parameter, got {self.call_rows_param!r}")
         if self.optimized is not None and not (isinstance(self.optimized, str) and self.optimized):
             raise TypeError(f"{owner}: optimized must name a module, got {self.optimized!r}")
 

@@ -83,5 +83,6 @@ FLAVOR = Flavor(
     transfer_rows=TRANSFER_ROWS,
     gpu_transfer_rows=GPU_TRANSFER_ROWS,
     cpu_call_rows=CPU_CALL_ROWS,
+    call_rows_param="batch_size",
     optimized="airflow_provider_batchinfer.runtime.flavors.optimized_text",
 )
