@@ -238,6 +238,9 @@ def services_env(home: Path, port: int, bundles: list[dict[str, Any]], extra: di
             "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
             "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            # each DAG file parsed once: no test edits one while the services run, and parsing every
+            # file again every 30 s (the default) costs the other tests' CPU
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
             "AIRFLOW__API_AUTH__JWT_SECRET": "batchinfer-tests-only",

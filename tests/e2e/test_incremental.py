@@ -387,7 +387,10 @@ def test_the_operator_refuses_reuse_where_it_cannot_work(output_spec, input_spec
 
 # --- the scenario on Ray --------------------------------------------------------------------------------
 
-ROWS = 20_000
+ROWS = 8_000
+CHANGED = ROWS // 20  # every 20th text changed on day 2 (product_texts)
+SCORED = CHANGED + 200  # the changed texts and 200 new rows
+REUSED = ROWS - 300 - CHANGED  # the rest of day 2's rows: 300 were deleted
 
 
 def _read(manifest: dict) -> pa.Table:
@@ -398,7 +401,7 @@ def _read(manifest: dict) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory, ray_cluster, airflow_db):
-    """Runs on one base location: A (20k rows, nothing to reuse), B (5% changed, 300 deleted, 200
+    """Runs on one base location: A (8k rows, nothing to reuse), B (5% changed, 300 deleted, 200
     added), FULL (B's input, reuse off, elsewhere), V2 (a new model version), DAMAGED (A and B's key files damaged; new params are
     checked without Ray: they change the context the same way). Returns {name: (xcom, manifest dict, rows scored by the model)}."""
     from airflow_provider_batchinfer import BatchInferenceOperator
@@ -414,7 +417,7 @@ def scenario(tmp_path_factory, ray_cluster, airflow_db):
         registry.log_model("products", "v1", "python", python_class=TextFingerprint, signature=SIGNATURE)
         registry.log_model("products", "v2", "python", python_class=TextFingerprintV2, signature=SIGNATURE)
         day1 = product_texts(ROWS)
-        day2 = product_texts(ROWS, changed_every=20)  # 1,000 new texts
+        day2 = product_texts(ROWS, changed_every=20)  # CHANGED new texts
         for i in range(1, 6000, 20):  # 300 rows deleted
             del day2[i]
         for i in range(ROWS, ROWS + 200):  # 200 new rows
@@ -475,11 +478,11 @@ def test_the_second_run_copies_unchanged_rows_and_equals_a_full_rescore(scenario
     xcom, manifest, scored_by_model = scenario["B"]
     reuse = manifest["reuse"]
     assert manifest["counts"]["input_rows"] == ROWS - 300 + 200
-    # 1,000 changed texts + 200 new rows go to the model; the other 18,700 are copied from run A
-    assert (reuse["scored_rows"], reuse["reused_rows"]) == (1_200, 18_700)
-    assert scored_by_model == 1_200  # counted by the model itself
+    # the changed texts and the new rows go to the model; the others are copied from run A
+    assert (reuse["scored_rows"], reuse["reused_rows"]) == (SCORED, REUSED)
+    assert scored_by_model == SCORED  # counted by the model itself
     assert reuse["source_run"] == scenario["A"][0]["output_location"] == xcom["reused_from"]
-    assert (xcom["reused_rows"], xcom["scored_rows"]) == (18_700, 1_200)
+    assert (xcom["reused_rows"], xcom["scored_rows"]) == (REUSED, SCORED)
     incremental, full = _read(manifest), _read(scenario["FULL"][1])
     assert incremental.schema == full.schema and incremental.equals(full)
     assert scenario["FULL"][1].get("reuse") is None and "reused_rows" not in scenario["FULL"][0]

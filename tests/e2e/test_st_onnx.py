@@ -180,6 +180,7 @@ def _run(spec: str, cache: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.usefixtures("ray_cluster")  # on the pool: the export is read by a Ray worker
 def test_a_job_runs_on_the_cached_int8_export_and_a_stricter_one_is_refused(minilm, tmp_path):
     registry, version, cache = minilm["registry"], minilm["version"], minilm["cache"]
     run_dir, job = ticket_job(tmp_path, registry, version, "int8", 120, backend="onnx_int8", max_batch_rows=32)
