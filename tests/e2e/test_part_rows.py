@@ -5,7 +5,6 @@ job idled ~20 s after its first part."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,7 +14,7 @@ import pyarrow.parquet as pq
 
 from airflow_provider_batchinfer.runtime.resources import IO_TASK_CPU
 
-# Runs in its own process: a local Ray of 2 CPUs, the job's shape (a 2-CPU placement group that Ray
+# Runs in its own process on the session's 2-CPU cluster, in the job's shape (a 2-CPU placement group that Ray
 # Data budgets with, a filter and reads at the io share, one 1-CPU replica), rows_per_part=40.
 _PIPELINE = textwrap.dedent(
     """
@@ -26,8 +25,7 @@ _PIPELINE = textwrap.dedent(
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts, repartition_remote_args
 
-    # its own local Ray, whatever RAY_ADDRESS the suite's cluster fixture left in the environment
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address=sys.argv[3], log_to_driver=False, logging_level="ERROR")
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     group = placement_group([{"CPU": 2}])
@@ -62,18 +60,17 @@ _PIPELINE = textwrap.dedent(
 )
 
 
-def test_the_repartition_asks_for_the_io_share_and_fuses_with_the_filter_before_it(tmp_path):
+def test_the_repartition_asks_for_the_io_share_and_fuses_with_the_filter_before_it(ray_cluster, tmp_path):
     inputs = tmp_path / "in"
     inputs.mkdir()
     for i in range(3):  # 100 rows a file: every file is cut into 40 + 40 + 20
         ids = list(range(i * 100, i * 100 + 100))
         pq.write_table(pa.table({"id": ids, "text": [f"t{n}" for n in ids]}), inputs / f"f{i}.parquet")
     done = subprocess.run(
-        [sys.executable, "-c", _PIPELINE, str(inputs), str(IO_TASK_CPU)],
+        [sys.executable, "-c", _PIPELINE, str(inputs), str(IO_TASK_CPU), ray_cluster["address"]],
         capture_output=True,
         text=True,
         timeout=240,
-        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
