@@ -326,17 +326,14 @@ def tickets(tmp_path):
     return write_tickets(tmp_path / "input", rows=500, files=4), 500
 
 
-_BAGS: dict = {}  # folder -> its DagBag
-
-
 def run_dag(dag_id: str, **conf):
     """Run a DAG from the test bundles with ``dag.test()`` and return (state, {task_id: state})."""
     from airflow.dag_processing.dagbag import DagBag
 
     folder = REPO / "tests" / "dags" if dag_id.startswith("bi_test_") else REPO / "example_dags"
-    bag = _BAGS.get(folder)
-    if bag is None:  # parsed once per session: the DAG files do not change while the tests run
-        bag = _BAGS[folder] = DagBag(dag_folder=str(folder))
+    # parsed for each run: dag.test() leaves a run's conf in the DAG object's params, which a cached
+    # DAG would hand the next run of that DAG
+    bag = DagBag(dag_folder=str(folder))
     assert not bag.import_errors, bag.import_errors
     dag = bag.get_dag(dag_id)
     dr = dag.test(run_conf=conf or None)
