@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 
 class TextLength:
@@ -169,3 +170,25 @@ def committed_manifest(location: str) -> dict | None:
 
     manifest = read_valid_manifest(location)
     return None if manifest is None else manifest.to_dict()
+
+
+def model_job(tmp_path: Path, registry, mv) -> Any:
+    """A minimal job file for model version ``mv`` of ``registry``, with ``<tmp_path>/run`` created."""
+    from airflow_provider_batchinfer.contract import JobFile, ModelRef, RunOwner
+    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+
+    (tmp_path / "run").mkdir(exist_ok=True)
+    return JobFile(
+        job_id="j",
+        attempt="t01abc",
+        launcher="local",
+        run_dir=str(tmp_path / "run"),
+        input_locations=(str(tmp_path / "in"),),
+        input_spec=InputSpec(),
+        job_spec=JobSpec(),
+        model=ModelRef(
+            name=mv.name, version=mv.version, flavor=mv.flavor, sha256=mv.sha256, uri=mv.uri, signature=mv.signature
+        ),
+        registry_root=str(registry.root),
+        airflow=RunOwner(dag_id="d", task_id="t", run_id="r", try_number=1, map_index=-1),
+    )

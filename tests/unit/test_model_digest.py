@@ -24,7 +24,7 @@ from airflow_provider_batchinfer.registry import (
     tree_digest,
     verify_local_copy,
 )
-from tests.models import TextLength
+from tests.models import TextLength, model_job
 
 SIG = {"inputs": {"text": "string"}, "outputs": {"length": "int64"}}
 MODELS_PY = Path(__file__).resolve().parents[1] / "models.py"
@@ -51,27 +51,6 @@ def _reseal(manifest: dict, root: Path) -> None:
         manifest["sha256"] = tree_digest(manifest["files"])
 
 
-def _job(tmp_path: Path, registry, mv: ModelVersion):
-    from airflow_provider_batchinfer.contract import JobFile, ModelRef, RunOwner
-    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
-
-    (tmp_path / "run").mkdir(exist_ok=True)
-    return JobFile(
-        job_id="j",
-        attempt="t01abc",
-        launcher="local",
-        run_dir=str(tmp_path / "run"),
-        input_locations=(str(tmp_path / "in"),),
-        input_spec=InputSpec(),
-        job_spec=JobSpec(),
-        model=ModelRef(
-            name=mv.name, version=mv.version, flavor=mv.flavor, sha256=mv.sha256, uri=mv.uri, signature=mv.signature
-        ),
-        registry_root=str(registry.root),
-        airflow=RunOwner(dag_id="d", task_id="t", run_id="r", try_number=1, map_index=-1),
-    )
-
-
 # --- MODEL.json alone, edited -----------------------------------------------------------------------
 
 EDITS = {
@@ -91,7 +70,7 @@ def test_editing_only_model_json_is_refused_on_resolve_and_in_the_runtime_naming
     from airflow_provider_batchinfer.runtime.driver import check_before_ray
 
     mv = text_length_model
-    job = _job(tmp_path, registry, mv)  # pinned before the edit, as the operator's job file is
+    job = model_job(tmp_path, registry, mv)  # pinned before the edit, as the operator's job file is
     manifest = _manifest(mv)
     EDITS[field](manifest)
     _write(mv, manifest)

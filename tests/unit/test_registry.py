@@ -11,7 +11,7 @@ from airflow_provider_batchinfer.registry import (
     TamperedModelError,
     verify_local_copy,
 )
-from tests.models import TextLength, tiny_mlp
+from tests.models import TextLength, model_job, tiny_mlp
 
 
 def test_log_and_resolve_a_torchscript_model(registry):
@@ -88,8 +88,7 @@ def test_a_signature_keeps_the_feature_order_the_model_was_fitted_in(registry, t
     """A torchscript model stacks its inputs in signature order: f10 must stay after f9, in the
     registry's MODEL.json and through the job file the runtime reads (both were once written with
     sorted keys, which put f10 before f2 and silently fed the model the wrong columns)."""
-    from airflow_provider_batchinfer.contract import JobFile, ModelRef, RunOwner
-    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+    from airflow_provider_batchinfer.contract import JobFile
 
     features = [f"f{i}" for i in range(12)]
     mv = registry.log_model(
@@ -101,18 +100,5 @@ def test_a_signature_keeps_the_feature_order_the_model_was_fitted_in(registry, t
     )
     assert list(registry.read_manifest("mlp12", "v1")["signature"]["inputs"]) == features
     assert list(registry.get("mlp12", "v1").signature["inputs"]) == features
-    job = JobFile(
-        job_id="j",
-        attempt="t01abc",
-        launcher="local",
-        run_dir=str(tmp_path / "run"),
-        input_locations=(str(tmp_path / "in"),),
-        input_spec=InputSpec(),
-        job_spec=JobSpec(),
-        model=ModelRef(
-            name=mv.name, version=mv.version, flavor=mv.flavor, sha256=mv.sha256, uri=mv.uri, signature=mv.signature
-        ),
-        registry_root=str(registry.root),
-        airflow=RunOwner(dag_id="d", task_id="t", run_id="r", try_number=1, map_index=-1),
-    )
+    job = model_job(tmp_path, registry, mv)
     assert list(JobFile.from_json(job.to_json()).model.signature["inputs"]) == features
