@@ -39,12 +39,14 @@ def list_input_files(locations: list[str], storage_options: dict[str, Any] | Non
     return files
 
 
-def inspect_input(files: list[str], storage_options: dict[str, Any] | None) -> tuple[int, Any]:
-    """(total rows, schema) from the Parquet footers only: counting never reads the data."""
+def inspect_input(files: list[str], storage_options: dict[str, Any] | None) -> tuple[int, Any, list[list[int]]]:
+    """(total rows, schema, each file's rows per row group) from the Parquet footers only: counting
+    never reads the data, and the row groups plan the job's reads (``runtime/parquet_read.py``)."""
     import pyarrow.parquet as pq
 
     total = 0
     schema = None
+    file_groups: list[list[int]] = []
     for location in files:
         stage = Stage.open(location, storage_options)
         try:
@@ -54,6 +56,7 @@ def inspect_input(files: list[str], storage_options: dict[str, Any] | None) -> t
         except Exception as exc:  # pyarrow raises ArrowInvalid / OSError with terse messages
             raise InputError(f"input file {location} is not a readable Parquet file: {exc}") from exc
         total += meta.num_rows
+        file_groups.append([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
         if schema is None:
             schema = file_schema
         elif not file_schema.equals(schema, check_metadata=False):
@@ -64,4 +67,4 @@ def inspect_input(files: list[str], storage_options: dict[str, Any] | None) -> t
             f"input {', '.join(files[:3])}{' …' if len(files) > 3 else ''} holds 0 rows; nothing to "
             "score. Check data_prep's output (a run that legitimately has no rows should skip this task)"
         )
-    return total, schema
+    return total, schema, file_groups

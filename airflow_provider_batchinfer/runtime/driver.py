@@ -2,7 +2,7 @@
 Ray Data pipeline, and commit the run directory. The order is the commit protocol:
 
 1. check the job file, the model (hashes) and the input (files, columns, types) before Ray starts;
-2. ``read_parquet`` -> ``map_batches(actor pool)`` -> Parquet parts named after this attempt, each
+2. read the input (``parquet_read.py``) -> ``map_batches(actor pool)`` -> Parquet parts named after this attempt, each
    with the sha256 of its bytes computed while it was written;
 3. reconcile counts (input rows == output + dead-lettered rows), then commit through the storage
    layer: re-read ``_job.json`` to make sure this attempt still owns the run directory (a zombie
@@ -27,8 +27,7 @@ from airflow_provider_batchinfer.runtime.attach import init_ray
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
 from airflow_provider_batchinfer.runtime.flavors import call_rows, flavor, transfer_rows
-from airflow_provider_batchinfer.runtime.io import make_datasink, read_input, replicas_per_node, row_bytes
-from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts
+from airflow_provider_batchinfer.runtime.io import make_datasink, replicas_per_node, row_bytes
 from airflow_provider_batchinfer.runtime.plan import (
     ActorPool,
     ColumnPlan,
@@ -38,14 +37,16 @@ from airflow_provider_batchinfer.runtime.plan import (
     size_actor_pool,
     with_id_column,
 )
+from airflow_provider_batchinfer.runtime.pool_dataset import build_dataset
 from airflow_provider_batchinfer.runtime.progress import ProgressLog
 from airflow_provider_batchinfer.runtime.replica import replica_init_error
 from airflow_provider_batchinfer.runtime.resume import KeptParts, resume_state
 from airflow_provider_batchinfer.runtime.reuse_source import ReusePlan, plan_reuse
+from airflow_provider_batchinfer.runtime.usage_board import job_counter
 from airflow_provider_batchinfer.stage import Stage
 
 if TYPE_CHECKING:
-    from ray.data import Dataset
+    pass
 
 log = logging.getLogger("batchinfer.runtime")
 
@@ -59,10 +60,12 @@ class CheckedJob:
     storage: dict[str, Any] | None
     registry: ModelRegistry
     files: list[str]
+    file_groups: list[list[int]]  # each input file's rows per row group, from its footer
     input_rows: int
     plan: ColumnPlan
     kept: KeptParts
     batch_rows: int  # rows per batch handed to a replica
+    row_bytes: float  # uncompressed bytes per row of the columns read
     engine: str | None
     # the most rows of one model call (flavors.call_rows): JobSpec.max_batch_rows, or the kind's own
     call_rows: int
@@ -124,7 +127,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     registry = ModelRegistry(job.registry_root, storage)
     _check_model(job, registry)
     files = list_input_files(list(job.input_locations), storage)
-    input_rows, schema = inspect_input(files, storage)
+    input_rows, schema, file_groups = inspect_input(files, storage)
     signature = dict(model.signature or {})
     plan = with_id_column(plan_columns(schema, signature, input_spec, files[0]), input_spec.id_column)
     if flavor(model.flavor).allows_missing:  # trees take null/NaN as missing values
@@ -162,10 +165,12 @@ def check_before_ray(job: JobFile) -> CheckedJob:
         storage=storage,
         registry=registry,
         files=files,
+        file_groups=file_groups,
         input_rows=input_rows,
         plan=plan,
         kept=kept,
         batch_rows=batch_rows,
+        row_bytes=read_bytes,
         engine=engine,
         call_rows=rows_per_call,
         reuse=reuse_plan,
@@ -202,83 +207,6 @@ def log_placements(placements: list[dict[str, Any]]) -> None:
         print(f"[batchinfer] replicas ran: {where}", flush=True)
 
 
-def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset:
-    """``read_parquet`` -> (RESUME: drop finished rows) -> (``rows_per_part``) -> the model. Reads,
-    filters and writes ask for ``pool["io_cpus"]`` each: they run beside the replicas in the job's
-    reservation (``resources.py``)."""
-    import ray.data
-
-    job, spec, plan, storage = checked.job, checked.job.job_spec, checked.plan, checked.storage
-    input_spec, model = job.input_spec, job.model
-    io = {"num_cpus": pool["io_cpus"]}
-    filesystem = Stage.open(checked.files[0], storage).fs if storage else None
-    # no more read workers than the replicas can keep up with, footer readers sized to the files
-    ds = read_input(checked.files, plan["read"], filesystem, io, concurrency=io_tasks(pool))
-    if len(checked.kept["ids"]):
-        from airflow_provider_batchinfer.runtime.resume import drop_done
-
-        ds = ds.map_batches(
-            drop_done,
-            fn_kwargs={"id_column": input_spec.id_column, "done": checked.kept["ids"]},
-            batch_size=None,
-            batch_format="pyarrow",
-            **io,
-        )
-    ds = reuse.with_keys(ds, checked.reuse, storage, io)  # row keys + where an earlier run has them
-    if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
-        ds = cut_into_parts(ds, spec.rows_per_part, io)  # at the io share, not Ray's 1 CPU (part_rows.py)
-    if checked.engine == "vllm":  # ray.data.llm runs its own stages and engine actors
-        print(
-            f"[batchinfer] engine: vLLM via ray.data.llm, {spec.replicas} engine replica(s) x "
-            f"{llm.gpus_per_replica(spec)} GPU(s)",
-            flush=True,
-        )
-        return llm.build_pipeline(
-            ds,
-            llm.model_source(checked.registry, model),
-            dict(model.signature or {}),
-            dict(plan),
-            dict(input_spec.params),
-            spec,
-            counter,
-        )
-    return ds.map_batches(
-        reuse.replica_class(checked.reuse, storage, base=usage.MeteredReplica),  # + reuse, timed
-        fn_constructor_kwargs=replica_kwargs(checked, pool, counter),
-        batch_size=checked.batch_rows,
-        batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(min_size=pool["min_replicas"], max_size=pool["replicas"]),
-        num_cpus=pool["num_cpus"],
-        num_gpus=pool["num_gpus"] or None,
-        memory=pool["memory"],  # JobSpec.memory, or the token that keeps each node to its share
-    )
-
-
-def replica_kwargs(checked: CheckedJob, pool: ActorPool, counter: Any) -> dict[str, Any]:
-    """The replica's constructor arguments, the same for the actor pool and the driver (``in_driver``)."""
-    job, spec, plan = checked.job, checked.job.job_spec, checked.plan
-    return {
-        "model_uri": job.model.uri,
-        "sha256": job.model.sha256,
-        "plan": plan,
-        "params": job.input_spec.params,
-        "device": pool["device"],
-        "threads": pool["threads"],
-        "counter": counter,
-        "max_rows": checked.call_rows,
-        "policy": {
-            "on_error": spec.on_error,
-            "keep_columns": plan["passthrough"],
-            "id_column": job.input_spec.id_column,
-            "max_value_bytes": spec.max_value_bytes,
-        },
-        "storage_options": checked.storage,  # no credentials: the workers get those from worker_env()
-        "num_gpus": pool["num_gpus"],
-        "backend": spec.backend,  # ONNX Runtime (flavors/optimized_text.py, optimized_torchscript.py)
-        "min_cosine": spec.backend_min_cosine,
-    }
-
-
 @dataclass(frozen=True)
 class _Streamed:
     sink: Any
@@ -290,9 +218,16 @@ class _Streamed:
 
 def stream(checked: CheckedJob, pool: ActorPool) -> _Streamed:
     """Stream the input through the model into parts, logging progress; where the replicas ran."""
+    counter = job_counter(checked.job.job_id)  # progress, latencies, tokens: the job's entry on the cluster's board
+    try:
+        return _stream_counted(checked, pool, counter)
+    finally:
+        counter.close()
+
+
+def _stream_counted(checked: CheckedJob, pool: ActorPool, counter: Any) -> _Streamed:
     import ray
 
-    counter = ray.remote(num_cpus=0)(usage.UsageCounter).remote()  # a ProgressCounter + latencies
     progress = ProgressLog(
         lambda: ray.get(counter.get.remote(), timeout=10), checked.todo_rows, checked.job.job_spec.progress_interval_s
     )

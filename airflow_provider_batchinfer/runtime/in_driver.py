@@ -229,7 +229,7 @@ def _stream(
     lets the writer finish the rows scored before it (whole parts that RESUME keeps, as the pool's
     finished write tasks leave theirs) and is raised; a reader's or writer's error stops the rest
     and is raised. ``rows``: the rows per batch read and the replica's ``max_rows`` (see :func:`run`)."""
-    from airflow_provider_batchinfer.runtime.driver import replica_kwargs
+    from airflow_provider_batchinfer.runtime.pool_dataset import replica_kwargs
 
     batch_rows, max_rows = rows
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract import FileEntry, part_name
 from airflow_provider_batchinfer.runtime.errors import split_errors
 from airflow_provider_batchinfer.runtime.io import _PartWriter
+from airflow_provider_batchinfer.runtime.parquet_read import row_group_batches
 from airflow_provider_batchinfer.runtime.tuning import TUNING
-from airflow_provider_batchinfer.stage import Stage
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -110,30 +110,19 @@ class Worker(threading.Thread):
 
 def read_batches(checked: CheckedJob, out: Pipe, rows: int) -> None:
     """Every input file's columns of the plan in batches of at most ``rows`` rows, tagged
-    with the file's number; RESUME's finished rows are dropped here, as the pool drops them after its
-    read. One row group at a time: over a whole file pyarrow pre-buffers every row group's column
-    chunks at once (a 250k-row, 97 MB file was held whole), per row group it coalesces that group's
-    reads (what S3 needs) and holds only them."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    with the file's number, read as the pool's read tasks read them (``parquet_read.py``); RESUME's
+    finished rows are dropped here, as the pool drops them after its read."""
     from airflow_provider_batchinfer.runtime.resume import drop_done
 
     id_column, done = checked.job.input_spec.id_column, checked.kept["ids"]
     try:
         for index, location in enumerate(checked.files):
-            stage = Stage.open(location, checked.storage)
-            with stage._io("read"), stage.fs.open_input_file(stage.path) as source:
-                reader = pq.ParquetFile(source)
-                for group in range(reader.num_row_groups):
-                    for batch in reader.iter_batches(
-                        batch_size=rows, row_groups=[group], columns=checked.plan["read"], use_threads=False
-                    ):
-                        table = pa.Table.from_batches([batch])
-                        if len(done) and id_column:
-                            table = drop_done(table, id_column, done)
-                        if table.num_rows:
-                            out.put((index, table))
+            groups = range(len(checked.file_groups[index]))
+            for table in row_group_batches(location, checked.storage, checked.plan["read"], groups, rows):
+                if len(done) and id_column:
+                    table = drop_done(table, id_column, done)
+                if table.num_rows:
+                    out.put((index, table))
         out.close()
     except Aborted:
         return

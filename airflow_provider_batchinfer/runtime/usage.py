@@ -2,8 +2,9 @@
 
 Three pieces, each hooked into the driver with a line or two:
 
-- :class:`UsageCounter`: the job's progress actor (``io.ProgressCounter``) that also keeps each
-  batch's model latency and, for text generation, the prompt and completion tokens;
+- :class:`UsageCounter`: the job's progress counter (``io.ProgressCounter``, an entry on the
+  cluster's ``usage_board.UsageBoard``) that also keeps each batch's model latency and, for text
+  generation, the prompt and completion tokens;
 - :class:`MeteredReplica`: the model replica, timing each batch and reporting it to the counter;
 - :class:`Meter`: a context manager around the pipeline's write that measures how long the job's
   reservation was held, and the budget of ``JobSpec.max_cost`` and ``max_output_tokens_total``.

@@ -141,6 +141,7 @@ def test_the_driver_reads_one_row_group_at_a_time_in_batches_of_at_most_16384_ro
     pq.write_table(pa.table({"ticket_id": ids, "x": ids * 2.0, "unread": ids}), path, row_group_size=20_000)
     checked = SimpleNamespace(
         files=[str(path)],
+        file_groups=[[20_000] * 3],
         storage=None,
         batch_rows=65_536,
         plan={"read": ["ticket_id", "x"]},
@@ -301,14 +302,14 @@ def test_a_failing_read_or_write_fails_the_job_with_its_own_error_and_commits_no
     data = write_tickets(tmp_path / "in", rows=2000, files=2)
     run_dir, spec = in_driver_job(data, max_batch_rows=10)
     if side == "read":
-        real = in_driver_io.Stage.open
+        real = in_driver_io.row_group_batches  # the reader thread's read, after the checks read the footers
 
-        def open_stage(location, *args, **kwargs):
+        def read_row_groups(location, *args, **kwargs):
             if str(location).endswith("tickets-01.parquet"):
                 raise OSError(f"disk gone while reading {location}")
             return real(location, *args, **kwargs)
 
-        monkeypatch.setattr(in_driver_io.Stage, "open", open_stage)
+        monkeypatch.setattr(in_driver_io, "row_group_batches", read_row_groups)
     else:
         real_write = in_driver_io.PartRoller._write_rows
 

@@ -84,7 +84,8 @@ def _replica_calls(tmp_path, registry, model, monkeypatch, job_spec: JobSpec) ->
     arguments used on one batch of ``ROWS`` rows on CPU."""
     import torch
 
-    from airflow_provider_batchinfer.runtime.driver import check_before_ray, replica_kwargs
+    from airflow_provider_batchinfer.runtime.driver import check_before_ray
+    from airflow_provider_batchinfer.runtime.pool_dataset import replica_kwargs
     from airflow_provider_batchinfer.runtime.replica import ModelReplica
     from tests.models import job_file
 

@@ -1,0 +1,101 @@
+"""The actor pool's Ray Data pipeline: the input read where the work runs, RESUME's filter, incremental
+reuse, part boundaries, then the model replicas (or vLLM's engines). The driver (``driver.py``) wraps
+it with the provenance columns and writes it through the parts datasink (``io.py``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_batchinfer.runtime import llm, reuse, usage
+from airflow_provider_batchinfer.runtime.parquet_read import input_files_datasource, read_tasks
+from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts
+from airflow_provider_batchinfer.runtime.plan import ActorPool, io_tasks
+
+if TYPE_CHECKING:
+    from ray.data import Dataset
+
+    from airflow_provider_batchinfer.runtime.driver import CheckedJob
+
+
+def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset:
+    """Read the input (``parquet_read.py``) -> (RESUME: drop finished rows) -> (``rows_per_part``) -> the model. Reads,
+    filters and writes ask for ``pool["io_cpus"]`` each: they run beside the replicas in the job's
+    reservation (``resources.py``)."""
+    import ray.data
+
+    job, spec, plan, storage = checked.job, checked.job.job_spec, checked.plan, checked.storage
+    input_spec, model = job.input_spec, job.model
+    io = {"num_cpus": pool["io_cpus"]}
+    source = input_files_datasource(
+        checked.files, checked.file_groups, plan["read"], storage, checked.batch_rows, checked.row_bytes
+    )
+    # no more read workers than the replicas can keep up with
+    ds = ray.data.read_datasource(
+        source,
+        override_num_blocks=read_tasks(checked.file_groups, checked.row_bytes),
+        ray_remote_args=io,
+        concurrency=io_tasks(pool),
+    )
+    if len(checked.kept["ids"]):
+        from airflow_provider_batchinfer.runtime.resume import drop_done
+
+        ds = ds.map_batches(
+            drop_done,
+            fn_kwargs={"id_column": input_spec.id_column, "done": checked.kept["ids"]},
+            batch_size=None,
+            batch_format="pyarrow",
+            **io,
+        )
+    ds = reuse.with_keys(ds, checked.reuse, storage, io)  # row keys + where an earlier run has them
+    if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
+        ds = cut_into_parts(ds, spec.rows_per_part, io)  # at the io share, not Ray's 1 CPU (part_rows.py)
+    if checked.engine == "vllm":  # ray.data.llm runs its own stages and engine actors
+        print(
+            f"[batchinfer] engine: vLLM via ray.data.llm, {spec.replicas} engine replica(s) x "
+            f"{llm.gpus_per_replica(spec)} GPU(s)",
+            flush=True,
+        )
+        return llm.build_pipeline(
+            ds,
+            llm.model_source(checked.registry, model),
+            dict(model.signature or {}),
+            dict(plan),
+            dict(input_spec.params),
+            spec,
+            counter,
+        )
+    return ds.map_batches(
+        reuse.replica_class(checked.reuse, storage, base=usage.MeteredReplica),  # + reuse, timed
+        fn_constructor_kwargs=replica_kwargs(checked, pool, counter),
+        batch_size=checked.batch_rows,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(min_size=pool["min_replicas"], max_size=pool["replicas"]),
+        num_cpus=pool["num_cpus"],
+        num_gpus=pool["num_gpus"] or None,
+        memory=pool["memory"],  # JobSpec.memory, or the token that keeps each node to its share
+    )
+
+
+def replica_kwargs(checked: CheckedJob, pool: ActorPool, counter: Any) -> dict[str, Any]:
+    """The replica's constructor arguments, the same for the actor pool and the driver (``in_driver``)."""
+    job, spec, plan = checked.job, checked.job.job_spec, checked.plan
+    return {
+        "model_uri": job.model.uri,
+        "sha256": job.model.sha256,
+        "plan": plan,
+        "params": job.input_spec.params,
+        "device": pool["device"],
+        "threads": pool["threads"],
+        "counter": counter,
+        "max_rows": checked.call_rows,
+        "policy": {
+            "on_error": spec.on_error,
+            "keep_columns": plan["passthrough"],
+            "id_column": job.input_spec.id_column,
+            "max_value_bytes": spec.max_value_bytes,
+        },
+        "storage_options": checked.storage,  # no credentials: the workers get those from worker_env()
+        "num_gpus": pool["num_gpus"],
+        "backend": spec.backend,  # ONNX Runtime (flavors/optimized_text.py, optimized_torchscript.py)
+        "min_cosine": spec.backend_min_cosine,
+    }
