@@ -14,17 +14,21 @@ CONSTRAINTS ?= constraints/constraints-3.11.txt
 EXTRAS := examples,openlineage
 # pip >= 25.1 installs PEP 735 dependency groups (--group)
 PIP_MIN := pip>=25.1
+# pip --no-compile: byte-compiling every installed file is most of pip's CPU; imports compile and cache what
+# they use, which needs bytecode writing on (an inherited PYTHONDONTWRITEBYTECODE=1 recompiles in every process)
+NO_COMPILE := --no-compile
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-unit test-fast lint smoke-lowest constraints bench bench-quick bench-gpu screenshot clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade "$(PIP_MIN)"
-	$(PIP) install -q -c $(CONSTRAINTS) "$(TORCH)" -e ".[$(EXTRAS)]" --group test --group lint
+	$(PIP) install -q $(NO_COMPILE) --upgrade "$(PIP_MIN)"
+	$(PIP) install -q $(NO_COMPILE) -c $(CONSTRAINTS) "$(TORCH)" -e ".[$(EXTRAS)]" --group test --group lint
 	touch $@
 
 $(VENV)/.installed-bench: $(VENV)/.installed
-	$(PIP) install -q -c $(CONSTRAINTS) "$(TORCH)" -e ".[$(EXTRAS)]" --group bench
+	$(PIP) install -q $(NO_COMPILE) -c $(CONSTRAINTS) "$(TORCH)" -e ".[$(EXTRAS)]" --group bench
 	touch $@
 
 demo: $(VENV)/.installed

@@ -10,8 +10,11 @@ cd "$(dirname "$0")/.."
 REPO=$PWD
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 VENV=${LOWEST_VENV:-.venv-lowest}
+[[ $VENV = /* ]] || VENV=$REPO/$VENV
 FLOORS=constraints/lowest-3.11.txt
 start=$(date +%s)
+# installed without .pyc (--no-compile: most of pip's CPU); imports compile what they use and cache it
+unset PYTHONDONTWRITEBYTECODE
 
 # (re)install only when the floors or the package's dependencies changed
 deps=$("$PYTHON" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"])')
@@ -19,13 +22,13 @@ stamp="$VENV/.installed-$( (cat "$FLOORS"; echo "$deps") | sha256sum | cut -c1-1
 if [ ! -e "$stamp" ]; then
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade "pip>=25.1"
+    "$VENV/bin/python" -m pip install -q --no-compile --upgrade "pip>=25.1"
     # every floor pinned; everything else resolves as a user's fresh install would
-    "$VENV/bin/python" -m pip install -q -c "$FLOORS" -e . torch
+    "$VENV/bin/python" -m pip install -q --no-compile -c "$FLOORS" -e . torch
     touch "$stamp"
 fi
 [ "${SMOKE_INSTALL_ONLY:-0}" = 1 ] && { echo "installed $VENV in $(( $(date +%s) - start )) s"; exit 0; }
-PY="$REPO/$VENV/bin/python"
+PY="$VENV/bin/python"
 
 echo "== versions"
 "$PY" - <<'PYEOF'
@@ -74,8 +77,8 @@ echo "== the embedded Ray refuses calls without its token (GCS, Ray Client serve
 "$PY" scripts/embedded_ray_auth_check.py --start "$BATCHINFER_RAY_DIR"
 
 echo "== airflow providers list"
-"$REPO/$VENV/bin/airflow" db migrate > "$home/migrate.log" 2>&1 || { tail -50 "$home/migrate.log"; exit 1; }
-"$REPO/$VENV/bin/airflow" providers list -o plain > "$home/providers.txt"
+"$VENV/bin/airflow" db migrate > "$home/migrate.log" 2>&1 || { tail -50 "$home/migrate.log"; exit 1; }
+"$VENV/bin/airflow" providers list -o plain > "$home/providers.txt"
 grep -E "^airflow-provider-batchinfer\b" "$home/providers.txt" || { cat "$home/providers.txt"; exit 1; }
 
 echo "== example DAG batchinfer_tabular_scoring through dag.test()"
