@@ -8,15 +8,12 @@ re-attaches to it (:meth:`RayJobsLauncher.existing_job`); otherwise :meth:`~RayJ
 stops every job of the task instance still running (an earlier try's, or one computing a changed
 input or model) and a new one is submitted. Ray refuses a submission id it has seen before, even
 for a job that ended, so each submission's id ends with its attempt id
-(:func:`submission_id_for`). KubeRay and managed Ray are just other addresses of the same API.
-Deferrable: :class:`RayJobTrigger` watches it and forwards its log as it grows.
-
-Secrets never become job metadata (``launchers/job_env.py``): the job's ``runtime_env`` holds only
-public settings; its S3 session (derived through STS, never the connection's keys) and the Iceberg
-catalog's secret properties travel in a one-job package (``delivery.py``). Everything the cluster
-says back (driver log lines, statuses, errors) is scrubbed of every secret value this launcher knows.
-
-Imports no Airflow: the trigger and the operator share it.
+(:func:`submission_id_for`). KubeRay and managed Ray are other addresses of the same API.
+Deferrable: :class:`RayJobTrigger` watches it and forwards its log as it grows. Imports no Airflow.
+Secrets never become job metadata (``launchers/job_env.py``): the ``runtime_env`` holds public
+settings only; the S3 session (from STS, never the connection's keys) and the Iceberg catalog's
+secrets travel in a one-job package (``delivery.py``). What the cluster says back (driver log
+lines, statuses, errors) is scrubbed of every secret value this launcher knows.
 """
 
 from __future__ import annotations
