@@ -167,7 +167,7 @@ class AirflowServices:
                 self.api("GET", f"/dags/{dag_id}")
                 return
             except RuntimeError:
-                time.sleep(2)
+                time.sleep(1)
         raise RuntimeError(f"dag {dag_id} was not parsed within {timeout}s; see {self.home / 'dag-processor.log'}")
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
@@ -218,7 +218,49 @@ class AirflowServices:
         return {ti["task_id"]: (ti["state"], ti["try_number"]) for ti in tis}
 
 
-def services_env(home: Path, port: int, bundles: list[dict[str, Any]], extra: dict[str, str]) -> dict[str, str]:
+# A cluster policy, Airflow's own hook (every component imports $AIRFLOW_HOME/config/airflow_local_settings.py):
+# a clock-scheduled DAG without an end_date (the example DAGs) ends at its start_date, so the scheduler
+# has no run of it due. A manual run has no logical date, so no end_date bounds it.
+_NO_CLOCK_RUNS_POLICY = """
+from airflow.sdk import (
+    CronDataIntervalTimetable,
+    CronTriggerTimetable,
+    DeltaDataIntervalTimetable,
+    DeltaTriggerTimetable,
+    MultipleCronTriggerTimetable,
+)
+
+CLOCK = (
+    CronDataIntervalTimetable,
+    CronTriggerTimetable,
+    DeltaDataIntervalTimetable,
+    DeltaTriggerTimetable,
+    MultipleCronTriggerTimetable,
+)
+
+
+def dag_policy(dag):
+    if isinstance(dag.timetable, CLOCK) and dag.end_date is None and dag.start_date is not None:
+        dag.end_date = dag.start_date
+"""
+
+
+def services_env(
+    home: Path,
+    port: int,
+    bundles: list[dict[str, Any]],
+    extra: dict[str, str],
+    *,
+    asset_triggered_runs: bool = False,
+) -> dict[str, str]:
+    """The services' environment: their only runs are those a caller asks for (REST triggers,
+    backfills). With ``asset_triggered_runs`` the scheduler's own scheduling is on, as the runs an
+    asset event triggers need, and ``_NO_CLOCK_RUNS_POLICY`` leaves no clock-scheduled run due; a
+    DAG that a caller backfills carries its own ``end_date``: not before the last date backfilled
+    (a task whose logical date is past it does not run), and before today."""
+    if asset_triggered_runs:
+        (home / "config").mkdir(parents=True, exist_ok=True)
+        (home / "config" / "airflow_local_settings.py").write_text(_NO_CLOCK_RUNS_POLICY)
     env = dict(os.environ)
     env.update(
         {
@@ -231,8 +273,8 @@ def services_env(home: Path, port: int, bundles: list[dict[str, Any]], extra: di
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__PARALLELISM": "2",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            # only the runs a test creates (REST triggers, backfills): no scheduled runs competing for slots
-            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+            # only the runs a test creates: no clock-scheduled runs competing for slots (see above)
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(asset_triggered_runs),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",

@@ -17,10 +17,20 @@ from airflow_provider_batchinfer import (
 )
 
 START = pendulum.datetime(2026, 11, 1, tz="UTC")
+# The daily DAGs end here: the services run the scheduler's own scheduling (asset-triggered runs
+# need it), and a clock-scheduled DAG whose end_date has passed gets no run from it, while a
+# backfill of the dates up to END still runs (a task of a later date would not: it is past the
+# DAG's end). Every date a test backfills is at most END.
+END = pendulum.datetime(2026, 11, 5, tz="UTC")
 
 # a scheduled DAG in ERROR mode: a backfill re-run over committed dates must be refused
 with DAG(
-    "bi_svc_error_daily", schedule="@daily", start_date=START, catchup=False, default_args={"retries": 0}
+    "bi_svc_error_daily",
+    schedule="@daily",
+    start_date=START,
+    end_date=END,
+    catchup=False,
+    default_args={"retries": 0},
 ) as bi_svc_error_daily:
     BatchInferenceOperator(
         task_id="infer",
@@ -56,14 +66,15 @@ with DAG(
         task_id="gate", location=infer.output["output_location"], deferrable=True, poke_interval=2, timeout=300
     )
 
-# a daily DAG on the cluster for the backfill acceptance: up to 4 runs at once, each deferred while
-# its job runs, so all 4 jobs share the session's 2-CPU Ray cluster through the Jobs API
+# a daily DAG on the cluster for the backfill acceptance: up to 3 runs at once, each deferred while
+# its job runs, so all 3 jobs share the session's 2-CPU Ray cluster through the Jobs API
 with DAG(
     "bi_svc_ray_jobs_daily",
     schedule="@daily",
     start_date=START,
+    end_date=END,
     catchup=False,
-    max_active_runs=4,
+    max_active_runs=3,
     default_args={"retries": 0},
 ) as bi_svc_ray_jobs_daily:
     BatchInferenceOperator(

@@ -19,7 +19,9 @@ TIMINGS: dict[str, float] = {}
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, ray_cluster):
-    """Services plus what they need: a stage + registry with two models, an input, connections."""
+    """Services plus what they need: a stage + registry with two models, an input, connections. One
+    set for every scenario: the scheduler's own scheduling is on (the asset pair's publish DAG is
+    triggered by it), and no clock-scheduled run competes with the scenarios (``services_env``)."""
     from airflow_provider_batchinfer.registry import ModelRegistry
 
     root = tmp_path_factory.mktemp("services")
@@ -57,6 +59,7 @@ def world(tmp_path_factory, ray_cluster):
                 {"type": "file", "log_file_path": str(root / "openlineage.jsonl"), "append": True}
             ),
         },
+        asset_triggered_runs=True,
     )
     services = AirflowServices(home, port, env)
     t0 = time.monotonic()
@@ -68,6 +71,8 @@ def world(tmp_path_factory, ray_cluster):
         "bi_svc_ray_jobs",
         "bi_svc_ray_jobs_daily",
         "bi_svc_sensor_wait",
+        "bi_test_asset_producer",
+        "bi_test_asset_publisher",
     ):
         services.wait_for_dag(dag_id)
     TIMINGS["start services and parse DAGs"] = time.monotonic() - t0
@@ -239,15 +244,15 @@ def _reprocess(s, dag_id: str, first: str, last: str, runs: list[str], attempt_o
                 s.api("GET", f"/dags/{dag_id}/dagRuns/{r}")["state"] == "success" for r in runs
             ):
                 break
-            time.sleep(3)
+            time.sleep(1)
         if all(attempt_of(r) for r in runs):
             return
 
 
 # its own waits allow more than the suite's 600 s default (421 s seen on a loaded fresh clone)
 @pytest.mark.timeout(1200)
-def test_backfill_four_dates_at_once_then_reprocess_them_with_overwrite(world):
-    """4 logical dates with max_active_runs=4, each run deferred while its job runs on the one 2-CPU
+def test_backfill_three_dates_at_once_then_reprocess_them_with_overwrite(world):
+    """3 logical dates with max_active_runs=3, each run deferred while its job runs on the one 2-CPU
     cluster through the Jobs API: every run commits exactly once (one _SUCCESS, one attempt, all
     rows). Then a reprocess backfill of the same dates: the same run ids run again and OVERWRITE
     replaces each run directory with exactly the new attempt's parts."""
@@ -255,8 +260,8 @@ def test_backfill_four_dates_at_once_then_reprocess_them_with_overwrite(world):
     dag_id = "bi_svc_ray_jobs_daily"
     base = world["stage"] / "svc" / "ray_jobs_daily"
     try:
-        runs, TIMINGS["ray_jobs backfill, 4 dates, max_active_runs=4"] = _backfill(
-            s, dag_id, "2026-11-01", "2026-11-04", 4, set()
+        runs, TIMINGS["ray_jobs backfill, 3 dates, max_active_runs=3"] = _backfill(
+            s, dag_id, "2026-11-01", "2026-11-03", 3, set()
         )
     finally:  # jobs that stalled must not hold the cluster for the scenarios after this one
         _stop_running_jobs(world, dag_id)
@@ -282,7 +287,7 @@ def test_backfill_four_dates_at_once_then_reprocess_them_with_overwrite(world):
 
     t0 = time.monotonic()
     try:
-        _reprocess(s, dag_id, "2026-11-01", "2026-11-04", runs, replaced)
+        _reprocess(s, dag_id, "2026-11-01", "2026-11-03", runs, replaced)
     finally:
         _stop_running_jobs(world, dag_id)
     for run_id in runs:
@@ -316,7 +321,7 @@ def test_backfill_reprocess_is_refused_in_error_mode(world):
     s.create_backfill(dag_id, "2026-11-05", "2026-11-05")
     deadline = time.monotonic() + 60
     while not s.runs(dag_id) and time.monotonic() < deadline:
-        time.sleep(2)
+        time.sleep(1)
     (run,) = s.runs(dag_id)
     assert s.wait_for_run(dag_id, run["dag_run_id"]) == "success"
     run_dir = world["stage"] / "svc" / "error_daily" / sanitize_run_key(run["dag_run_id"])
@@ -335,7 +340,7 @@ def test_backfill_reprocess_is_refused_in_error_mode(world):
                 break
             if state == "success" and tries == first_try and _backfills_closed(s, dag_id):
                 break
-            time.sleep(2)
+            time.sleep(1)
         if state == "failed":
             break
     assert s.task_states(dag_id, run["dag_run_id"])["infer"][0] == "failed"
@@ -406,54 +411,11 @@ def test_deferred_inference_and_sensor_are_resumed_by_the_triggerer(world, tmp_p
     TIMINGS["deferred inference + sensor via triggerer"] = time.monotonic() - t0
 
 
-# --- 16.3: a publish DAG scheduled on the inference DAG's asset, through the real scheduler ----------
-@pytest.fixture(scope="module")
-def asset_services(tmp_path_factory, ray_cluster):
-    """Services for the asset pair alone (``tests/dags/assets/``): asset-triggered runs are created by
-    the scheduler only with ``use_job_schedule`` on, which the services above turn off so that no
-    clock-scheduled run competes with their scenarios; this bundle holds no clock-scheduled DAG."""
-    from airflow_provider_batchinfer.registry import ModelRegistry
-    from tests.conftest import REPO
-
-    root = tmp_path_factory.mktemp("asset-services")
-    home, bi_home = root / "airflow", root / "batchinfer"
-    home.mkdir()
-    sig = {"inputs": {"text": "string"}, "outputs": {"length": "int64"}}
-    ModelRegistry(str(bi_home / "registry")).log_model(
-        "text_length", "v1", "python", python_class=TextLength, signature=sig
-    )
-    bundles = [
-        {
-            "name": "asset_dags",
-            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(REPO / "tests" / "dags" / "assets"), "refresh_interval": 0},
-        }
-    ]
-    port = _free_port()
-    env = services_env(
-        home, port, bundles, {"BATCHINFER_HOME": str(bi_home), "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "True"}
-    )
-    services = AirflowServices(home, port, env)
-    t0 = time.monotonic()
-    services.start()
-    try:
-        for dag_id in ("bi_test_asset_producer", "bi_test_asset_publisher"):
-            services.wait_for_dag(dag_id)
-        TIMINGS["asset services: start and parse"] = time.monotonic() - t0
-        yield {"services": services, "root": root, "stage": bi_home / "stage"}
-    finally:
-        t0 = time.monotonic()
-        services.stop()
-        print(f"\nasset services stopped in {time.monotonic() - t0:.1f}s")
-        if services.restarts:
-            print("components started again:", "; ".join(services.restarts))
-
-
-def test_a_publish_dag_runs_on_the_inference_dags_asset(asset_services, tmp_path):
+def test_a_publish_dag_runs_on_the_inference_dags_asset(world, tmp_path):
     """The inference DAG commits; its Asset event triggers the publish DAG, which finds the run
     directory in its triggering event (it is never told the upstream run id) and publishes exactly
     the committed rows."""
-    s = asset_services["services"]
+    s = world["services"]
     t0 = time.monotonic()
     inputs = write_tickets(tmp_path / "in", rows=400, files=2)
     run_id = s.trigger("bi_test_asset_producer", {"input": str(inputs)})
@@ -469,10 +431,10 @@ def test_a_publish_dag_runs_on_the_inference_dags_asset(asset_services, tmp_path
     assert s.wait_for_run("bi_test_asset_publisher", publish["dag_run_id"]) == "success", s.task_states(
         "bi_test_asset_publisher", publish["dag_run_id"]
     )
-    run_dir = asset_services["stage"] / "svc" / "assets" / sanitize_run_key(run_id)
+    run_dir = world["stage"] / "svc" / "assets" / sanitize_run_key(run_id)
     manifest = committed_manifest(str(run_dir))
     committed = pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]])
-    published = pq.read_table(asset_services["stage"] / "svc" / "published" / f"{sanitize_run_key(run_id)}.parquet")
+    published = pq.read_table(world["stage"] / "svc" / "published" / f"{sanitize_run_key(run_id)}.parquet")
     assert committed.num_rows == 400 and published.sort_by("ticket_id").equals(committed.sort_by("ticket_id"))
     # the event that triggered the publish run, as the REST API (and the UI) shows it
     (event,) = s.api("GET", f"/dags/bi_test_asset_publisher/dagRuns/{publish['dag_run_id']}/upstreamAssetEvents")[
@@ -480,4 +442,6 @@ def test_a_publish_dag_runs_on_the_inference_dags_asset(asset_services, tmp_path
     ]
     assert event["source_run_id"] == run_id and event["extra"]["run_dir"] == str(run_dir)
     assert event["extra"]["rows"] == 400 and event["extra"]["sha256"] == manifest["model"]["sha256"]
+    # the scheduler's own scheduling created that run, and no clock-scheduled one (services_env)
+    assert s.api("GET", "/dags/~/dagRuns", params={"run_type": "scheduled"})["total_entries"] == 0
     TIMINGS["asset-triggered publish after a commit"] = time.monotonic() - t0

@@ -1,8 +1,9 @@
 """The asset pair the tests run: an inference DAG whose commits are Asset events, and a publish DAG
 scheduled on that asset (``tests/e2e/test_assets.py`` with ``dag.test()``, ``tests/services/test_airflow_services.py``
-with the real scheduler). They live in their own folder so that the services test can give them a
-scheduler that creates asset-triggered runs (``use_job_schedule`` on) with no clock-scheduled DAG
-beside them."""
+with the real scheduler, which creates asset-triggered runs only with ``use_job_schedule`` on). Neither
+is clock-scheduled, so that scheduling creates no run of them but the one an asset event triggers.
+The producer scores with ``text_length`` v1 from the embedded default's registry
+(``$BATCHINFER_HOME/registry``)."""
 
 from __future__ import annotations
 
