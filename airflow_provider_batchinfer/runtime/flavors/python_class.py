@@ -20,7 +20,13 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
     code_dir = str(model_dir / options["code_dir"])
     if code_dir not in sys.path:
         sys.path.insert(0, code_dir)
-    module = importlib.import_module(options["module"])
+    # no __pycache__ beside the logged code: the version must stay exactly the files that were hashed
+    # (the next job's check refuses any file added since), and bytecode is not part of what was logged
+    writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        module = importlib.import_module(options["module"])
+    finally:
+        sys.dont_write_bytecode = writes_bytecode
     cls = module
     for part in options["class"].split("."):
         cls = getattr(cls, part)
