@@ -231,9 +231,13 @@ def _stream_counted(checked: CheckedJob, pool: ActorPool, counter: Any) -> _Stre
     progress = ProgressLog(
         lambda: ray.get(counter.get.remote(), timeout=10), checked.todo_rows, checked.job.job_spec.progress_interval_s
     )
-    ds = table_commit.with_provenance(build_dataset(checked, pool, counter), checked.job, pool["io_cpus"])
+    ds = build_dataset(checked, pool, counter)
     sink = (reuse.make_keyed_datasink if checked.reuse else make_datasink)(  # + key files
-        checked.run_dir.location, checked.job.attempt, checked.storage, error_columns=checked.plan["passthrough"]
+        checked.run_dir.location,
+        checked.job.attempt,
+        checked.storage,
+        error_columns=checked.plan["passthrough"],
+        provenance=table_commit.provenance_of(checked.job),  # the run key and model version of a table's rows
     )
     progress.start()
     t_map = time.monotonic()

@@ -10,6 +10,12 @@ Parts are named and checksummed as Ray's write tasks name theirs (``part-<n>-<at
 sha256 of the bytes computed while they are written), a new one for each input file and after
 ``JobSpec.rows_per_part`` rows (RESUME's unit) or ``Tuning.part_bytes`` bytes; rows that failed go to the
 dead-letter file with the same number.
+
+The two engines share their read→score→write core and differ only in what executes it: the reader
+(``parquet_read.row_group_batches``), the replica (``usage.MeteredReplica`` built from
+``pool_dataset.replica_kwargs``) and the writer's rows and files (``io.finish_rows``,
+``io._PartWriter``) are the same on the pool, where Ray Data's tasks and actors run them, and here,
+where three threads do.
 """
 
 from __future__ import annotations
@@ -20,9 +26,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import FileEntry, part_name
-from airflow_provider_batchinfer.runtime.errors import split_errors
-from airflow_provider_batchinfer.runtime.io import _PartWriter
+from airflow_provider_batchinfer.runtime.io import _PartWriter, finish_rows
 from airflow_provider_batchinfer.runtime.parquet_read import row_group_batches
+from airflow_provider_batchinfer.runtime.table_commit import provenance_of
 from airflow_provider_batchinfer.runtime.tuning import TUNING
 
 if TYPE_CHECKING:
@@ -136,6 +142,7 @@ class PartRoller:
     def __init__(self, checked: CheckedJob) -> None:
         self.checked = checked
         self.rows_per_part = checked.job.job_spec.rows_per_part
+        self.provenance = provenance_of(checked.job)  # a table's rows carry the run key and model version
         self.parts: list[FileEntry] = []
         self.error_parts: list[FileEntry] = []
         self._number = -1
@@ -156,14 +163,9 @@ class PartRoller:
             table = table.slice(room)
 
     def _write_rows(self, table: pa.Table) -> None:
-        from airflow_provider_batchinfer.runtime import table_commit
-
-        job, passthrough = self.checked.job, self.checked.plan["passthrough"]
         assert self._out is not None and self._errors is not None
         self._rows += table.num_rows
-        good, bad = split_errors(table, passthrough)
-        if good is not None and job.table_output is not None:  # the provenance columns
-            good = table_commit.add_provenance(good, job.table_output.run_key, job.model.version)
+        good, bad = finish_rows(table, self.checked.plan["passthrough"], self.provenance)
         with self._out.stage._io("write"):
             if good is not None:
                 self._out.write(good)

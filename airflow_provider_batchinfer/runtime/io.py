@@ -145,6 +145,20 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if not (pt.is_floating(f.type) or pt.is_nested(f.type))]
 
 
+def finish_rows(table: pa.Table, keep_columns: list[str], provenance: tuple[str, str] | None) -> tuple[Any, Any]:
+    """(scored rows, dead-lettered rows) of a scored table, as both engines' writers write them
+    (``runtime/errors.split_errors``); a job that writes a table gets its provenance columns (run
+    key, model version; ``table_commit.add_provenance``) on the scored rows."""
+    from airflow_provider_batchinfer.runtime.errors import split_errors
+
+    good, bad = split_errors(table, keep_columns)
+    if good is not None and provenance is not None:
+        from airflow_provider_batchinfer.runtime.table_commit import add_provenance
+
+        good = add_provenance(good, *provenance)
+    return good, bad
+
+
 class _PartWriter:
     """One Parquet part, opened on its first non-empty table (an empty part is never written)."""
 
@@ -191,8 +205,10 @@ class PartsDatasink:
         storage_options: Mapping[str, Any] | None,
         counter: Any = None,
         error_columns: list[str] | None = None,
+        provenance: tuple[str, str] | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.provenance = provenance
         self.attempt = attempt
         self.storage_options = dict(storage_options) if storage_options else None
         self.counter = counter
@@ -211,8 +227,6 @@ class PartsDatasink:
     def _write(self, blocks: Iterable[Any], run_dir: Stage, task_idx: int) -> list[FileEntry]:
         from ray.data.block import BlockAccessor
 
-        from airflow_provider_batchinfer.runtime.errors import split_errors
-
         name = part_name(task_idx, self.attempt)
         error_name = part_name(task_idx, self.attempt, dead_letter=True)
         out = _PartWriter(run_dir.child(name), name)
@@ -220,7 +234,7 @@ class PartsDatasink:
         try:
             for block in blocks:
                 table = BlockAccessor.for_block(block).to_arrow()
-                good, bad = split_errors(table, self.error_columns)
+                good, bad = finish_rows(table, self.error_columns, self.provenance)
                 if good is not None:
                     out.write(good)
                     if self.counter is not None:
@@ -244,6 +258,7 @@ def make_datasink(
     storage_options: Mapping[str, Any] | None,
     counter: Any = None,
     error_columns: list[str] | None = None,
+    provenance: tuple[str, str] | None = None,
 ) -> PartsDatasink:
     """A ``ray.data.Datasink`` subclass instance; built lazily so importing this module needs no Ray."""
     from ray.data import Datasink
@@ -255,4 +270,4 @@ def make_datasink(
         def get_name(self) -> str:
             return "WriteParts"
 
-    return _Sink(run_dir, attempt, storage_options, counter, error_columns)
+    return _Sink(run_dir, attempt, storage_options, counter, error_columns, provenance)

@@ -262,7 +262,11 @@ class KeyedPartsDatasink(PartsDatasink):
 
 
 def make_keyed_datasink(
-    run_dir: str, attempt: str, storage_options: Mapping[str, Any] | None, error_columns: list[str] | None = None
+    run_dir: str,
+    attempt: str,
+    storage_options: Mapping[str, Any] | None,
+    error_columns: list[str] | None = None,
+    provenance: tuple[str, str] | None = None,
 ) -> KeyedPartsDatasink:
     from ray.data import Datasink
 
@@ -273,7 +277,7 @@ def make_keyed_datasink(
         def get_name(self) -> str:
             return "WriteKeyedParts"
 
-    sink = _Sink(run_dir, attempt, storage_options, None, error_columns)
+    sink = _Sink(run_dir, attempt, storage_options, None, error_columns, provenance)
     sink.index = []
     return sink
 

@@ -63,7 +63,7 @@ class TableCommitError(StageError):
 
 
 def add_provenance(batch: pa.Table, run_key: str, model_version: str) -> pa.Table:
-    """The run key and model version on every row (Ray Data ``map_batches``, pyarrow batches)."""
+    """The run key and model version on every row (both engines' writers, ``io.finish_rows``)."""
     import pyarrow as pa
 
     for name, value in ((RUN_KEY_COLUMN, run_key), (MODEL_VERSION_COLUMN, model_version)):
@@ -76,17 +76,9 @@ def add_provenance(batch: pa.Table, run_key: str, model_version: str) -> pa.Tabl
     return pa.Table.from_arrays(batch.columns, schema=pa.schema([f.remove_metadata() for f in batch.schema]))
 
 
-def with_provenance(ds: Any, job: JobFile, io_cpus: float) -> Any:
-    """The dataset with the provenance columns when the job writes a table; else as it is."""
-    if job.table_output is None:
-        return ds
-    return ds.map_batches(
-        add_provenance,
-        fn_kwargs={"run_key": job.table_output.run_key, "model_version": job.model.version},
-        batch_format="pyarrow",
-        batch_size=None,
-        num_cpus=io_cpus,
-    )
+def provenance_of(job: JobFile) -> tuple[str, str] | None:
+    """(run key, model version) for the parts of a job that writes a table; None otherwise."""
+    return None if job.table_output is None else (job.table_output.run_key, job.model.version)
 
 
 def summary_properties(manifest: Manifest, target: TableOutput, manifest_location: str) -> dict[str, str]:
