@@ -34,21 +34,22 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/python scripts/demo.py
 
-# lint, format check and type check, then the whole suite (every tier under tests/), with the
-# lowest-supported-versions smoke job running beside it (its own virtualenv: mostly download and
-# unpacking, while the suite mostly waits on schedulers and Ray); its log is printed at the end.
+# the whole suite (every tier under tests/), with lint (format check and type check) and the
+# lowest-supported-versions smoke job (its own virtualenv: mostly download and unpacking) running
+# beside it; their logs are printed at the end, and any of the three failing fails the target.
 # Two pytest-xdist workers, each with its own Airflow home, Ray cluster and S3 server (tests/conftest.py),
 # each taking whole test files: most of the suite waits on schedulers and Ray, so two overlap on 2 cores.
 PYTEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	@log=$$(mktemp /tmp/batchinfer-smoke-lowest-XXXXXX); \
-	PYTHON=$(PYTHON) scripts/lowest_versions_smoke.sh > $$log 2>&1 & smoke=$$!; \
-	trap 'kill $$smoke 2>/dev/null' INT TERM; \
-	$(MAKE) --no-print-directory lint && \
+	@smoke_log=$$(mktemp /tmp/batchinfer-smoke-lowest-XXXXXX); lint_log=$$(mktemp /tmp/batchinfer-lint-XXXXXX); \
+	PYTHON=$(PYTHON) scripts/lowest_versions_smoke.sh > $$smoke_log 2>&1 & smoke=$$!; \
+	$(MAKE) --no-print-directory lint > $$lint_log 2>&1 & lint=$$!; \
+	trap 'kill $$smoke $$lint 2>/dev/null' INT TERM; \
 	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder; \
-	suite=$$?; wait $$smoke; lowest=$$?; \
-	echo "== lowest-versions smoke (ran beside the suite), exit $$lowest:"; cat $$log; rm -f $$log; \
-	test $$suite -eq 0 && test $$lowest -eq 0
+	suite=$$?; wait $$lint; linted=$$?; wait $$smoke; lowest=$$?; \
+	echo "== lint (ran beside the suite), exit $$linted:"; cat $$lint_log; rm -f $$lint_log; \
+	echo "== lowest-versions smoke (ran beside the suite), exit $$lowest:"; cat $$smoke_log; rm -f $$smoke_log; \
+	test $$suite -eq 0 && test $$linted -eq 0 && test $$lowest -eq 0
 
 # the fast loop: tests/unit alone (no Ray, no subprocess, no Airflow DB; under 3 minutes)
 test-unit: $(VENV)/.installed
