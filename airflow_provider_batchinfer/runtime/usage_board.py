@@ -23,6 +23,7 @@ from airflow_provider_batchinfer.runtime.io import ProgressCounter
 from airflow_provider_batchinfer.runtime.usage import UsageCounter
 
 BOARD_NAMESPACE = "batchinfer"
+HEAD_NODE_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node alone
 #: a job's entry that no call touched for this long belongs to a driver that died: it is dropped
 STALE_S = 6 * 3600.0
 #: what a job's counter answers (``counter.<method>.remote(...)``), the same for the actor per job
@@ -100,7 +101,13 @@ def job_counter(job_id: str) -> JobCounter:
 
     board = (
         ray.remote(num_cpus=0)(UsageBoard)
-        .options(name=board_name(), namespace=BOARD_NAMESPACE, lifetime="detached", get_if_exists=True)
+        .options(
+            name=board_name(),
+            namespace=BOARD_NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            resources={HEAD_NODE_RESOURCE: 0.001},  # on the head, which an autoscaler never removes
+        )
         .remote()
     )
     return JobCounter(board, f"{job_id}/{uuid.uuid4().hex}")
