@@ -11,11 +11,11 @@ sha256 of the bytes computed while they are written), a new one for each input f
 ``JobSpec.rows_per_part`` rows (RESUME's unit) or ``Tuning.part_bytes`` bytes; rows that failed go to the
 dead-letter file with the same number.
 
-The two engines share their read→score→write core and differ only in what executes it: the reader
-(``parquet_read.row_group_batches``), the replica (``usage.MeteredReplica`` built from
+The two engines share their score→write core: the replica (``usage.MeteredReplica`` built from
 ``pool_dataset.replica_kwargs``) and the writer's rows and files (``io.finish_rows``,
-``io._PartWriter``) are the same on the pool, where Ray Data's tasks and actors run them, and here,
-where three threads do.
+``io._PartWriter``) are the same on the pool, where Ray Data's actors and tasks run them, and here,
+where threads do. Each reads with its own reader over the same files and columns: Ray Data's
+``read_parquet`` on the pool, ``parquet_read.row_group_batches`` here.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class Worker(threading.Thread):
 
 def read_batches(checked: CheckedJob, out: Pipe, rows: int) -> None:
     """Every input file's columns of the plan in batches of at most ``rows`` rows, tagged
-    with the file's number, read as the pool's read tasks read them (``parquet_read.py``); RESUME's
+    with the file's number, one row group at a time (``parquet_read.py``); RESUME's
     finished rows are dropped here, as the pool drops them after its read."""
     from airflow_provider_batchinfer.runtime.resume import drop_done
 

@@ -1,4 +1,4 @@
-"""The actor pool's Ray Data pipeline: the input read where the work runs, RESUME's filter, incremental
+"""The actor pool's Ray Data pipeline: ``read_parquet`` where the work runs, RESUME's filter, incremental
 reuse, part boundaries, then the model replicas (or vLLM's engines). The driver (``driver.py``) wraps
 it with the provenance columns and writes it through the parts datasink (``io.py``)."""
 
@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.runtime import llm, reuse, usage
-from airflow_provider_batchinfer.runtime.parquet_read import input_files_datasource, read_tasks
+from airflow_provider_batchinfer.runtime.io import read_input
 from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts
 from airflow_provider_batchinfer.runtime.plan import ActorPool, io_tasks
+from airflow_provider_batchinfer.stage import Stage
 
 if TYPE_CHECKING:
     from ray.data import Dataset
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset:
-    """Read the input (``parquet_read.py``) -> (RESUME: drop finished rows) -> (``rows_per_part``) -> the model. Reads,
+    """``read_parquet`` -> (RESUME: drop finished rows) -> (``rows_per_part``) -> the model. Reads,
     filters and writes ask for ``pool["io_cpus"]`` each: they run beside the replicas in the job's
     reservation (``resources.py``)."""
     import ray.data
@@ -26,16 +27,9 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
     job, spec, plan, storage = checked.job, checked.job.job_spec, checked.plan, checked.storage
     input_spec, model = job.input_spec, job.model
     io = {"num_cpus": pool["io_cpus"]}
-    source = input_files_datasource(
-        checked.files, checked.file_groups, plan["read"], storage, checked.batch_rows, checked.row_bytes
-    )
-    # no more read workers than the replicas can keep up with
-    ds = ray.data.read_datasource(
-        source,
-        override_num_blocks=read_tasks(checked.file_groups, checked.row_bytes),
-        ray_remote_args=io,
-        concurrency=io_tasks(pool),
-    )
+    filesystem = Stage.open(checked.files[0], storage).fs if storage else None
+    # no more read workers than the replicas can keep up with, footer readers sized to the files
+    ds = read_input(checked.files, plan["read"], filesystem, io, concurrency=io_tasks(pool))
     if len(checked.kept["ids"]):
         from airflow_provider_batchinfer.runtime.resume import drop_done
 

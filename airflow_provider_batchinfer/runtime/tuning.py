@@ -26,9 +26,6 @@ class Tuning:
     # rows per batch in the driver when the model takes concurrent one-thread calls: such a call
     # waits for no other thread, and XGBoost spends less CPU per row in longer calls
     concurrent_batch_rows: int = 65_536
-    # input bytes (uncompressed) per read task on the actor pool: a small input is one task, one
-    # Ray worker process to start; a large one is enough tasks for the readers to run side by side
-    read_task_bytes: int = 64 << 20
     # a part written in the driver is closed and the next one opened past this many bytes
     part_bytes: int = 512 << 20
     # batches waiting between the driver's reader and the model, and the model and the writer:

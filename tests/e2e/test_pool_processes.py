@@ -14,10 +14,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from airflow_provider_batchinfer.runtime.io import footer_actors
 from tests.models import committed_manifest, ticket_job, write_job_file
 
 REPO = Path(__file__).resolve().parents[2]
 ONCE_PER_CLUSTER = {"UsageBoard", "ActorLocationTracker", "_AutoscalingCoordinatorActor", "_StatsActor"}
+
+
+def test_one_footer_reader_per_ten_files_at_most_rays_32():
+    assert [footer_actors(n) for n in (0, 1, 10, 11, 95, 320, 10_000)] == [1, 1, 1, 2, 10, 32, 32]
+
 
 _COUNT = """
 import json, sys
@@ -69,7 +75,7 @@ def _new(after: list[str], before: list[str]) -> list[str]:
     return sorted(added)
 
 
-def test_two_jobs_start_only_their_replicas_and_tasks_and_share_one_usage_board(
+def test_two_jobs_start_a_replica_and_one_footer_reader_each_and_share_one_usage_board(
     ray_cluster, registry, text_length_model, tmp_path
 ):
     before = _cluster_state(ray_cluster["dashboard"])
@@ -79,10 +85,10 @@ def test_two_jobs_start_only_their_replicas_and_tasks_and_share_one_usage_board(
     actors, tasks = _new(after["actors"], before["actors"]), _new(after["tasks"], before["tasks"])
     # per job: its replica; once per cluster (new here if no pool job ran on it before): the usage
     # board and Ray Data's own detached actors
-    assert [a for a in actors if a not in ONCE_PER_CLUSTER] == ["MapWorker(MapBatches(MeteredReplica))"] * 2, actors
+    per_job = ["FooterReader", "MapWorker(MapBatches(MeteredReplica))"] * 2  # four input files each
+    assert [a for a in actors if a not in ONCE_PER_CLUSTER] == sorted(per_job), actors
     assert all(actors.count(a) <= 1 for a in ONCE_PER_CLUSTER) and "UsageBoard" in after["actors"], actors
-    assert not [t for t in tasks if "ListFiles" in t or "Footer" in t], tasks  # the footers were read once
-    assert any(t.startswith("ReadReadInput") for t in tasks), tasks
+    assert "UsageCounter" not in actors and any("ReadFiles" in t or "ReadParquet" in t for t in tasks), tasks
     for manifest in (first, second):
         # the progress and latencies the replicas reported reached each job's own entry on the board
         assert manifest["timings"]["steady_rows_per_s"] > 0
