@@ -77,7 +77,8 @@ def check_budget(job: JobFile, flavor: str) -> None:
 
 
 class UsageCounter(ProgressCounter):
-    """The progress actor, plus per-batch latencies and token counts reported by the replicas."""
+    """The job's progress counter (an entry on the usage board), plus per-batch latencies and token
+    counts reported by the replicas."""
 
     def __init__(self) -> None:
         super().__init__()

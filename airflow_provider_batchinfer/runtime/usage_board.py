@@ -73,7 +73,7 @@ class _Method:
 
 
 class JobCounter:
-    """A job's counter on the board, used as the job's counter actor was: ``counter.add.remote(rows)``
+    """A job's counter on the board, used as an actor handle is: ``counter.add.remote(rows)``
     returns an ``ObjectRef``. Picklable: the replicas get it as a constructor argument."""
 
     def __init__(self, board: Any, key: str) -> None:
