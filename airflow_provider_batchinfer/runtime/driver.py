@@ -65,7 +65,6 @@ class CheckedJob:
     plan: ColumnPlan
     kept: KeptParts
     batch_rows: int  # rows per batch handed to a replica
-    row_bytes: float  # uncompressed bytes per row of the columns read
     engine: str | None
     # the most rows of one model call (flavors.call_rows): JobSpec.max_batch_rows, or the kind's own
     call_rows: int
@@ -170,7 +169,6 @@ def check_before_ray(job: JobFile) -> CheckedJob:
         plan=plan,
         kept=kept,
         batch_rows=batch_rows,
-        row_bytes=read_bytes,
         engine=engine,
         call_rows=rows_per_call,
         reuse=reuse_plan,
