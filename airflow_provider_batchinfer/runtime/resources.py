@@ -13,9 +13,20 @@ concurrent runs on a 2-CPU cluster did, checked on Ray 2.60). Instead a job
    fractional CPUs and the actor pool autoscaling between its minimum and the replicas reserved.
 
 A job that cannot get its minimum waits, saying every ~10 s what for, up to
-``JobSpec.resource_wait_s``, then fails (retryable) naming what it waited for; a cluster whose
-nodes could never hold the minimum fails at once (permanent). The planning functions here are
-pure and tested without Ray; the ones that talk to Ray import it inside.
+``JobSpec.resource_wait_s``, then fails (retryable) naming what it waited for and the cluster it saw.
+It waits on a pending placement group for the minimum: Ray grants pending groups as resources free
+up, and a pending group is exactly the demand a Ray autoscaler (or KubeRay's) adds nodes for.
+
+So a cluster whose nodes, even idle, could never hold the minimum (an autoscaling cluster's head
+with no CPU and no worker yet; a GPU job before its GPU node is up) waits too, and says so: the
+cluster as it is now says nothing about the cluster a minute on, and a driver cannot tell an
+autoscaled cluster from a fixed one (``ray start`` runs the same monitor, with no node types, and a
+node joined by hand counts as well). Only a job with ``resource_wait_s=0`` fails at once there, and
+permanently: it asked not to wait, and it leaves no pending demand behind, so a retry would see the
+same cluster. The cost of this rule falls on a fixed cluster too small for the job: it fails after
+``resource_wait_s`` instead of at once, and each of its waiting lines says that no node could
+ever hold the job. The planning functions here are pure and tested without Ray; the ones
+that talk to Ray import it inside.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_provider_batchinfer.runtime.errors import JobError
 
@@ -172,24 +183,148 @@ def cluster_summary(nodes: Nodes, total: Nodes) -> str:
     return f"{' and '.join(parts)} free{where}"
 
 
+def _sizes(nodes: Nodes, gpus: bool) -> str:
+    """``"0 CPU, 2 CPU/1 GPU"``: each node's resources, as the messages name them."""
+    return ", ".join(f"{n.get('CPU', 0):g} CPU" + (f"/{n.get('GPU', 0):g} GPU" if gpus else "") for n in nodes)
+
+
+def never_fits_advice(job: JobSpec, total: Nodes) -> str:
+    """What to change when no ``num_workers`` nodes of ``total``, idle, could hold the job's minimum."""
+    if len(total) < job.num_workers:
+        return f"lower JobSpec.num_workers to {max(1, len(total))} or add nodes"
+    if job.num_gpus and not any(n.get("GPU", 0) >= job.num_gpus for n in total):
+        return "run on a GPU cluster (launcher ray_jobs) or set JobSpec(num_gpus=0)"
+    return "lower JobSpec.num_cpus / num_gpus / memory, or add larger nodes"
+
+
 def check_ever_fits(job: JobSpec, total: Nodes) -> Reservation:
-    """The job's minimum reservation, or a permanent error when the cluster's nodes, even idle,
-    could never hold it (too few nodes for ``num_workers``, too small for one replica)."""
+    """The job's minimum reservation, or the permanent error of a job that does not wait
+    (``resource_wait_s=0``) when the cluster's nodes, even idle, could never hold it (too few nodes
+    for ``num_workers``, too small for one replica)."""
     least = reservation(job, job.num_workers)
     if fits(least, total):
         return least
-    sizes = ", ".join(f"{n.get('CPU', 0):g} CPU" + (f"/{n.get('GPU', 0):g} GPU" if job.num_gpus else "") for n in total)
-    if len(total) < job.num_workers:
-        fix = f"lower JobSpec.num_workers to {max(1, len(total))} or add nodes"
-    elif job.num_gpus and not any(n.get("GPU", 0) >= job.num_gpus for n in total):
-        fix = "run on a GPU cluster (launcher ray_jobs) or set JobSpec(num_gpus=0)"
-    else:
-        fix = "lower JobSpec.num_cpus / num_gpus / memory, or add larger nodes"
     raise ResourceError(
         f"the Ray cluster can never give this job its minimum, {least.describe()}: it has {len(total)} "
-        f"node(s) ({sizes}) and each of {job.num_workers} node(s) must hold its share; {fix}",
+        f"node(s) ({_sizes(total, bool(job.num_gpus))}) and each of {job.num_workers} node(s) must hold its share; "
+        f"{never_fits_advice(job, total)}; or give JobSpec.resource_wait_s > 0 to wait for such nodes to join",
         permanent=True,
     )
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a waiting job waits for, as its messages say it: ``what`` (``"1 replica x 1 CPU + ..."``),
+    ``holds`` whether nodes, idle, could ever hold it, ``busy`` the end of the error when they could
+    (``(seconds waited, cluster summary, resource_wait_s)``: other jobs held it), ``advice`` what to
+    change when none could (given the cluster's nodes), and ``gpus`` whether node sizes name GPUs."""
+
+    what: str
+    holds: Callable[[Nodes], bool]
+    busy: Callable[[float, str, float], str]
+    advice: Callable[[Nodes], str]
+    gpus: bool
+
+    def waiting(self, free: str, total: Nodes, waited: float, wait_s: float) -> str:
+        """The line logged every ~10 s; it says when no node of the cluster could ever hold the need,
+        so that a fixed cluster too small for the job shows in the log at once, not at the deadline."""
+        joins = ""
+        if not self.holds(total):
+            joins = (
+                f", and its {len(total)} node(s) ({_sizes(total, self.gpus)}) could never hold that: "
+                f"waiting for nodes that can to join"
+            )
+        return (
+            f"[batchinfer] resources: waiting for {self.what}; the cluster has {free}{joins} "
+            f"(waited {waited:.0f}s of JobSpec.resource_wait_s={wait_s:g})"
+        )
+
+    def gave_up(self, waited: float, free: str, total: Nodes, wait_s: float) -> ResourceError:
+        """Retryable either way: another job may free what it waited for, a node that holds it may join."""
+        if self.holds(total):
+            return ResourceError(self.busy(waited, free, wait_s), permanent=False)
+        return ResourceError(
+            f"gave up after {waited:.0f}s waiting for {self.what} for nodes that can hold it to join: the Ray "
+            f"cluster's {len(total)} node(s) ({_sizes(total, self.gpus)}) could never hold it, and none that could "
+            f"joined. Nothing was written. {_capital(self.advice(total))} (an autoscaler adds nodes for a waiting "
+            f"job when its node types can hold it), or raise JobSpec.resource_wait_s (now {wait_s:g})",
+            permanent=False,
+        )
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def minimum_need(job: JobSpec) -> Need:
+    """The job's minimum reservation as a :class:`Need`."""
+    least = reservation(job, job.num_workers)
+
+    def busy(waited: float, free: str, wait_s: float) -> str:
+        return (
+            f"gave up after {waited:.0f}s waiting for {least.describe()} (the job's minimum); "
+            f"the Ray cluster has {free}: other jobs hold the rest. Nothing was written. Retry when "
+            f"the cluster is less busy (the task's retries will), raise JobSpec.resource_wait_s "
+            f"(now {wait_s:g}), or lower JobSpec.num_cpus / num_workers"
+        )
+
+    return Need(
+        what=least.describe(),
+        holds=lambda total: fits(least, total),
+        busy=busy,
+        advice=lambda total: never_fits_advice(job, total),
+        gpus=bool(job.num_gpus),
+    )
+
+
+def one_node_need(need: Mapping[str, float], what: str) -> Need:
+    """``need`` free on one node (one vLLM engine replica's GPUs) as a :class:`Need`."""
+
+    def busy(waited: float, free: str, wait_s: float) -> str:
+        return (
+            f"gave up after {waited:.0f}s waiting for {what}; the Ray cluster has {free}. Retry later, "
+            f"or raise JobSpec.resource_wait_s (now {wait_s:g})"
+        )
+
+    return Need(
+        what=what,
+        holds=lambda total: any(all(n.get(k, 0) + 1e-9 >= v for k, v in need.items()) for n in total),
+        busy=busy,
+        advice=lambda total: "add such a node",
+        gpus="GPU" in need,
+    )
+
+
+class PendingGroup(Protocol):
+    """What :func:`wait_on` needs of a placement group: ``wait(timeout_s)``, True once granted."""
+
+    def wait(self, timeout_seconds: float) -> bool: ...
+
+
+def wait_on(
+    group: PendingGroup,
+    need: Need,
+    wait_s: float,
+    say: Callable[[str], None],
+    clock: Callable[[], float],
+    started: float,
+    nodes: Callable[[str], Nodes],
+) -> float:
+    """Wait until the pending placement group ``group`` is granted, up to ``wait_s`` from ``started``;
+    the seconds waited. After a short grace, it says every ~10 s what it waits for and what the
+    cluster (``nodes("available")`` of ``nodes("total")``) has, and at the deadline raises a
+    retryable :class:`ResourceError` naming both. The caller removes the group when this raises."""
+    deadline = started + wait_s
+    if group.wait(max(0.0, min(GRACE_S, deadline - clock()))):
+        return clock() - started
+    while True:
+        total = nodes("total")
+        free = cluster_summary(nodes("available"), total)
+        if clock() >= deadline:
+            raise need.gave_up(clock() - started, free, total, wait_s)
+        say(need.waiting(free, total, clock() - started, wait_s))
+        if group.wait(max(0.0, min(LOG_EVERY_S, deadline - clock()))):
+            return clock() - started
 
 
 # --- the Ray side ----------------------------------------------------------------------------------
@@ -223,56 +358,50 @@ def _try(plan: Reservation, wait_s: float, name: str) -> Any | None:
 
 
 def reserve(
-    job: JobSpec, name: str, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic
+    job: JobSpec,
+    name: str,
+    say: Callable[[str], None],
+    clock: Callable[[], float] = time.monotonic,
+    nodes: Callable[[str], Nodes] = _nodes,
 ) -> Reserved:
     """Reserve the most replicas the cluster can give now (at least ``num_workers``), waiting up to
     ``job.resource_wait_s`` for the minimum; see the module's docstring."""
     started = clock()
-    check_ever_fits(job, _nodes("total"))
+    if job.resource_wait_s <= 0:  # a job that does not wait fails at once where it never could fit
+        check_ever_fits(job, nodes("total"))
     cap: int | None = None
     while True:  # while more than the minimum looks free: try it, and step down when another job won
-        plan = largest_fit(job, _nodes("available"), cap)
+        plan = largest_fit(job, nodes("available"), cap)
         if plan is None or plan.replicas == job.num_workers:
             break
         group = _try(plan, GRACE_S, name)
         if group is not None:
             return Reserved(plan, group, clock() - started)
         cap = plan.replicas - 1
-    return _wait_for_minimum(job, name, say, clock, started)
+    return _wait_for_minimum(job, name, say, clock, started, nodes)
 
 
 def _wait_for_minimum(
-    job: JobSpec, name: str, say: Callable[[str], None], clock: Callable[[], float], started: float
+    job: JobSpec,
+    name: str,
+    say: Callable[[str], None],
+    clock: Callable[[], float],
+    started: float,
+    nodes: Callable[[str], Nodes],
 ) -> Reserved:
-    """One pending placement group for the minimum: Ray grants pending groups as resources free up,
-    so waiting jobs are served in turn, each atomically."""
+    """One pending placement group for the minimum: Ray grants pending groups as resources free up
+    (or as nodes join: the group is the demand an autoscaler answers), so waiting jobs are served
+    in turn, each atomically."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
     least = reservation(job, job.num_workers)
     group = placement_group(least.bundles(), strategy=least.strategy, name=name)
-    deadline = started + job.resource_wait_s
     try:
-        if group.wait(max(0.0, min(GRACE_S, deadline - clock()))):
-            return Reserved(least, group, clock() - started)
-        while True:
-            free = cluster_summary(_nodes("available"), _nodes("total"))
-            if clock() >= deadline:
-                raise ResourceError(
-                    f"gave up after {clock() - started:.0f}s waiting for {least.describe()} (the job's minimum); "
-                    f"the Ray cluster has {free}: other jobs hold the rest. Nothing was written. Retry when "
-                    f"the cluster is less busy (the task's retries will), raise JobSpec.resource_wait_s "
-                    f"(now {job.resource_wait_s:g}), or lower JobSpec.num_cpus / num_workers",
-                    permanent=False,
-                )
-            say(
-                f"[batchinfer] resources: waiting for {least.describe()}; the cluster has {free} "
-                f"(waited {clock() - started:.0f}s of JobSpec.resource_wait_s={job.resource_wait_s:g})"
-            )
-            if group.wait(max(0.0, min(LOG_EVERY_S, deadline - clock()))):
-                return Reserved(least, group, clock() - started)
+        waited = wait_on(group, minimum_need(job), job.resource_wait_s, say, clock, started, nodes)
     except BaseException:
         remove_placement_group(group)
         raise
+    return Reserved(least, group, waited)
 
 
 @contextmanager
@@ -311,24 +440,30 @@ def use_for_ray_data(held: Reserved) -> None:
     # model download and load, which may take minutes on a large model
 
 
-def wait_for_free(need: Mapping[str, float], what: str, job: JobSpec, say: Callable[[str], None] = print) -> None:
+def wait_for_free(
+    need: Mapping[str, float],
+    what: str,
+    job: JobSpec,
+    say: Callable[[str], None] = print,
+    nodes: Callable[[str], Nodes] = _nodes,
+) -> None:
     """For pipelines that reserve for themselves (``ray.data.llm`` creates its own placement groups):
-    wait up to ``job.resource_wait_s`` until ``need`` is free on one node, logging what it waits for."""
-    total = _nodes("total")
-    if not any(all(n.get(k, 0) >= v for k, v in need.items()) for n in total):
-        raise ResourceError(f"no node of the Ray cluster has {what}; add such a node", permanent=True)
+    wait up to ``job.resource_wait_s`` until ``need`` is free on one node, logging what it waits for.
+    It waits on a one-bundle placement group of ``need``, given back once granted: polling what is
+    free would leave an autoscaler no demand to add a node for. A job with ``resource_wait_s=0``
+    fails at once (permanent) when no node of the cluster has ``need`` at all."""
+    wanted = one_node_need(need, what)
+    if job.resource_wait_s <= 0 and not wanted.holds(nodes("total")):
+        raise ResourceError(
+            f"no node of the Ray cluster has {what}; add such a node, or give JobSpec.resource_wait_s > 0 "
+            f"to wait for one to join",
+            permanent=True,
+        )
+    from ray.util.placement_group import placement_group, remove_placement_group
+
     started = time.monotonic()
-    last = started
-    while not any(all(n.get(k, 0) + 1e-9 >= v for k, v in need.items()) for n in _nodes("available")):
-        now = time.monotonic()
-        free = cluster_summary(_nodes("available"), total)
-        if now - started >= job.resource_wait_s:
-            raise ResourceError(
-                f"gave up after {now - started:.0f}s waiting for {what}; the Ray cluster has {free}. Retry later, "
-                f"or raise JobSpec.resource_wait_s (now {job.resource_wait_s:g})",
-                permanent=False,
-            )
-        if now - last >= LOG_EVERY_S:
-            say(f"[batchinfer] resources: waiting for {what}; the cluster has {free}")
-            last = now
-        time.sleep(1.0)
+    group = placement_group([dict(need)], strategy="STRICT_PACK")
+    try:
+        wait_on(group, wanted, job.resource_wait_s, say, time.monotonic, started, nodes)
+    finally:
+        remove_placement_group(group)
