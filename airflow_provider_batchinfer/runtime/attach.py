@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow_provider_batchinfer.contract import JobFile
+from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
 from airflow_provider_batchinfer.redact import SECRET_ENV
 from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV
 from airflow_provider_batchinfer.runtime.replica import DRIVER_CACHE_ENV
@@ -41,6 +42,15 @@ def ray_init_kwargs(address: str | None, environ: Mapping[str, str]) -> dict[str
     else:
         kwargs.update(address="local", include_dashboard=False)
     return kwargs
+
+
+def cluster_can_grow(job: JobFile, environ: Mapping[str, str]) -> bool:
+    """False for a Ray that runs on this machine alone and never adds a node: the embedded default
+    (``BATCHINFER_EMBEDDED_RAY``) and a private Ray this job starts (``"local"``). There a job whose
+    minimum no node could ever hold fails at once instead of waiting ``resource_wait_s`` for nothing."""
+    if environ.get(EMBEDDED_RAY_ENV) == "1":
+        return False
+    return ray_init_kwargs(job.ray_address, environ)["address"] != "local"
 
 
 def _job_env_vars(environ: Mapping[str, str]) -> set[str]:

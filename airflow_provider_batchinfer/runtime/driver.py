@@ -14,6 +14,7 @@ Everything the job needs is in the job file the operator wrote; nothing here imp
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -23,7 +24,7 @@ from airflow_provider_batchinfer.contract import JobFile, Manifest
 from airflow_provider_batchinfer.inputs import inspect_input, list_input_files
 from airflow_provider_batchinfer.registry import ModelRegistry, verify_local_copy
 from airflow_provider_batchinfer.runtime import commit, in_driver, llm, resources, reuse, table_commit, usage
-from airflow_provider_batchinfer.runtime.attach import init_ray
+from airflow_provider_batchinfer.runtime.attach import cluster_can_grow, init_ray
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
 from airflow_provider_batchinfer.runtime.flavors import call_rows, flavor, transfer_rows
@@ -275,16 +276,18 @@ def run_pipeline(checked: CheckedJob) -> PipelineRun:
     init_ray(checked.job)
     ray_ready_at = time.monotonic()
     job, spec = checked.job, checked.job.job_spec
+    grows = cluster_can_grow(job, os.environ)  # else a job that never fits fails at once, without waiting
     try:
         if checked.engine == "vllm":  # ray.data.llm reserves its own engines: only wait for the GPUs
-            llm.check_cluster(spec, ray.cluster_resources())
+            if not grows:
+                llm.check_cluster(spec, ray.cluster_resources())
             need = llm.gpus_per_replica(spec)
             resources.wait_for_free({"GPU": float(need)}, f"{need} GPU(s) for one vLLM engine replica", spec)
             pool = size_actor_pool(spec, resources.reservation(spec, spec.replicas))
             log_pool(pool, checked)
             streamed, waited_s = stream(checked, pool), 0.0
         else:
-            with resources.reserved(spec, f"batchinfer-{job.job_id}-{job.attempt}") as held:
+            with resources.reserved(spec, f"batchinfer-{job.job_id}-{job.attempt}", cluster_grows=grows) as held:
                 pool = size_actor_pool(spec, held.plan)
                 log_pool(pool, checked)
                 streamed, waited_s = stream(checked, pool), held.waited_s

@@ -23,8 +23,9 @@ class JobSpec:
     replicas are spread over, evenly (``replicas=4, num_workers=2``: two on each of two nodes; 1:
     all on one node, which fetches the model once). ``num_cpus`` / ``num_gpus`` / ``memory``
     (bytes): what each replica reserves. ``resource_wait_s``: how long a job waits for its minimum
-    (``num_workers`` replicas and a little CPU for reading and writing) on a busy cluster before it
-    fails with what it waited for (an Airflow retry may then find the cluster free).
+    (``num_workers`` replicas and a little CPU for reading and writing) on a busy cluster, or for a
+    node that can hold it to join one that grows, before it fails with what it waited for (an
+    Airflow retry may then find the cluster free); 0 fails at once where no node could ever hold it.
     ``max_batch_rows``: the most rows of one model call, exactly: a set value is never raised (on
     CPU or anywhere), never replaced by a model kind's default, and is vLLM's ``batch_size``.
     ``None`` (default) lets the model kind decide: on CPU its own size where it has one (tabular

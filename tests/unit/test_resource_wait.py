@@ -101,3 +101,27 @@ def test_only_a_job_that_does_not_wait_fails_at_once_and_permanently_where_no_no
     with pytest.raises(ResourceError, match=r"no node of the Ray cluster has 1 GPU\(s\); add such a node") as exc:
         wait_for_free({"GPU": 1.0}, "1 GPU(s)", JobSpec(num_gpus=1, resource_wait_s=0), nodes=cpu_only)
     assert exc.value.permanent
+
+
+def test_a_ray_on_this_machine_alone_never_grows_so_a_job_it_can_never_hold_fails_at_once():
+    """The embedded default and a private ``local`` Ray never add a node: waiting there for one to
+    join would only hold the task for ``resource_wait_s``."""
+    from types import SimpleNamespace
+
+    from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
+    from airflow_provider_batchinfer.runtime.attach import cluster_can_grow
+
+    def job(address):  # the one field of the job file the rule reads
+        return SimpleNamespace(ray_address=address)
+
+    assert not cluster_can_grow(job(None), {EMBEDDED_RAY_ENV: "1", "RAY_ADDRESS": "10.0.0.1:6379"})
+    assert not cluster_can_grow(job(None), {})  # no address anywhere: a private Ray for this job
+    assert not cluster_can_grow(job("local"), {"RAY_ADDRESS": "10.0.0.1:6379"})
+    assert cluster_can_grow(job(None), {"RAY_ADDRESS": "10.0.0.1:6379"})
+    assert cluster_can_grow(job("ray://head:10001"), {})
+
+    cpu_only = _cluster([{"CPU": 0.0}])
+    with pytest.raises(ResourceError, match=r"can never give this job its minimum, 1 replica x 2 CPU") as exc:
+        reserve(JobSpec(num_cpus=2, resource_wait_s=600), "job", print, nodes=cpu_only, cluster_grows=False)
+    assert exc.value.permanent and "never adds a node" in str(exc.value)
+    assert "resource_wait_s" not in str(exc.value)
