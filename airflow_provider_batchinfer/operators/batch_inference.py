@@ -5,7 +5,8 @@ half-commits data:
 
 1. **resolve** the model (verified by sha256), the input and the run directory (no side effects);
 2. **prepare** the run directory (``rundir.prepare``: the save mode, RESUME, ownership), claim it
-   with the job file (``_job.json``) naming this attempt, materialize a SQL input;
+   with the job file (``_job.json``) naming this attempt, materialize a SQL input (a table input
+   is pinned to its snapshot, and the job reads it);
 3. **launch** the runtime through the connection's launcher, or re-attach to this try's job;
 4. **wait** in the worker, forwarding the job's log, or **defer** to the launcher's trigger;
 5. **finalize**: read back the ``_SUCCESS`` manifest the runtime committed, return its summary.
@@ -192,7 +193,7 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
 
     def _input_locations(self) -> list[str] | None:
         """The Parquet input, resolved and checked (None: a SQL input, materialized later)."""
-        if self.input is None or is_table_input(self.input):  # a table is materialized later
+        if self.input is None or is_table_input(self.input):  # a table: the job reads its snapshot
             return None
         raw = [self.input] if isinstance(self.input, str) else list(self.input)
         locations = [self.hook.resolve_location(loc) for loc in raw]
@@ -331,7 +332,7 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
             if prep.input_digest is not None:  # RESUME kept parts scored from the query's earlier result
                 for message in rundir.confirm_requeried_input(run_dir, prep.input_digest):
                     self.log.info("%s", message)
-        tables.materialize_input(job, run_dir, self.log)
+        tables.log_input(job, self.log)  # its rows are read by the job (runtime/table_input.py)
         return job
 
     def _defer(self, launcher: Launcher, handle: JobHandle) -> NoReturn:

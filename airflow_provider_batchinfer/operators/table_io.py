@@ -2,14 +2,15 @@
 
 For ``OutputSpec(table=...)`` the run still has a run directory, the *claim directory*
 (``<base_stage_location or <stage root>/_tables/<table>>/<run key>``): it holds ``_job.json``, which
-fences zombie attempts, and a materialized table input. The rows go into the table: the job file's
+fences zombie attempts, and the job's copy of a table input. The rows go into the table: the job file's
 ``run_dir`` is this attempt's data directory under the table's location, and the runtime commits
 them as one snapshot (``runtime/table_commit.py``). ``SaveMode.ERROR`` is checked against the table
 here, before anything is written.
 
 For ``input="iceberg://..."`` the snapshot is pinned (the one given; else the one an earlier try of
-the same run pinned, read from the claim it left; else the current one), recorded in the job file
-and materialized to Parquet under the claim directory's ``_input/`` before the launch.
+the same run pinned, read from the claim it left; else the current one) and recorded in the job
+file. The worker reads no rows of it: the job reads the pinned snapshot itself, on the Ray side,
+into the claim directory's ``_input/`` (``runtime/table_input.py``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_batchinfer import rundir
-from airflow_provider_batchinfer.contract import INPUT_DIR, ContractError, JobFile
+from airflow_provider_batchinfer.contract import ContractError, JobFile
 from airflow_provider_batchinfer.contract.tables import RUN_KEY_COLUMN, TableInput, TableOutput
 from airflow_provider_batchinfer.specs import SaveMode
 from airflow_provider_batchinfer.stage import Stage, join, sanitize_run_key
 from airflow_provider_batchinfer.tables.catalog import CatalogError, open_catalog, public_catalog
 from airflow_provider_batchinfer.tables.names import is_table_input, parse_table_input, run_location
-from airflow_provider_batchinfer.tables.read import load_table, pin_input, run_files, write_snapshot
+from airflow_provider_batchinfer.tables.read import load_table, pin_input, run_files
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
@@ -128,23 +129,17 @@ class TableSteps:
         target = TableOutput(str(self.table), public, key, mode, run_dir.location, location or "")
         return {"table_output": target, "run_dir": join(data_root, f"{RUN_KEY_COLUMN}={key}", attempt)}
 
-    def materialize_input(self, job: JobFile, run_dir: Stage, log: TaskLog) -> None:
-        """Write the pinned snapshot (filtered) as Parquet under the claim directory's ``_input/``."""
+    @staticmethod
+    def log_input(job: JobFile, log: TaskLog) -> None:
+        """The pinned snapshot in the task log; its rows are read by the job, not here."""
         ref = job.table_input
-        if ref is None:
-            return
-        try:
-            catalog = open_catalog(self.hook.catalog_properties(), self.hook.storage_options)
-            rows = write_snapshot(catalog, ref, run_dir.child(INPUT_DIR))
-        except CatalogError as exc:
-            raise _fail(exc) from exc
-        log.info(
-            "Input: %s rows of Iceberg table %s at snapshot %s%s",
-            f"{rows:,}",
-            ref.identifier,
-            ref.snapshot_id,
-            f" where {ref.row_filter}" if ref.row_filter else "",
-        )
+        if ref is not None:
+            log.info(
+                "Input: Iceberg table %s at snapshot %s%s (the job reads it)",
+                ref.identifier,
+                ref.snapshot_id,
+                f" where {ref.row_filter}" if ref.row_filter else "",
+            )
 
     def result_source(self, location: str) -> tuple[str, dict[str, Any]]:
         """Where the task's result is read from: the run directory, or ``iceberg://<table>/<run key>``."""

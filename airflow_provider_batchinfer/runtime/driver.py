@@ -23,7 +23,16 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract import JobFile, Manifest
 from airflow_provider_batchinfer.inputs import inspect_input, list_input_files
 from airflow_provider_batchinfer.registry import ModelRegistry, verify_local_copy
-from airflow_provider_batchinfer.runtime import commit, in_driver, llm, resources, reuse, table_commit, usage
+from airflow_provider_batchinfer.runtime import (
+    commit,
+    in_driver,
+    llm,
+    resources,
+    reuse,
+    table_commit,
+    table_input,
+    usage,
+)
 from airflow_provider_batchinfer.runtime.attach import cluster_can_grow, init_ray
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
@@ -126,7 +135,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     )
     registry = ModelRegistry(job.registry_root, storage)
     _check_model(job, registry)
-    files = list_input_files(list(job.input_locations), storage)
+    files = list_input_files(table_input.read_table_input(job, storage), storage)  # a table: read here first
     input_rows, schema, file_groups = inspect_input(files, storage)
     signature = dict(model.signature or {})
     plan = with_id_column(plan_columns(schema, signature, input_spec, files[0]), input_spec.id_column)
@@ -273,7 +282,8 @@ def run_pipeline(checked: CheckedJob) -> PipelineRun:
     parts; the reservation is given back and Ray shut down after, whatever happened."""
     import ray
 
-    init_ray(checked.job)
+    if not table_input.attached_to_ray():  # else a table input's read tasks attached already
+        init_ray(checked.job)
     ray_ready_at = time.monotonic()
     job, spec = checked.job, checked.job.job_spec
     grows = cluster_can_grow(job, os.environ)  # else a job that never fits fails at once, without waiting
@@ -314,6 +324,8 @@ def run(spec_location: str) -> Manifest:
     t0 = time.monotonic()
     checked = check_before_ray(read_job_file(spec_location))
     on_pool_because = in_driver.why_not(checked)  # None: a small job, scored in this process
+    if on_pool_because is None:
+        table_input.leave_ray()  # a table input read on Ray that left few rows to score
     pipeline = run_pipeline(checked) if on_pool_because else in_driver.run(checked)
     processed = pipeline.written.rows + pipeline.written.error_rows
     manifest = commit.build_manifest(

@@ -1,4 +1,5 @@
-"""Reading tables: a committed run (the sensor, ``read_committed``) and a pinned input snapshot.
+"""Reading tables: a committed run (the sensor, ``read_committed``), and pinning an input's snapshot
+(the job reads it: ``runtime/table_input.py``).
 
 A run is committed when the table's history (the current snapshot and its ancestors) holds a
 snapshot whose summary names its run key; that snapshot points at the run's manifest, which is
@@ -149,61 +150,3 @@ def pin_input(catalog: Catalog, ref: TableInput, pinned: TableInput | None) -> T
             raise CatalogError(f"input table {ref.identifier} has no snapshot (no rows were ever committed)")
         snapshot_id = current.snapshot_id
     return dataclasses.replace(ref, snapshot_id=snapshot_id)
-
-
-def write_snapshot(catalog: Catalog, ref: TableInput, dest: Stage, rows_per_file: int = 1_000_000) -> int:
-    """Materialize the pinned snapshot (filtered) as Parquet files ``part-NNNNN.parquet`` in ``dest``;
-    the rows written. Streams record batches: memory stays at about one file's worth."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from pyiceberg.expressions import AlwaysTrue
-    from pyiceberg.expressions.parser import parse
-
-    table = load_table(catalog, ref.identifier)
-    if table is None:
-        raise CatalogError(f"input table {ref.identifier} does not exist in the catalog")
-    if ref.snapshot_id is not None and table.snapshot_by_id(ref.snapshot_id) is None:
-        raise CatalogError(
-            f"input table {ref.identifier} has no snapshot {ref.snapshot_id} (expired, or from another table); "
-            "nothing was read"
-        )
-    row_filter = parse(ref.row_filter) if ref.row_filter else AlwaysTrue()
-    reader = table.scan(row_filter=row_filter, snapshot_id=ref.snapshot_id).to_arrow_batch_reader()
-    dest.fs.create_dir(dest.path, recursive=True)
-    rows, index, buffered, pending = 0, 0, 0, []
-    for batch in reader:
-        pending.append(batch)
-        buffered += batch.num_rows
-        if buffered >= rows_per_file:
-            rows += _write_part(dest, index, pa.Table.from_batches(pending, reader.schema), pq)
-            index, buffered, pending = index + 1, 0, []
-    if pending or index == 0:
-        rows += _write_part(dest, index, pa.Table.from_batches(pending, reader.schema), pq)
-    return rows
-
-
-def _plain_types(table: Any) -> Any:
-    """pyiceberg reads strings as ``large_string`` (and lists as ``large_list``); the model signature
-    checks speak ``string``: cast back."""
-    import pyarrow as pa
-
-    def plain(t: Any) -> Any:
-        if pa.types.is_large_string(t):
-            return pa.string()
-        if pa.types.is_large_binary(t):
-            return pa.binary()
-        if pa.types.is_large_list(t):
-            return pa.list_(plain(t.value_type))
-        return t
-
-    # and without the Iceberg field ids: the copy is plain Parquet, its columns known by name
-    schema = pa.schema([f.with_type(plain(f.type)).remove_metadata() for f in table.schema])
-    return pa.Table.from_arrays(table.cast(schema).columns, schema=schema)
-
-
-def _write_part(dest: Stage, index: int, table: Any, pq: Any) -> int:
-    table = _plain_types(table)
-    part = dest.child(f"part-{index:05d}.parquet")
-    with part._io("write"), part.fs.open_output_stream(part.path) as f:
-        pq.write_table(table, f, compression="zstd")
-    return int(table.num_rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import threading
 import time
@@ -297,8 +298,29 @@ def _raw_tickets(catalog, day: str, ids: range) -> int:
     return table.current_snapshot().snapshot_id
 
 
+def _no_rows_read_here(monkeypatch):
+    """pyiceberg's row reads refused in this process (the Airflow worker's, which runs ``execute``):
+    a table input's rows must be read by the job, never here."""
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    def refuse(*_, **__):
+        raise AssertionError("the Airflow worker read rows of an Iceberg table")
+
+    monkeypatch.setattr(ArrowScan, "to_record_batches", refuse)
+    monkeypatch.setattr(ArrowScan, "to_table", refuse)
+
+
+def _input_lines(logged: str, snapshot: int) -> tuple[list[str], list[str]]:
+    """(the job's lines, forwarded into the task log, saying it read ``raw.tickets`` at
+    ``snapshot``; the task's own lines saying it materialized a table input, with a row count)."""
+    read = f"[batchinfer] input: 100 rows of Iceberg table raw.tickets at snapshot {snapshot} where day = 'd1' read in"
+    by_job = [line for line in logged.splitlines() if read in line]
+    by_task = [line for line in logged.splitlines() if re.search(r"\bInput: [\d,]+ rows of Iceberg table", line)]
+    return by_job, by_task
+
+
 @slow
-def test_concurrent_runs_land_and_a_table_input_is_pinned_to_its_snapshot(world):
+def test_concurrent_runs_land_and_a_table_input_is_read_by_the_job_at_its_pinned_snapshot(world, monkeypatch, capsys):
     _, catalog = _catalog(world)
     _raw_tickets(catalog, "d1", range(1000, 1100))
     pinned = _raw_tickets(catalog, "d2", range(2000, 2050))
@@ -312,12 +334,17 @@ def test_concurrent_runs_land_and_a_table_input_is_pinned_to_its_snapshot(world)
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=a) for a in (("run4", world["inputs"]), ("run5", source))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    capsys.readouterr()
+    with monkeypatch.context() as here:
+        _no_rows_read_here(here)
+        threads = [threading.Thread(target=run, args=a) for a in (("run4", world["inputs"]), ("run5", source))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
     assert not errors, errors
+    by_job, by_task = _input_lines(capsys.readouterr().out, pinned)  # the task log, the job's lines in it
+    assert len(by_job) == 1 and " 1 task(s) in the driver process (" in by_job[0] and not by_task, (by_job, by_task)
     table = catalog.load_table(TABLE)
     assert {k: _rows(table, k).num_rows for k in ("run4", "run5")} == {"run4": 300, "run5": 100}
     first = table.snapshot_by_id(results["run5"]["snapshot_id"])
@@ -326,11 +353,54 @@ def test_concurrent_runs_land_and_a_table_input_is_pinned_to_its_snapshot(world)
 
     # the input table moves on; a retry of run5 reads the snapshot its first try pinned
     _raw_tickets(catalog, "d1", range(1100, 1120))
-    xcom = operator(TABLE, source, mode=SaveMode.OVERWRITE, task_id="infer_run5").execute({"ti": ti("run5", 2)})
+    capsys.readouterr()
+    with monkeypatch.context() as here:
+        _no_rows_read_here(here)
+        xcom = operator(TABLE, source, mode=SaveMode.OVERWRITE, task_id="infer_run5").execute({"ti": ti("run5", 2)})
     assert xcom["rows"] == 100 and xcom["input_rows"] == 100
+    by_job, by_task = _input_lines(capsys.readouterr().out, pinned)
+    assert len(by_job) == 1 and not by_task, (by_job, by_task)
     table = catalog.load_table(TABLE)
     assert table.snapshot_by_id(xcom["snapshot_id"]).summary["batchinfer.input.snapshot-id"] == str(pinned)
-    assert _rows(table, "run5").num_rows == 100 and _rows(table, "run4").num_rows == 300
+    assert sorted(_rows(table, "run5").column("ticket_id").to_pylist()) == list(range(1000, 1100))
+    assert _rows(table, "run4").num_rows == 300
+
+
+def test_on_a_cluster_ray_tasks_read_the_pinned_snapshot_one_task_per_data_file(
+    world, ray_cluster, monkeypatch, capsys
+):
+    """The read a job on the actor pool does first: each data file of the pinned, filtered snapshot
+    is read by a Ray task on the cluster (which rebuilds the table's FileIO without the driver's),
+    into the claim's ``_input/<attempt>/``; this process reads no rows."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    from airflow_provider_batchinfer.runtime import table_input
+
+    props, catalog = _catalog(world)
+    _raw_tickets(catalog, "d9", range(5000, 5030))
+    pinned = _raw_tickets(catalog, "d9", range(5030, 5050))  # a second data file of day d9
+    _raw_tickets(catalog, "d9", range(5050, 5060))  # after the pin: not read
+    claim = world["root"] / "claims" / "run9"
+    job = dataclasses.replace(
+        job_file(claim, inputs=(str(claim / "_input"),)),
+        table_input=TableInput("raw.tickets", public_catalog(props), pinned, "day = 'd9'"),
+    )
+    monkeypatch.setattr(table_input, "MIN_GROUP_ROWS", 1)  # one task per data file
+    _no_rows_read_here(monkeypatch)
+    try:
+        locations = table_input.read_table_input(job, None)
+    finally:
+        table_input.leave_ray()
+    assert locations == [str(claim / "_input" / job.attempt)]
+    files = sorted(Path(locations[0]).iterdir())
+    assert [f.name for f in files] == ["part-00000-000.parquet", "part-00001-000.parquet"]
+    rows = pa.concat_tables([pq.read_table(f) for f in files])
+    assert rows.column_names == ["ticket_id", "text", "day"] and rows.schema.field("text").type == pa.string()
+    assert sorted(rows.column("ticket_id").to_pylist()) == list(range(5000, 5050))
+    line = f"[batchinfer] input: 50 rows of Iceberg table raw.tickets at snapshot {pinned} where day = 'd9' read in 2"
+    assert f"{line} task(s) on Ray (2 data file(s)" in capsys.readouterr().out
 
 
 @slow
