@@ -5,12 +5,14 @@ A ``_SUCCESS`` is trusted only when it is a valid :class:`~airflow_provider_batc
 present with its size and a Parquet footer holding its row count; with ``verify_checksums`` also
 the sha256 of its bytes. ``read_committed`` hashes each file as it reads it.
 
-Hashing reads every byte of the output, so a reader that looks at the same marker again (a sensor's
-next poke, another sensor on the same run in the same process) passes a :class:`Verdicts` cache:
-once a marker's files hashed as committed, the same marker bytes at the same location skip the
-hashing and the footers (names and sizes are still checked, from one listing). The cache lives in the process only; a
-verdict on storage could be planted beside the files it vouches for. Storage layer: imports neither
-Airflow nor Ray.
+Checking every part costs requests in proportion to the parts (one or two per part on S3), so a
+reader that looks at the same marker again (a sensor's next poke, another sensor or trigger on the
+same run in the same process) passes a :class:`Verdicts` cache: once a marker's files checked out,
+the same marker bytes at the same location, over the same listing (names, sizes, modification
+times), skip the footers and the hashing. A later look costs the marker's read and one listing of
+the directory, whatever the number of parts, and still notices a part removed, resized or rewritten.
+The cache lives in the process only; a verdict on storage could be planted beside the files it
+vouches for. Storage layer: imports neither Airflow nor Ray.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import json
 import posixpath
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, FileEntry, Manifest, ManifestError
@@ -34,7 +37,11 @@ if TYPE_CHECKING:
 # --- the manifest against the files --------------------------------------------------------------------
 ManifestLike = Manifest | Mapping[str, Any]
 _CHUNK = 8 * 1024 * 1024
+#: the end of a part read in one request: its footer, when the footer is no longer than that
+_TAIL = 64 * 1024
 _FORMAT_1 = "batchinfer.manifest/1"
+#: (size, modification time in ns or None) of each file below a run directory, by relative name
+Listing = Mapping[str, tuple[int, int | None]]
 
 
 def as_manifest(manifest: ManifestLike, where: str = "manifest") -> Manifest:
@@ -54,25 +61,41 @@ def file_sha256(stage: Stage) -> str:
 def _footer_rows(stage: Stage, size: int) -> int:
     """Rows in a Parquet file's footer, read from its last bytes only (a ranged read on S3). A file
     overwritten with anything but Parquet has no footer and raises ManifestError."""
+    with stage._io("read the Parquet footer of"), stage.fs.open_input_file(stage.path) as f:
+        return _rows_in_tail(stage, size, f, f.read_at(min(size, _TAIL), size - min(size, _TAIL)))
+
+
+def _rows_in_tail(stage: Stage, size: int, f: Any, tail: bytes) -> int:
+    """Rows in the footer at the end of ``tail`` (the file's last bytes); a footer longer than the
+    tail is read from ``f``, the open file. One request for the usual footer, two for a long one."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tail = b""
-    if size >= 12:
-        with stage._io("read the Parquet footer of"), stage.fs.open_input_file(stage.path) as f:
-            end = f.read_at(8, size - 8)
-            length = int.from_bytes(end[:4], "little")
-            if end[4:] == b"PAR1" and 0 < length <= size - 12:
-                tail = f.read_at(length + 8, size - length - 8)
+    footer = b""
+    if size >= 12 and len(tail) >= 8:
+        length = int.from_bytes(tail[-8:-4], "little")
+        if tail[-4:] == b"PAR1" and 0 < length <= size - 12:
+            footer = tail[-length - 8 :] if length + 8 <= len(tail) else f.read_at(length + 8, size - length - 8)
     try:
-        if not tail:
+        if not footer:
             raise ValueError("Parquet magic bytes or footer length not found at the end of the file")
-        return int(pq.read_metadata(pa.BufferReader(b"PAR1" + tail)).num_rows)
+        return int(pq.read_metadata(pa.BufferReader(b"PAR1" + footer)).num_rows)
     except (ValueError, OSError) as exc:
         raise ManifestError(
             f"{stage.location} is not a readable Parquet file ({exc}); it was overwritten or truncated after the "
             f"commit. Do not use this output: re-run the task that wrote it"
         ) from exc
+
+
+def _hashed_rows(stage: Stage, size: int) -> tuple[str, int]:
+    """The sha256 of a part's bytes and the rows in its footer, from one read of the part: the
+    footer comes from the last bytes hashed."""
+    digest, tail = hashlib.sha256(), b""
+    with stage._io("read"), stage.fs.open_input_file(stage.path) as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            tail = chunk[-_TAIL:] if len(chunk) >= _TAIL else (tail + chunk)[-_TAIL:]
+        return digest.hexdigest(), _rows_in_tail(stage, size, f, tail)
 
 
 def _no_checksums(where: str, manifest: Manifest) -> ManifestError:
@@ -82,18 +105,29 @@ def _no_checksums(where: str, manifest: Manifest) -> ManifestError:
     )
 
 
-def _check_entry(run_dir: Stage, entry: FileEntry, present: dict[str, int], read_footer: bool = True) -> None:
+def _check_listed(run_dir: Stage, entry: FileEntry, present: Listing) -> None:
+    """The entry's name and size against the listing: no request."""
     check_relative_path(entry.name, "manifest file name")
     location = f"{run_dir.location}/{entry.name}"
     if entry.name not in present:
         raise ManifestError(f"{location} is listed in {SUCCESS_MARKER} but missing")
-    if present[entry.name] != entry.size:
-        raise ManifestError(f"{location} is {present[entry.name]} bytes but {SUCCESS_MARKER} says {entry.size}")
-    if not read_footer:
-        return
-    rows = _footer_rows(run_dir.child(*entry.name.split("/")), entry.size)
+    if present[entry.name][0] != entry.size:
+        raise ManifestError(f"{location} is {present[entry.name][0]} bytes but {SUCCESS_MARKER} says {entry.size}")
+
+
+def _check_part(run_dir: Stage, entry: FileEntry, hash_bytes: bool) -> None:
+    """The part's footer against its rows, and with ``hash_bytes`` its bytes against its sha256:
+    one read of the part either way (its end, or all of it)."""
+    location = f"{run_dir.location}/{entry.name}"
+    part = run_dir.child(*entry.name.split("/"))
+    expected = entry.sha256
+    if hash_bytes and expected is None:
+        raise ManifestError(f"{location} has no sha256 in {SUCCESS_MARKER}; it cannot be verified")
+    digest, rows = _hashed_rows(part, entry.size) if hash_bytes else (None, _footer_rows(part, entry.size))
     if rows != entry.rows:
         raise ManifestError(f"{location} holds {rows} rows but {SUCCESS_MARKER} says {entry.rows}")
+    if digest is not None and expected is not None:
+        _compare_sha256(location, digest, expected)
 
 
 def verify_contents(run_dir: Stage, manifest: Manifest) -> None:
@@ -129,15 +163,22 @@ def _normalized(location: str) -> str:
 
 
 def validate_manifest(
-    run_dir: Stage, manifest: ManifestLike, *, verify_checksums: bool = False, read_footers: bool = True
+    run_dir: Stage,
+    manifest: ManifestLike,
+    *,
+    verify_checksums: bool = False,
+    read_footers: bool = True,
+    listing: Listing | None = None,
 ) -> None:
     """Check that a manifest describes the files beside it: its schema (``Manifest.from_dict``), its
     counts, the attempt that committed it against the directory's claim, and for every listed file
     (outputs and dead letters) its name, size and Parquet footer (row count); with
-    ``verify_checksums`` also each file's sha256. ``read_footers=False`` checks names and sizes from
-    the listing alone: for a marker whose files this process already verified, so a later look makes
-    no request per part. Raises ManifestError naming the first problem (a StageError for a name that
-    climbs out of the run directory)."""
+    ``verify_checksums`` also each file's sha256, from the same read of the file. Names and sizes
+    come from one listing (``listing``, when the caller took it already) and are checked for every
+    file before any file is read. ``read_footers=False`` checks names and sizes alone: for a
+    marker whose files this process already verified, so a later look makes no request per part.
+    Raises ManifestError naming the first problem (a StageError for a name that climbs out of the
+    run directory)."""
     where = f"{run_dir.location}/{SUCCESS_MARKER}"
     manifest = as_manifest(manifest, where)
     if _normalized(manifest.run_dir) != _normalized(run_dir.location):
@@ -150,13 +191,34 @@ def validate_manifest(
     manifest.check_counts(where)
     if verify_checksums and manifest.format == _FORMAT_1:
         raise _no_checksums(where, manifest)
-    present = dict(run_dir.list_files())
+    present = _list_run_dir(run_dir) if listing is None else listing
     if JOB_SPEC_FILE in present:
         _check_claim(run_dir, manifest, where)
-    for entry in manifest.files + manifest.error_files:
-        _check_entry(run_dir, entry, present, read_footers)
-    if verify_checksums:
-        verify_contents(run_dir, manifest)
+    entries = manifest.files + manifest.error_files
+    for entry in entries:
+        _check_listed(run_dir, entry, present)
+    if read_footers or verify_checksums:
+        for entry in entries:
+            _check_part(run_dir, entry, verify_checksums)
+
+
+def _list_run_dir(run_dir: Stage) -> dict[str, tuple[int, int | None]]:
+    """Every file below a run directory: (size, modification time in ns) by name relative to it, from
+    one recursive listing (on S3 one request per 1,000 keys); empty when there is no such directory."""
+    import pyarrow.fs as pafs
+
+    selector = pafs.FileSelector(run_dir.path, recursive=True, allow_not_found=True)
+    try:
+        with run_dir._io("list"):
+            items = run_dir.fs.get_file_info(selector)
+    except NotADirectoryError:  # a file where the directory should be: it holds none of the files
+        return {}
+    prefix = run_dir.path.rstrip("/") + "/"
+    return {
+        (item.path[len(prefix) :] if item.path.startswith(prefix) else item.path): (item.size, item.mtime_ns)
+        for item in items
+        if item.type == pafs.FileType.File
+    }
 
 
 def _check_claim(run_dir: Stage, manifest: Manifest, where: str) -> None:
@@ -176,42 +238,82 @@ def _check_claim(run_dir: Stage, manifest: Manifest, where: str) -> None:
 
 
 class Verdicts:
-    """Markers whose files this process hashed and found as committed, keyed by the marker's
-    location, the storage's public settings and the sha256 of the marker's bytes: any change to the
-    marker is a new key, so a verdict never outlives the manifest it was given for. Bounded (the
-    oldest verdicts go first) and thread-safe (a triggerer checks from several threads)."""
+    """Markers whose files this process checked and found as committed. A verdict's key is the
+    marker's location, the storage's public settings, the sha256 of the marker's bytes and what was
+    checked (footers alone, or footers and checksums: a verdict without checksums never stands in
+    for one with them); its value is the seal of the listing it was given over (:func:`_seal`). Any
+    change to the marker is a new key and any change to a listed file a new seal, so a verdict never
+    outlives the manifest or the files it was given for. Bounded (the oldest verdicts go first) and
+    thread-safe: a triggerer checks from several threads, and the first looks at one marker from
+    several of them (triggers deferred together) wait for one check (:meth:`first_look`) instead of
+    each reading every part."""
 
     def __init__(self, limit: int = 1024) -> None:
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._seen: OrderedDict[str, str] = OrderedDict()
         self._limit = limit
         self._lock = threading.Lock()
+        self._looking: dict[str, tuple[threading.Lock, list[int]]] = {}
 
     @staticmethod
-    def key(location: str, marker: bytes, storage_options: Mapping[str, Any] | None) -> str:
+    def key(
+        location: str, marker: bytes, storage_options: Mapping[str, Any] | None, *, verify_checksums: bool = True
+    ) -> str:
         from airflow_provider_batchinfer.s3 import PUBLIC_KEYS
 
         options = storage_options or {}
         public = {k: options[k] for k in PUBLIC_KEYS if k in options}  # never a credential
-        where = json.dumps([_normalized(location), public], sort_keys=True, default=str).encode()
+        checked = "sha256" if verify_checksums else "footers"
+        where = json.dumps([_normalized(location), public, checked], sort_keys=True, default=str).encode()
         return hashlib.sha256(where + b"\0" + hashlib.sha256(marker).digest()).hexdigest()
 
-    def holds(self, key: str) -> bool:
+    def holds(self, key: str, seal: str = "") -> bool:
         with self._lock:
-            if key in self._seen:
+            if key in self._seen and self._seen[key] == seal:
                 self._seen.move_to_end(key)
                 return True
             return False
 
-    def add(self, key: str) -> None:
+    def add(self, key: str, seal: str = "") -> None:
         with self._lock:
-            self._seen[key] = None
+            self._seen[key] = seal
             self._seen.move_to_end(key)
             while len(self._seen) > self._limit:
                 self._seen.popitem(last=False)
 
+    @contextmanager
+    def first_look(self, key: str) -> Iterator[None]:
+        """One thread at a time looks at ``key``: while one checks the files, the others wait and
+        then find its verdict (or check again, when it found a problem)."""
+        with self._lock:
+            lock, waiting = self._looking.setdefault(key, (threading.Lock(), [0]))
+            waiting[0] += 1
+        try:
+            with lock:
+                yield
+        finally:
+            with self._lock:
+                waiting[0] -= 1
+                if not waiting[0]:
+                    del self._looking[key]
+
 
 #: the process's verdicts: what the sensor and the trigger share
 PROCESS_VERDICTS = Verdicts()
+
+
+def _seal(manifest: Manifest, listing: Listing) -> str:
+    """What a verdict holds over: the name, size and modification time of every listed file. A part
+    rewritten after the verdict (even with the same size) has another time, so it is checked again."""
+    seen = [[entry.name, *listing.get(entry.name, (None, None))] for entry in manifest.files + manifest.error_files]
+    return hashlib.sha256(json.dumps(seen).encode()).hexdigest()
+
+
+def _read_marker(marker: Stage) -> bytes | None:
+    """The marker's bytes, or None while there is none: no separate existence check (a request)."""
+    try:
+        return marker.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def read_valid_manifest(
@@ -223,23 +325,31 @@ def read_valid_manifest(
 ) -> Manifest | None:
     """The validated manifest of a run directory, or None while it has no marker. An
     ``iceberg://<table>/<run key>`` location: the run's snapshot in the table (its manifest). With
-    ``verdicts``, files already hashed for these very marker bytes are not hashed again."""
+    ``verdicts``, files already checked for these very marker bytes, in either mode for
+    ``verify_checksums=False`` and with checksums for ``True``, are not read again: the look costs
+    the marker's read and one listing (names, sizes and times against the verdict's seal)."""
     if location.startswith(TABLE_SCHEME):
         return _read_table_manifest(location, storage_options, verify_checksums, verdicts)
     run_dir = Stage.open(location, storage_options)
     marker = run_dir.child(SUCCESS_MARKER)
-    if not marker.exists():
+    data = _read_marker(marker)
+    if data is None:
         return None
-    data = marker.read_bytes()
     manifest = Manifest.from_json(data, marker.location)
-    if verdicts is None or not verify_checksums:
+    if verdicts is None:
         validate_manifest(run_dir, manifest, verify_checksums=verify_checksums)
         return manifest
-    key = verdicts.key(location, data, storage_options)
-    known = verdicts.holds(key)
-    validate_manifest(run_dir, manifest, verify_checksums=not known, read_footers=not known)
-    if not known:
-        verdicts.add(key)
+    key = verdicts.key(location, data, storage_options, verify_checksums=verify_checksums)
+    hashed = verdicts.key(location, data, storage_options, verify_checksums=True)  # also vouches for footers
+    with verdicts.first_look(key):
+        listing = _list_run_dir(run_dir)
+        seal = _seal(manifest, listing)
+        known = verdicts.holds(key, seal) or verdicts.holds(hashed, seal)
+        validate_manifest(
+            run_dir, manifest, verify_checksums=verify_checksums and not known, read_footers=not known, listing=listing
+        )
+        if not known:
+            verdicts.add(key, seal)
     return manifest
 
 
@@ -255,7 +365,7 @@ def _read_table_manifest(
     if manifest is None:
         return None
     storage = split_options(options)[1]
-    key = verdicts.key(location, manifest.to_json().encode(), storage)
+    key = verdicts.key(location, manifest.to_json().encode(), storage, verify_checksums=True)
     if not verdicts.holds(key):
         verify_contents(Stage.open(manifest.run_dir, storage), manifest)
         verdicts.add(key)

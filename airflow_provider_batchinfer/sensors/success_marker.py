@@ -2,9 +2,11 @@
 
 It trusts only a ``_SUCCESS`` whose manifest follows the contract (``Manifest.from_dict``) and
 describes the files beside it: each listed file present with its size, a Parquet footer holding its
-row count and the sha256 of its bytes, counts reconciled. Hashing is one read of the output per
-marker; the verdict is kept in the process, keyed by the marker's bytes and location, so a later
-look at the same marker reads only names, sizes and footers. It pushes that manifest (its dict) to
+row count and the sha256 of its bytes, counts reconciled. Reading every part (its footer, or all
+of it to hash) is done once per marker: the verdict is kept in the process, keyed by the marker's
+bytes, its location and the mode, so a later look at the same marker, with or without checksums,
+reads the marker and lists the directory (names, sizes, modification times) and makes no request
+per part, whatever the number of parts. It pushes that manifest (its dict) to
 XCom so ``publish`` reads exactly the committed files and nothing else. A marker that exists but
 does not hold fails the task at once: waiting would not fix it.
 """
@@ -40,8 +42,9 @@ class SuccessMarkerSensor(BaseSensorOperator):
         open an ``s3://`` location (ignored for local paths).
     :param verify_checksums: re-hash every listed file against the sha256 in the manifest (the
         default: reads every byte once per marker, so a part changed after the commit fails the
-        sensor). ``False`` checks only names, sizes and Parquet footers, and lets a marker without
-        checksums (format 1) pass.
+        sensor; a part rewritten after that shows in the listing and is hashed again). ``False``
+        checks only names, sizes and Parquet footers (the footers once per marker), and lets a
+        marker without checksums (format 1) pass.
     Supports ``mode="reschedule"`` like any sensor.
     """
 

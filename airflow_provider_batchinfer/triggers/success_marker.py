@@ -41,10 +41,12 @@ class SuccessMarkerTrigger(WatchTrigger):
     message when a marker exists but does not hold (a retry would not fix it), ``timeout`` at
     ``deadline`` and ``error`` when the stage could not be looked at.
 
-    ``verify_checksums`` (default true): re-hash every listed file against its sha256, once per
-    marker: the verdict is kept in the process (``markers.PROCESS_VERDICTS``), keyed by the marker's
-    bytes and location, so this trigger's later polls, and other triggers on the same run, do not
-    read the output again.
+    ``verify_checksums`` (default true): re-hash every listed file against its sha256; ``False``
+    reads each listed file's footer instead. Either is done once per marker: the verdict is kept in
+    the process (``markers.PROCESS_VERDICTS``, shared with the sensors' pokes), keyed by the
+    marker's bytes, location and mode, so other triggers on the same run read the marker and list
+    the directory, and make no request per part. Triggers deferred together on one run check it
+    one at a time (``Verdicts.first_look``): one reads the parts, the others find its verdict.
     ``poke_interval`` is the former name of ``poll_interval``, still accepted so that a trigger
     serialized by an earlier version resumes after an upgrade."""
 
