@@ -79,6 +79,9 @@ class Proxy(ThreadingHTTPServer):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive and 100-continue, as S3 clients expect
+    # a response's headers and body are written apart: with Nagle's algorithm on, each response then
+    # waits out the client's delayed ACK (~40 ms), several times what the request itself costs
+    disable_nagle_algorithm = True
     server: Proxy
 
     def log_message(self, format: str, *args) -> None:  # the JSON log is the record
