@@ -7,7 +7,7 @@ hashed) totalling about ``--gib`` GiB under ``--dir``, with a valid ``_SUCCESS``
 - ``cold``: each part's pages dropped from the page cache first (``posix_fadvise(DONTNEED)`` on the
   part's own file, nothing else on the machine is touched), so the bytes come from the disk;
 - ``warm``: the same again with the parts in the page cache (the sensor right after the commit);
-- ``cached``: a second look at the same marker through the process's verdicts (footers only);
+- ``cached``: a second look at the same marker through the process's verdicts (names and sizes only);
 - ``no checksums``: ``verify_checksums=False`` (names, sizes, footers), for reference;
 - ``sha256 in memory``: hashlib over 256 MiB already in memory, the CPU's bound at that moment.
 
