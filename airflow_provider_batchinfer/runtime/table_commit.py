@@ -115,7 +115,7 @@ def summary_properties(manifest: Manifest, target: TableOutput, manifest_locatio
 def ensure_table(catalog: Catalog, target: TableOutput, schema: pa.Schema) -> Table:
     """The table, created on first use from the parts' schema, partitioned by the run key (so
     OVERWRITE of one run replaces whole files and ERROR's check reads only that partition)."""
-    from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+    from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, TableAlreadyExistsError
 
     table = load_table(catalog, target.identifier)
     if table is not None:
@@ -138,6 +138,11 @@ def ensure_table(catalog: Catalog, target: TableOutput, schema: pa.Schema) -> Ta
         print(f"[batchinfer] created Iceberg table {target.identifier} at {kwargs.get('location', '')}", flush=True)
     except TableAlreadyExistsError:  # another run created it meanwhile
         pass
+    except CommitFailedException:
+        # the same race, caught at the commit: a create asserts the table is new ("Table already
+        # exists"); any other failed commit leaves no table behind and is re-raised
+        if load_table(catalog, target.identifier) is None:
+            raise
     except (ValueError, TypeError) as exc:
         raise TableCommitError(
             f"cannot create Iceberg table {target.identifier} from the output schema: {exc}"

@@ -132,3 +132,24 @@ def test_commits_of_different_run_keys_racing_each_other_all_land(tmp_path, cata
     assert len(table.metadata.snapshots) == 6
     assert sorted(table.scan().to_arrow().column("ticket_id").to_pylist()) == list(range(60))
     assert sorted(s.summary["batchinfer.run-key"] for s in table.metadata.snapshots) == [f"run{i}" for i in range(6)]
+
+
+def test_a_table_another_run_created_since_the_check_is_used_not_a_failure(tmp_path, catalog_props, monkeypatch):
+    """Two first runs of a new table: both see no table, both create it, and the SQL catalog refuses
+    the second create with a commit failure ("Table already exists"). The second run then uses the
+    table the first created."""
+    from airflow_provider_batchinfer.runtime import table_commit
+
+    schema = pa.schema([("id", pa.int64()), (RUN_KEY_COLUMN, pa.string())])
+    target = TableOutput(TABLE, {}, "r1", "error", str(tmp_path / "claims" / "r1"), "")
+    catalog = open_catalog(catalog_props, {})
+    first = table_commit.ensure_table(catalog, target, schema)
+    real_load, calls = table_commit.load_table, []
+
+    def load_table(c, name):  # the second run's check ran before the first run's create landed
+        calls.append(name)
+        return None if len(calls) == 1 else real_load(c, name)
+
+    monkeypatch.setattr(table_commit, "load_table", load_table)
+    second = table_commit.ensure_table(catalog, target, schema)
+    assert second.metadata.table_uuid == first.metadata.table_uuid
