@@ -240,10 +240,15 @@ def test_permanent_keys_pass_and_temporary_ones_must_outlive_the_deadline():
     )
 
 
-def test_a_role_filesystem_pickles_with_the_role_and_no_secret():
-    """What Ray ships to every read and write task: the role, so each task assumes it itself."""
+def test_a_role_filesystem_pickles_with_the_role_and_no_secret(monkeypatch):
+    """What Ray ships to every read and write task: the role, so each task assumes it itself.
+    The AWS SDK asks STS for the role's session as the filesystem is built: here it asks a closed
+    port on this machine, once, instead of AWS's STS with the SDK's retries and backoff."""
     from airflow_provider_batchinfer.s3 import filesystem
 
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", f"http://127.0.0.1:{_free_port()}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     fs = filesystem({"endpoint_url": "http://127.0.0.1:1", "region": "us-east-1", "role_arn": ROLE})
     (kwargs,) = fs.__reduce__()[1]
     assert (kwargs["role_arn"], kwargs["session_name"], kwargs["load_frequency"]) == (ROLE, "batchinfer", 900)
@@ -346,7 +351,7 @@ def test_a_session_token_that_expires_before_the_deadline_is_refused(s3_server, 
     assert _objects(s3_server, s3_bucket, "out/") == []
 
 
-@pytest.mark.usefixtures("airflow_db", "ray_cluster")
+@pytest.mark.usefixtures("airflow_db")
 def test_a_session_token_that_outlives_the_deadline_runs_and_commits(s3_server, s3_bucket, monkeypatch):
     later = (datetime.now(timezone.utc) + timedelta(hours=3)).isoformat()
     _s3_connection(

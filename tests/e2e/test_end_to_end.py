@@ -174,7 +174,7 @@ def test_sql_input_is_materialized_in_chunks(batchinfer_home, text_length_model,
 
 
 def test_without_an_address_the_job_starts_its_own_ray_beside_a_running_cluster(
-    batchinfer_home, text_length_model, tickets, tmp_path, monkeypatch, ray_cluster
+    batchinfer_home, text_length_model, tickets, tmp_path, monkeypatch, ray_cluster, capfd
 ):
     """The embedded default must not attach to another `ray start` cluster on the machine (here the
     session's, which uses token auth): ray.init(address=None) would, and hang there."""
@@ -185,6 +185,8 @@ def test_without_an_address_the_job_starts_its_own_ray_beside_a_running_cluster(
     state, tasks, _ = run_dag("bi_test_error_mode", input=str(tickets[0]), out=str(out))
     assert state == "success", tasks
     assert committed_manifest(str(out))["counts"]["output_rows"] == 500
+    (launched,) = [line for line in capfd.readouterr().out.splitlines() if "Launching batch inference job" in line]
+    assert "(embedded Ray at " in launched and ray_cluster["address"] not in launched
 
 
 def test_the_version_probe_reads_the_running_clusters_ray_version(ray_cluster):

@@ -1,6 +1,7 @@
-"""Secrets never become metadata: a ``ray_jobs`` job on a real ``ray start`` cluster with S3 keys on
-the connection commits, and neither the Jobs API's listing, the job's metadata nor any task log line
-(error messages included) holds the connection's secret or any credential at all."""
+"""Secrets never become metadata: ``ray_jobs`` jobs on a real ``ray start`` cluster, one with S3 keys
+on the connection that fails and one with a role that commits, and neither the Jobs API's listing,
+the job's metadata, the files the job writes, its XCom nor any task log line (error messages
+included) holds the connection's secret or any credential at all."""
 
 from __future__ import annotations
 
@@ -108,35 +109,11 @@ def _assert_no_credential(text: str, keyed: dict, where: str) -> None:
         assert name not in text, f"{name} is in {where}"
 
 
-def test_a_job_with_keys_on_the_connection_commits_and_no_client_can_read_a_credential(keyed, caplog, capfd):
-    caplog.set_level(logging.DEBUG)
-    out = f"s3://{keyed['bucket']}/out/ok"
-    ti = TaskInstanceStandIn(run_id=f"manual__secrets_ok_{uuid.uuid4().hex[:8]}")
-
-    xcom = _operator(keyed["tickets"]("input-ok"), out).execute({"ti": ti})
-
-    assert xcom["rows"] == 200
-    run_dir = Stage.open(out, keyed["options"])
-    manifest = run_dir.child(SUCCESS_MARKER).read_bytes().decode()
-    claim = json.loads(run_dir.child(JOB_SPEC_FILE).read_bytes())
-    listing = _jobs_listing(keyed["cluster"])
-    ours = [job for job in json.loads(listing) if job.get("submission_id") == claim["submission_id"]]
-    assert len(ours) == 1 and ours[0]["status"] == "SUCCEEDED"
-    # what the listing shows instead: the secrets package by its content-hash URI and random name
-    runtime_env = ours[0]["runtime_env"]
-    assert [m[:15] for m in runtime_env["py_modules"]] == ["gcs://_ray_pkg_"]
-    assert runtime_env["env_vars"]["BATCHINFER_SECRETS_MODULE"].startswith("batchinfer_secrets_")
-    _assert_no_credential(listing, keyed, "GET /api/jobs/")
-    _assert_no_credential(json.dumps(ours[0].get("metadata")), keyed, "the job's metadata")
-    _assert_no_credential(json.dumps(claim), keyed, "_job.json")
-    _assert_no_credential(manifest, keyed, "_SUCCESS")
-    _assert_no_credential(json.dumps(xcom, default=str), keyed, "XCom")
-    logged = caplog.text + "".join(capfd.readouterr())
-    assert "S3 for the Ray job: a session derived through STS, valid until" in logged
-    _assert_no_credential(logged, keyed, "the task log")
-
-
-def test_a_failing_job_reports_its_error_and_no_log_line_holds_a_credential(keyed, caplog, capfd):
+def test_a_failing_job_reports_its_error_and_no_client_or_log_line_holds_a_credential(keyed, caplog, capfd):
+    """One job with keys on the connection, failing on a row: its error reaches the task, nothing
+    commits, and neither the Jobs API's listing, the job's metadata, ``_job.json``, the error nor the
+    task log holds a credential. What only a committed job writes (``_SUCCESS``, XCom) is checked on
+    the role's job below, which commits."""
     from airflow.sdk.exceptions import AirflowException
 
     caplog.set_level(logging.DEBUG)
@@ -146,10 +123,23 @@ def test_a_failing_job_reports_its_error_and_no_log_line_holds_a_credential(keye
     with pytest.raises(AirflowException, match="ended FAILED: ValueError: cannot score text 'boom'") as info:
         _operator(keyed["tickets"]("input-bad", bad_row=42), out).execute({"ti": ti})
 
-    assert not Stage.open(out, keyed["options"]).child(SUCCESS_MARKER).exists()
+    run_dir = Stage.open(out, keyed["options"])
+    assert not run_dir.child(SUCCESS_MARKER).exists()
+    claim = json.loads(run_dir.child(JOB_SPEC_FILE).read_bytes())
+    listing = _jobs_listing(keyed["cluster"])
+    ours = [job for job in json.loads(listing) if job.get("submission_id") == claim["submission_id"]]
+    assert len(ours) == 1 and ours[0]["status"] == "FAILED"
+    # what the listing shows instead: the secrets package by its content-hash URI and random name
+    runtime_env = ours[0]["runtime_env"]
+    assert [m[:15] for m in runtime_env["py_modules"]] == ["gcs://_ray_pkg_"]
+    assert runtime_env["env_vars"]["BATCHINFER_SECRETS_MODULE"].startswith("batchinfer_secrets_")
+    _assert_no_credential(listing, keyed, "GET /api/jobs/")
+    _assert_no_credential(json.dumps(ours[0].get("metadata")), keyed, "the job's metadata")
+    _assert_no_credential(json.dumps(claim), keyed, "_job.json")
     _assert_no_credential(str(info.value), keyed, "the error message")
-    _assert_no_credential(caplog.text + "".join(capfd.readouterr()), keyed, "the task log")
-    _assert_no_credential(_jobs_listing(keyed["cluster"]), keyed, "GET /api/jobs/")
+    logged = caplog.text + "".join(capfd.readouterr())
+    assert "S3 for the Ray job: a session derived through STS, valid until" in logged
+    _assert_no_credential(logged, keyed, "the task log")
 
 
 def test_without_sts_the_job_is_not_started_and_the_key_stays_home(keyed, monkeypatch, caplog, capfd):
@@ -190,7 +180,8 @@ def test_a_role_on_the_connection_gives_the_job_that_roles_session_only(
     capfd,
 ):
     """The user's own keys may only assume the role (the store refuses them S3), and the role may not
-    assume itself: the job commits only if it got the role's session and did not assume it again."""
+    assume itself: the job commits only if it got the role's session and did not assume it again.
+    A committed job: what it leaves (``_job.json``, ``_SUCCESS``, XCom, its listing) holds no secret."""
     from airflow_provider_batchinfer.registry import ModelRegistry
     from tests.models import TextLength
 
@@ -227,12 +218,20 @@ def test_a_role_on_the_connection_gives_the_job_that_roles_session_only(
     xcom = _operator(f"s3://{bucket}/jobs-input", out).execute({"ti": TaskInstanceStandIn(run_id="manual__role")})
 
     assert xcom["rows"] == 120
-    assert Stage.open(out, via_role).child(SUCCESS_MARKER).exists()
+    run_dir = Stage.open(out, via_role)
+    manifest = run_dir.child(SUCCESS_MARKER).read_bytes().decode()
+    claim = json.loads(run_dir.child(JOB_SPEC_FILE).read_bytes())
     logged = caplog.text + "".join(capfd.readouterr())
     assert f"a session derived through STS for role {role}" in logged
     listing = _jobs_listing(ray_cluster)
+    ours = [job for job in json.loads(listing) if job.get("submission_id") == claim["submission_id"]]
+    assert len(ours) == 1 and ours[0]["status"] == "SUCCEEDED"
     holder = {"secret": secret}
     _assert_no_credential(listing, holder, "GET /api/jobs/")
+    _assert_no_credential(json.dumps(ours[0].get("metadata")), holder, "the job's metadata")
+    _assert_no_credential(json.dumps(claim), holder, "_job.json")
+    _assert_no_credential(manifest, holder, "_SUCCESS")
+    _assert_no_credential(json.dumps(xcom, default=str), holder, "XCom")
     _assert_no_credential(logged, holder, "the task log")
 
 
@@ -416,7 +415,6 @@ def test_open_catalog_takes_what_the_environment_delivers_and_its_errors_hold_no
     assert "pw-bad-9f3a" not in str(info.value) and "tk-9f3a" not in str(info.value)
 
 
-@pytest.mark.usefixtures("ray_cluster")
 def test_an_iceberg_run_writes_no_catalog_secret_into_any_file(tmp_path, monkeypatch, caplog, capfd):
     """One run into a table of a catalog whose properties hold an ``Authorization`` header and a
     password in its URI: it commits (the runtime got them through its environment), and no file

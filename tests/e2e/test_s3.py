@@ -11,6 +11,8 @@ import asyncio
 import hashlib
 import io
 import json
+import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
@@ -145,21 +147,6 @@ def test_run1_and_run10_never_touch_each_other(s3_server, s3_bucket):
     assert run1.clear_run_directory() == 3
     assert keys(s3_server, f"s3://{s3_bucket}/out/run1") == []
     assert keys(s3_server, f"s3://{s3_bucket}/out/run10") == [SUCCESS_MARKER, JOB_SPEC_FILE, "part-00000-t01a.parquet"]
-
-
-def test_clearing_more_than_1000_objects_removes_every_one(s3_server, s3_bucket):
-    import boto3
-
-    client = boto3.client(
-        "s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET
-    )
-    for i in range(1205):
-        client.put_object(Bucket=s3_bucket, Key=f"big/run/part-{i:05d}-t01a.parquet", Body=b"x")
-    client.put_object(Bucket=s3_bucket, Key=f"big/run/{SUCCESS_MARKER}", Body=b"{}")
-    client.put_object(Bucket=s3_bucket, Key="big/run10/keep.parquet", Body=b"x")
-    assert Stage.open(f"s3://{s3_bucket}/big/run", options(s3_server)).clear_run_directory() == 1206
-    left = client.list_objects_v2(Bucket=s3_bucket, Prefix="big/")
-    assert [o["Key"] for o in left.get("Contents", []) if not o["Key"].endswith("/")] == ["big/run10/keep.parquet"]
 
 
 def test_a_missing_bucket_is_named_and_permanent(s3_server):
@@ -343,11 +330,10 @@ def test_end_to_end_input_stage_and_registry_on_s3_then_the_sensors(
 def test_error_and_overwrite_on_s3_with_1000_plus_stale_objects_and_run10_untouched(
     s3_server, s3_connection, s3_model, s3_tickets, capfd
 ):
-    import boto3
-
+    """ERROR refuses a committed run10; OVERWRITE clears run1 of more objects than one S3 listing
+    page or batch delete holds (1,000), and run10, whose prefix starts with run1's, keeps every one."""
     run1, run10 = f"{s3_connection}/out/run1", f"{s3_connection}/out/run10"
-    state, tasks, _ = run_dag("bi_test_error_mode", input=s3_tickets[0], out=run10)
-    assert state == "success", tasks
+    commit_on_s3(s3_server, run10)
     committed = snapshot(s3_server, run10)
     assert SUCCESS_MARKER in committed
 
@@ -356,21 +342,11 @@ def test_error_and_overwrite_on_s3_with_1000_plus_stale_objects_and_run10_untouc
     assert f"run directory {run10} is not empty" in capfd.readouterr().out
     assert snapshot(s3_server, run10) == committed
 
-    # run1: an earlier run of the same task left 1,100 parts and a marker
-    client = boto3.client(
-        "s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET
-    )
-    bucket = s3_connection[5:]
+    # run1: an earlier run of the same task left 1,001 parts and a marker
     earlier = job_file(run1, attempt="t01old", owner=RunOwner("bi_test_overwrite_retry", "infer", "earlier", 1))
-    client.put_object(Bucket=bucket, Key=f"out/run1/{JOB_SPEC_FILE}", Body=earlier.to_json().encode())
-    with ThreadPoolExecutor(8) as pool:  # 1,100 round trips to the S3 server, 8 at a time
-        list(
-            pool.map(
-                lambda i: client.put_object(Bucket=bucket, Key=f"out/run1/part-{i:05d}-t01old.parquet", Body=b"stale"),
-                range(1100),
-            )
-        )
-    client.put_object(Bucket=bucket, Key=f"out/run1/{SUCCESS_MARKER}", Body=b"{}")
+    put(s3_server, f"{run1}/{JOB_SPEC_FILE}", earlier.to_json().encode())
+    _put_many(s3_server, s3_connection[5:], [f"out/run1/part-{i:05d}-t01old.parquet" for i in range(1001)])
+    put(s3_server, f"{run1}/{SUCCESS_MARKER}", b"{}")
     state, tasks, _ = run_dag("bi_test_overwrite_retry", input=s3_tickets[0], out=run1)
     assert state == "success", tasks
     manifest = read_valid_manifest(run1, options(s3_server)).to_dict()
@@ -378,8 +354,32 @@ def test_error_and_overwrite_on_s3_with_1000_plus_stale_objects_and_run10_untouc
     assert sorted(snapshot(s3_server, run1)) == sorted(
         [JOB_SPEC_FILE, SUCCESS_MARKER, *(f["name"] for f in manifest["files"])]
     )
-    assert "removed _SUCCESS then 1101 other file(s)" in capfd.readouterr().out
+    assert "removed _SUCCESS then 1002 other file(s)" in capfd.readouterr().out
     assert snapshot(s3_server, run10) == committed
+
+
+def _put_many(endpoint: str, bucket: str, keys: list[str], connections: int = 4) -> None:
+    """Stale objects for a test's setup, put as plain HTTP PUTs on a few kept-alive connections: the
+    session's S3 server takes unsigned requests, and signing each of a thousand puts through boto3
+    would cost the machine more than the server's own work."""
+    import http.client
+    from urllib.parse import quote, urlsplit
+
+    host = urlsplit(endpoint)
+
+    def put_some(some: list[str]) -> None:
+        conn = http.client.HTTPConnection(host.hostname, host.port, timeout=60)
+        try:
+            for key in some:
+                conn.request("PUT", f"/{bucket}/{quote(key)}", body=b"stale")
+                response = conn.getresponse()
+                response.read()
+                assert response.status == 200, (key, response.status)
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(connections) as pool:
+        list(pool.map(put_some, [keys[i::connections] for i in range(connections)]))
 
 
 @pytest.mark.usefixtures("airflow_db")
@@ -414,22 +414,36 @@ def test_a_wrong_endpoint_fails_the_task_naming_bucket_and_key_and_writes_nothin
     assert snapshot(s3_server, out) == {}
 
 
-@pytest.mark.usefixtures("airflow_db", "ray_cluster")
-def test_the_tabular_example_dag_runs_unchanged_with_everything_on_s3(
-    s3_server, s3_connection, tmp_path, monkeypatch, capfd
+@pytest.mark.usefixtures("airflow_db")
+def test_the_tabular_example_dag_runs_unchanged_through_the_jobs_api_deferrable_with_everything_on_s3(
+    s3_server, s3_connection, ray_cluster, tmp_path, monkeypatch, capfd
 ):
-    """The example as shipped, pointed at S3 by the connection alone: the model is trained and logged
-    into the S3 registry, data_prep writes the input under the S3 stage_root, the job reads and writes
-    S3, the sensor gates on the S3 marker and publish reads only the committed files from S3."""
+    """The example as shipped, pointed at S3 and at the cluster's Jobs API by the connection alone:
+    the model is trained and logged into the S3 registry, data_prep writes the input under the S3
+    stage_root, one Ray job (submitted, then watched by its trigger) reads and writes S3, the sensor
+    gates on the S3 marker and publish reads only the committed files from S3."""
     import pyarrow.csv as pacsv
 
-    monkeypatch.setenv("BATCHINFER_MODEL_CACHE", str(tmp_path / "model-cache"))
-    state, tasks, run_id = run_dag("batchinfer_tabular_scoring", num_customers=1500)
+    from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher
+
+    cache = tmp_path / "model-cache"
+    conn = json.loads(os.environ["AIRFLOW_CONN_BATCHINFER_DEFAULT"])
+    conn["host"] = ray_cluster["dashboard"]
+    conn["extra"].update(
+        launcher="ray_jobs",
+        python=sys.executable,
+        ray_token=ray_cluster["token"],
+        runtime_env={"env_vars": {"BATCHINFER_MODEL_CACHE": str(cache)}},
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps(conn))
+    dag_id = "batchinfer_tabular_scoring"
+    state, tasks, run_id = run_dag(dag_id, num_customers=1500)
     assert state == "success", tasks
     key = sanitize_run_key(run_id)
     run_dir = f"{s3_connection}/stage/scores/churn/{key}"
     manifest = read_valid_manifest(run_dir, options(s3_server)).to_dict()
     assert manifest["counts"] == {"input_rows": 1500, "output_rows": 1500, "error_rows": 0}
+    assert manifest["job"]["launcher"] == "ray_jobs"
     assert manifest["model"]["uri"].startswith(f"{s3_connection}/registry/churn_scorer/sha-")
     assert manifest["input"]["locations"] == [f"{s3_connection}/stage/prepared/customers/{key}"]
     published = Stage.open(f"{s3_connection}/stage/published/churn/{key}/top_100_at_risk.csv", options(s3_server))
@@ -437,7 +451,17 @@ def test_the_tabular_example_dag_runs_unchanged_with_everything_on_s3(
     assert top.num_rows == 100 and top.column_names[0] == "customer_id"
     scores = top.column("churn_probability").to_pylist()
     assert scores == sorted(scores, reverse=True)
-    # the actor fetched the S3 model into its node's cache; nothing was written outside the bucket
+    # one submission for the run, and its link on the task
+    job_spec = Stage.open(run_dir, options(s3_server)).child(JOB_SPEC_FILE).read_bytes().decode()
+    claim = json.loads(job_spec)
+    sid = claim["submission_id"]
+    launcher = RayJobsLauncher(ray_cluster["dashboard"], headers={"Authorization": f"Bearer {ray_cluster['token']}"})
+    ours = [j for j in launcher.client().list_jobs() if (j.metadata or {}).get("run_id") == run_id]
+    assert [j.submission_id for j in ours] == [sid]
+    assert launcher.find(sid)["status"] == "SUCCEEDED" and len(claim["identity"]) == 64
+    assert xcom_value(dag_id, run_id, "score_customers", key="ray_job_url").endswith(f"/#/jobs/{sid}")
+    # the actor fetched the S3 model into its node's cache (the one the connection's runtime_env names)
     model = manifest["model"]
-    assert (cached_copy(tmp_path / "model-cache", model["uri"], model["sha256"]) / "MODEL.json").exists()
-    assert SECRET not in capfd.readouterr().out
+    assert (cached_copy(cache, model["uri"], model["sha256"]) / "MODEL.json").exists()
+    assert ray_cluster["token"] not in job_spec  # the token never reaches the spec
+    assert SECRET not in job_spec and SECRET not in capfd.readouterr().out
