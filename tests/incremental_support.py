@@ -33,14 +33,6 @@ class TextFingerprint:
         }
 
 
-class TextFingerprintV2(TextFingerprint):
-    """Another model version: the same outputs, shifted."""
-
-    def predict(self, batch, salt: str = "", tally: str | None = None):
-        out = super().predict(batch, salt, tally)
-        return {"length": out["length"] + 1, "crc": out["crc"]}
-
-
 SIGNATURE = {"inputs": {"text": "string"}, "outputs": {"length": "int64", "crc": "int64"}}
 
 

@@ -665,7 +665,9 @@ def _settled(out: Path, quiet_s: float = 2.0, timeout: float = 30) -> None:
 
 
 @pytest_jobs
-def test_task_killed_mid_job_then_retried_with_overwrite_and_with_resume(batchinfer_home, slow_model, tmp_path):
+def test_task_killed_mid_job_then_retried_with_overwrite_and_with_resume(
+    batchinfer_home, slow_model, tmp_path, monkeypatch
+):
     rows = 240
     inputs = write_tickets(tmp_path / "in", rows=rows, files=6)
     out = tmp_path / "out"
@@ -715,7 +717,12 @@ def test_task_killed_mid_job_then_retried_with_overwrite_and_with_resume(batchin
     assert xcom["rows"] == rows and manifest["counts"] == {"input_rows": rows, "output_rows": rows, "error_rows": 0}
     assert _ids(out, manifest) == list(range(rows))  # exactly once
 
-    # retry with OVERWRITE (on a copy of the same leftovers): one clean result of the new attempt only
+    # retry with OVERWRITE (on a copy of the same leftovers): one clean result of the new attempt only.
+    # The operator clears the leftovers before the launch, whatever scores the rows: this retry runs
+    # on the embedded default, scored in its runtime's own process (no Ray workers to start), with no
+    # spare runtime process started after it
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setenv("BATCHINFER_WARM_RUNTIME", "0")
     clean = _operator(
         inputs,
         overwrite_dir,
@@ -727,6 +734,7 @@ def test_task_killed_mid_job_then_retried_with_overwrite_and_with_resume(batchin
     )
     xcom = clean.execute({"ti": TaskInstanceStandIn(try_number=2)})
     manifest = committed_manifest(str(overwrite_dir))
+    assert manifest["job"]["pool"]["in_driver"]
     assert manifest["resume"]["processed_rows"] == rows and manifest["resume"]["kept_rows"] == 0
     assert sorted(p.name for p in overwrite_dir.glob("part-*.parquet")) == sorted(f["name"] for f in manifest["files"])
     assert all(xcom["attempt"] in f["name"] for f in manifest["files"])

@@ -1,11 +1,11 @@
 """Incremental scoring (``JobSpec(reuse="unchanged")``) on real parts.
 
-Unit tests first (keys, the manifest section, choosing the earlier run, the parse-time checks), then
-one module-scoped scenario on the session's Ray cluster driven through ``BatchInferenceOperator.execute``:
-20k products scored, 5% of their texts changed, rows added and deleted, scored again; the second
-run must copy the unchanged rows, score only the rest (counted by the model itself), and equal a
-full re-score row for row. A new model version and new params reuse nothing; a damaged key index
-falls back to scoring every row. ``dag.test()`` and an ``s3://`` stage run at the end.
+Unit tests first (keys, the manifest section, choosing the earlier run, the parse-time checks; a new
+model version and new params reuse nothing), then one module-scoped scenario on the session's Ray
+cluster driven through ``BatchInferenceOperator.execute``: 8k products scored, 5% of their texts
+changed, rows added and deleted, scored again; the second run must copy the unchanged rows, score
+only the rest (counted by the model itself), and equal a full re-score row for row; a damaged key
+index falls back to scoring every row. ``dag.test()`` and an ``s3://`` stage run at the end.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from tests import reuse_runs
 from tests.incremental_support import (
     SIGNATURE,
     TextFingerprint,
-    TextFingerprintV2,
     product_texts,
     tallied,
     write_products,
@@ -251,6 +250,25 @@ def test_xcom_and_the_lineage_run_facet_carry_the_reuse_counts(text_length_model
     assert (xcom["reused_rows"], xcom["scored_rows"], xcom["reused_from"]) == (1, 2, None)
 
 
+def test_a_run_with_reuse_off_has_no_reuse_section_and_no_reuse_counts(tmp_path):
+    """``JobSpec(reuse=None)``: the runtime writes no ``reuse`` section, so XCom has no reuse keys."""
+    import dataclasses
+    import logging
+
+    from airflow_provider_batchinfer.operators.finalize import committed_result
+    from airflow_provider_batchinfer.runtime.resume import nothing_kept
+    from airflow_provider_batchinfer.runtime.reuse import section
+
+    run = tmp_path / "run"
+    manifest = dataclasses.replace(
+        _reuse_manifest(run), reuse=section(None, Stage.open(str(run)), nothing_kept(), [], 3)
+    )
+    assert manifest.reuse is None and "reuse" not in json.loads(manifest.to_json())
+    (run / SUCCESS_MARKER).write_text(manifest.to_json())
+    xcom = committed_result(str(run), manifest.job.attempt, {}, logging.getLogger(__name__))
+    assert xcom["rows"] == 3 and not {"reused_rows", "scored_rows", "reused_from"} & set(xcom)
+
+
 # --- choosing the earlier run ---------------------------------------------------------------------------
 
 
@@ -331,6 +349,23 @@ def test_new_params_give_a_new_context_so_nothing_of_the_old_run_matches(tmp_pat
     assert plan_reuse(dataclasses_replace(job, job_spec=JobSpec()), columns, schema, None) is None
 
 
+def test_a_new_model_version_reuses_nothing_of_the_old_versions_runs(tmp_path):
+    """A run of version v1 is the source of the next v1 run; v2 (another version and sha256) gets
+    another context and takes nothing from it, so every row goes to the new model."""
+    from airflow_provider_batchinfer.runtime.reuse_source import plan_reuse
+
+    job, columns, schema = _plan(tmp_path)
+    v1 = plan_reuse(job, columns, schema, None)
+    assert v1 is not None and v1.source is None
+    earlier = _committed(tmp_path / "base", "d1", "2026-11-20T00:00:00+00:00", context=v1.context)
+    again = plan_reuse(job, columns, schema, None)
+    assert again is not None and again.source is not None and again.source.run_dir == str(earlier)
+    v2 = dataclasses_replace(job, model=dataclasses_replace(job.model, version="v2", sha256="1" * 64))
+    plan = plan_reuse(v2, columns, schema, None)
+    assert plan is not None and plan.context != v1.context and plan.source is None
+    assert any("none of their rows can be reused" in n for n in plan.notes)
+
+
 @pytest.mark.parametrize(
     ("input_spec", "engine", "match"),
     [
@@ -389,8 +424,10 @@ def test_the_operator_refuses_reuse_where_it_cannot_work(output_spec, input_spec
 
 ROWS = 8_000
 CHANGED = ROWS // 20  # every 20th text changed on day 2 (product_texts)
-SCORED = CHANGED + 200  # the changed texts and 200 new rows
-REUSED = ROWS - 300 - CHANGED  # the rest of day 2's rows: 300 were deleted
+DELETED = range(1, ROWS * 3 // 4, 20)  # ids dropped on day 2
+ADDED = ROWS // 40  # new ids on day 2
+SCORED = CHANGED + ADDED  # the changed texts and the new rows
+REUSED = ROWS - len(DELETED) - CHANGED  # the rest of day 2's rows
 
 
 def _read(manifest: dict) -> pa.Table:
@@ -399,11 +436,26 @@ def _read(manifest: dict) -> pa.Table:
     return read_committed(manifest).sort_by("product_id")
 
 
+def _full_rescore(inputs: Path) -> pa.Table:
+    """What scoring every row of ``inputs`` gives, computed in-process with the model itself: the
+    passthrough columns, then the model's outputs, ids sorted."""
+    table = pq.read_table(inputs).sort_by("product_id")
+    out = TextFingerprint().predict(table.select(["text"]).to_pandas())
+    return (
+        table.select(["product_id", "price"])
+        .append_column("length", pa.array(out["length"]))
+        .append_column("crc", pa.array(out["crc"]))
+    )
+
+
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory, ray_cluster, airflow_db):
-    """Runs on one base location: A (8k rows, nothing to reuse), B (5% changed, 300 deleted, 200
-    added), FULL (B's input, reuse off, elsewhere), V2 (a new model version), DAMAGED (A and B's key files damaged; new params are
-    checked without Ray: they change the context the same way). Returns {name: (xcom, manifest dict, rows scored by the model)}."""
+    """Runs on one base location: A (8k rows, nothing to reuse), B (5% changed, some deleted, some
+    added), DAMAGED (A and B's key files damaged). A new model version and new params are checked
+    without Ray: they change the context, which is all that decides what can be reused. A full
+    re-score is computed in-process with the model itself. Returns {name: (xcom, manifest dict, rows
+    scored by the model)}, "expected": day 2 fully re-scored, "intact": whether A's and B's key files
+    matched their sha256 before they were damaged."""
     from airflow_provider_batchinfer import BatchInferenceOperator
     from airflow_provider_batchinfer.registry import ModelRegistry
 
@@ -415,25 +467,24 @@ def scenario(tmp_path_factory, ray_cluster, airflow_db):
         mp.setenv("RAY_ADDRESS", ray_cluster["address"])  # set up before any test's own RAY_ADDRESS
         registry = ModelRegistry(str(root / "home" / "registry"))
         registry.log_model("products", "v1", "python", python_class=TextFingerprint, signature=SIGNATURE)
-        registry.log_model("products", "v2", "python", python_class=TextFingerprintV2, signature=SIGNATURE)
         day1 = product_texts(ROWS)
         day2 = product_texts(ROWS, changed_every=20)  # CHANGED new texts
-        for i in range(1, 6000, 20):  # 300 rows deleted
+        for i in DELETED:
             del day2[i]
-        for i in range(ROWS, ROWS + 200):  # 200 new rows
+        for i in range(ROWS, ROWS + ADDED):
             day2[i] = f"new product {i}"
         inputs = {1: write_products(root / "day1", day1), 2: write_products(root / "day2", day2)}
-        runs = {}
+        runs: dict = {"expected": _full_rescore(inputs[2])}
 
-        def run(name, day, base="products", version="v1", reuse="unchanged"):
+        def run(name, day):
             op = BatchInferenceOperator(
                 task_id="embed",
                 model="products",
-                version=version,
+                version="v1",
                 input=str(inputs[day]),
                 input_spec=InputSpec(id_column="product_id", params={"tally": str(tally)}),
-                output_spec=OutputSpec(base_stage_location=str(root / base), mode=SaveMode.OVERWRITE),
-                job_spec=JobSpec(reuse=reuse, max_batch_rows=500, progress_interval_s=5),
+                output_spec=OutputSpec(base_stage_location=str(root / "products"), mode=SaveMode.OVERWRITE),
+                job_spec=JobSpec(reuse="unchanged", max_batch_rows=500, progress_interval_s=5),
             )
             ti = TaskInstanceStandIn(dag_id="bi_incremental", task_id="embed", run_id=f"scheduled__{name}")
             xcom = op.execute({"ti": ti})
@@ -443,8 +494,6 @@ def scenario(tmp_path_factory, ray_cluster, airflow_db):
 
         run("A", 1)
         run("B", 2)
-        run("FULL", 2, base="full", reuse=None)
-        run("V2", 2, version="v2")
         # every key file committed like a part (size and sha256 as listed), before they are damaged
         runs["intact"] = {
             name: [
@@ -477,38 +526,27 @@ def test_the_first_run_scores_everything_and_leaves_a_key_index(scenario):
 def test_the_second_run_copies_unchanged_rows_and_equals_a_full_rescore(scenario):
     xcom, manifest, scored_by_model = scenario["B"]
     reuse = manifest["reuse"]
-    assert manifest["counts"]["input_rows"] == ROWS - 300 + 200
+    assert manifest["counts"]["input_rows"] == ROWS - len(DELETED) + ADDED
     # the changed texts and the new rows go to the model; the others are copied from run A
     assert (reuse["scored_rows"], reuse["reused_rows"]) == (SCORED, REUSED)
     assert scored_by_model == SCORED  # counted by the model itself
     assert reuse["source_run"] == scenario["A"][0]["output_location"] == xcom["reused_from"]
     assert (xcom["reused_rows"], xcom["scored_rows"]) == (REUSED, SCORED)
-    incremental, full = _read(manifest), _read(scenario["FULL"][1])
-    assert incremental.schema == full.schema and incremental.equals(full)
-    assert scenario["FULL"][1].get("reuse") is None and "reused_rows" not in scenario["FULL"][0]
-    assert set(incremental.column_names) == {"product_id", "price", "length", "crc"}  # no key column leaks
-
-
-def test_a_new_model_version_reuses_nothing(scenario):
-    xcom, manifest, scored_by_model = scenario["V2"]
-    reuse = manifest["reuse"]
-    assert (reuse["reused_rows"], reuse["source_run"], xcom["reused_from"]) == (0, None, None)
-    assert scored_by_model == reuse["scored_rows"] == ROWS - 100
-    assert any("none of their rows can be reused" in n for n in reuse["notes"])
-    v2 = _read(scenario["V2"][1])
-    assert v2.column("length").to_pylist() == [n + 1 for n in _read(scenario["FULL"][1]).column("length").to_pylist()]
+    incremental, full = _read(manifest), scenario["expected"]
+    assert incremental.schema == full.schema and incremental.equals(full)  # no key column leaks
+    assert _read(scenario["A"][1]).schema == full.schema  # as a run that scored every row writes it
 
 
 def test_a_damaged_key_index_falls_back_to_scoring_every_row(scenario):
     _xcom, manifest, scored_by_model = scenario["DAMAGED"]
     reuse = manifest["reuse"]
-    # V2 is newer but incompatible; B is the newest compatible run, its key files fail their sha256
-    assert (reuse["reused_rows"], reuse["source_run"], scored_by_model) == (0, None, ROWS - 100)
+    # B is the newest compatible run; its key files fail their sha256
+    assert (reuse["reused_rows"], reuse["source_run"], scored_by_model) == (0, None, ROWS - len(DELETED) + ADDED)
     assert any(
         f"not reusing {scenario['B'][0]['output_location']}" in n and "does not match its sha256" in n
         for n in reuse["notes"]
     )
-    assert _read(manifest).equals(_read(scenario["FULL"][1]))
+    assert _read(manifest).equals(scenario["expected"])
 
 
 # --- an s3:// stage, through dag.test(), with a dead-lettered row ------------------------------------------

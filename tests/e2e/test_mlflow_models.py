@@ -64,6 +64,8 @@ def ml(tmp_path_factory):
                     name="ridge",
                     input_example=train.head(3),
                     registered_model_name="ridge",
+                    # given, MLflow skips inferring them in a subprocess that loads the model (~6 CPU-s a model)
+                    pip_requirements=["scikit-learn"],
                 )
         client = MlflowClient(tracking, tracking)
         client.set_registered_model_alias("ridge", "champion", "1")

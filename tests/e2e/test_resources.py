@@ -1,6 +1,7 @@
 """A job's share of a shared Ray cluster: what it plans and reserves (pure, without Ray), and real
-jobs on the session's 2-CPU ``ray start`` cluster: three at once all commit, exactly once, and a job
-that cannot get its minimum fails after ``resource_wait_s`` naming what it waited for."""
+jobs on the session's 2-CPU ``ray start`` cluster: two waiting at once behind another driver take
+turns and each commits exactly once, and a job that cannot get its minimum fails after
+``resource_wait_s`` naming what it waited for."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -177,7 +180,8 @@ def _job(tmp_path: Path, registry, model, name: str, rows: int = 200, **spec) ->
 
 
 def _runtime(spec: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # unbuffered, as the local launcher starts it: a test reads its lines as they come
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "airflow_provider_batchinfer.runtime", "--spec", spec],
         stdout=subprocess.PIPE,
@@ -197,33 +201,6 @@ def slow_model(registry):
     return registry.log_model("slow_length", "v1", "python", python_class=SlowLength, signature=SIGNATURE)
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.usefixtures("ray_cluster")
-def test_three_jobs_at_once_on_one_2_cpu_cluster_all_commit_exactly_once(registry, slow_model, tmp_path):
-    """Each asks for 2 replicas; the cluster holds one job's 1 replica + 1 CPU of I/O at a time: they take turns
-    (waiting in line, logging it) instead of each holding a replica and starving the others' I/O."""
-    jobs = [_job(tmp_path, registry, slow_model, f"c{i}", replicas=2) for i in range(3)]
-    procs = [_runtime(spec) for _, spec in jobs]
-    outputs = [p.communicate(timeout=840)[0] for p in procs]
-    pools = []
-    for (run_dir, _), proc, out in zip(jobs, procs, outputs, strict=True):
-        assert proc.returncode == 0, out[-4000:]
-        manifest = committed_manifest(str(run_dir))
-        assert manifest["counts"] == {"input_rows": 200, "output_rows": 200, "error_rows": 0}
-        assert _ids(run_dir, manifest) == list(range(200))  # every row exactly once
-        pool = manifest["job"]["pool"]
-        assert 1 <= pool["max_replicas"] <= 2 and pool["min_replicas"] == 1
-        assert sum(n["replicas"] for n in pool["nodes"]) >= 1
-        assert "[batchinfer] actor pool: 1.." in out and "[batchinfer] replicas ran: " in out
-        pools.append((pool["max_replicas"], pool["reserved"]["cpus"], pool["waited_s"]))
-    print(f"pools (max replicas, reserved CPUs, waited s): {pools}")
-    # a 2-CPU cluster holds one job's reservation (1 replica x 1 CPU + 1) at a time: the others waited
-    assert sum(1 for _, _, waited in pools if waited > 1) >= 1
-    assert any("[batchinfer] resources: waiting for 1 replica x 1 CPU + 1 CPU" in out for out in outputs) or all(
-        w < 10 for _, _, w in pools
-    )
-
-
 HOLD_CPUS = textwrap.dedent("""
     import sys, time, ray
     from ray.util.placement_group import placement_group
@@ -235,27 +212,116 @@ HOLD_CPUS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.timeout(600)
-def test_a_job_that_cannot_get_its_minimum_fails_after_resource_wait_s_naming_what_it_waited_for(
-    ray_cluster, registry, slow_model, tmp_path
-):
+@contextmanager
+def _holding_cpus(address: str, cpus: int) -> Iterator[Callable[[], None]]:
+    """Another driver holds ``cpus`` CPUs of the cluster (one placement group) until the function
+    yielded here is called or the block ends; it is killed either way."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_CPUS, ray_cluster["address"], "2"],
+        [sys.executable, "-c", HOLD_CPUS, address, str(cpus)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
+
+    def release() -> None:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+
+    def wait_until_held() -> None:
+        for line in holder.stdout:
+            if line.strip() == "held":
+                ready.set()
+                return
+
     try:
         ready = threading.Event()
-        threading.Thread(target=lambda: ready.set() if "held" in holder.stdout.readline() else None).start()
+        threading.Thread(target=wait_until_held, daemon=True).start()
         assert ready.wait(180), "the test could not hold the cluster's CPUs"
+        yield release
+    finally:
+        release()
+
+
+class _Output:
+    """A runtime's output, read line by line as it comes. ``found(timeout)``: whether a line held
+    ``text`` before the output ended (or ``timeout`` passed)."""
+
+    def __init__(self, proc: subprocess.Popen, text: str) -> None:
+        self.lines: list[str] = []
+        self._text, self._seen, self._settled = text, False, threading.Event()
+        self._reader = threading.Thread(target=self._read, args=(proc,))
+        self._reader.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.lines.append(line)
+            if self._text in line:
+                self._seen = True
+                self._settled.set()
+        self._settled.set()
+
+    def found(self, timeout: float) -> bool:
+        self._settled.wait(timeout)
+        return self._seen
+
+    def text(self) -> str:
+        self._reader.join()
+        return "".join(self.lines)
+
+
+WAITING = "[batchinfer] resources: waiting for 1 replica x 1 CPU + 1 CPU"
+
+
+@pytest.mark.timeout(900)
+def test_jobs_waiting_at_once_on_a_full_2_cpu_cluster_take_turns_and_each_commit_exactly_once(
+    ray_cluster, registry, text_length_model, tmp_path
+):
+    """Two jobs ask for 2 replicas while another driver holds the cluster's 2 CPUs: each waits in
+    line (logging it) with one pending reservation. Once the CPUs are free the cluster holds one job's
+    1 replica + 1 CPU of I/O at a time: they take turns instead of each holding a replica and starving
+    the other's I/O, and each commits every row exactly once."""
+    jobs = [_job(tmp_path, registry, text_length_model, f"c{i}", replicas=2) for i in range(2)]
+    with _holding_cpus(ray_cluster["address"], 2) as release:
+        procs = [_runtime(spec) for _, spec in jobs]
+        try:
+            outputs = [_Output(proc, WAITING) for proc in procs]
+            for proc, output in zip(procs, outputs, strict=True):  # both in line at once, behind the holder
+                if not output.found(timeout=300):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    pytest.fail(f"the job never waited in line:\n{output.text()[-4000:]}")
+            release()
+            for proc in procs:
+                proc.wait(timeout=600)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    pools = []
+    for (run_dir, _), proc, output in zip(jobs, procs, outputs, strict=True):
+        out = output.text()
+        assert proc.returncode == 0, out[-4000:]
+        manifest = committed_manifest(str(run_dir))
+        assert manifest["counts"] == {"input_rows": 200, "output_rows": 200, "error_rows": 0}
+        assert _ids(run_dir, manifest) == list(range(200))  # every row exactly once
+        pool = manifest["job"]["pool"]
+        assert (pool["max_replicas"], pool["min_replicas"], pool["reserved"]["cpus"]) == (1, 1, 2.0)
+        assert sum(n["replicas"] for n in pool["nodes"]) >= 1 and pool["waited_s"] > 0
+        assert "[batchinfer] actor pool: 1.." in out and "[batchinfer] replicas ran: " in out
+        pools.append((pool["max_replicas"], pool["reserved"]["cpus"], pool["waited_s"]))
+    print(f"pools (max replicas, reserved CPUs, waited s): {pools}")
+
+
+@pytest.mark.timeout(600)
+def test_a_job_that_cannot_get_its_minimum_fails_after_resource_wait_s_naming_what_it_waited_for(
+    ray_cluster, registry, slow_model, tmp_path
+):
+    with _holding_cpus(ray_cluster["address"], 2):
         run_dir, spec = _job(tmp_path, registry, slow_model, "w", resource_wait_s=5)
         proc = _runtime(spec)
         out = proc.communicate(timeout=300)[0]
-    finally:
-        os.killpg(holder.pid, signal.SIGKILL)
-        holder.wait()
     failure = last_failure(out)
     assert proc.returncode != 0 and isinstance(failure, JobFailure), out[-4000:]
     assert re.match(

@@ -181,7 +181,7 @@ def _run(spec: str, cache: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.usefixtures("ray_cluster")  # on the pool: the export is read by a Ray worker
-def test_a_job_runs_on_the_cached_int8_export_and_a_stricter_one_is_refused(minilm, tmp_path):
+def test_a_job_on_the_pool_runs_on_the_cached_int8_export(minilm, tmp_path):
     registry, version, cache = minilm["registry"], minilm["version"], minilm["cache"]
     run_dir, job = ticket_job(tmp_path, registry, version, "int8", 120, backend="onnx_int8", max_batch_rows=32)
     done = _run(write_job_file(job), cache)
@@ -190,6 +190,7 @@ def test_a_job_runs_on_the_cached_int8_export_and_a_stricter_one_is_refused(mini
     assert "backend onnx_int8: cached export" in log and "mean cosine" in log
     manifest = committed_manifest(str(run_dir))
     assert manifest is not None and manifest["counts"]["output_rows"] == 120
+    assert not manifest["job"]["pool"]["in_driver"]
     table = pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]]).sort_by("ticket_id")
     texts = pq.read_table(str(tmp_path / "in-int8")).sort_by("ticket_id").column("text").to_pylist()
     from sentence_transformers import SentenceTransformer
@@ -198,16 +199,36 @@ def test_a_job_runs_on_the_cached_int8_export_and_a_stricter_one_is_refused(mini
     emb = np.array(table.column("embedding").to_pylist(), dtype=np.float32)
     assert emb.shape == (120, 384) and _cosine(emb, reference).mean() > 0.99
 
+
+def test_a_stricter_threshold_refuses_the_cached_export_and_scores_nothing(minilm, tmp_path, monkeypatch):
+    """The job's own threshold, above the export's recorded cosine: a permanent refusal naming it,
+    before any row is scored. Scored in the driver here (the embedded default's one CPU replica); on
+    the pool a replica raises the same error in its constructor, which reaches the driver as text in
+    Ray's ActorDiedError and is restored there, with ``permanent``, as a replica's NoCudaError is
+    (tests/services/test_multinode.py runs that one through Ray)."""
+    import ray
+
+    from airflow_provider_batchinfer.runtime import in_driver
+    from airflow_provider_batchinfer.runtime.driver import run
+    from airflow_provider_batchinfer.runtime.replica import replica_init_error
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("the job started Ray"))
+    monkeypatch.setenv(in_driver.EMBEDDED_ENV, "1")
+    monkeypatch.setenv("BATCHINFER_MODEL_CACHE", str(minilm["cache"]))
     strict_dir, strict = ticket_job(
-        tmp_path, registry, version, "strict", 20, backend="onnx_int8", backend_min_cosine=0.99999
+        tmp_path, minilm["registry"], minilm["version"], "strict", 20, backend="onnx_int8", backend_min_cosine=0.99999
     )
-    refused = _run(write_job_file(strict), cache)
-    assert refused.returncode != 0
-    last = [line for line in refused.stdout.splitlines() if line.startswith("BATCHINFER_ERROR ")][-1]
-    error = json.loads(last.split(" ", 1)[1])
-    assert error["type"] == "BackendRefusedError" and error["permanent"] is True
-    assert "backend_min_cosine=0.99999" in error["error"] and "Nothing was scored" in error["error"]
+    with pytest.raises(BackendRefusedError) as refused:
+        run(write_job_file(strict))
+    message = str(refused.value)
+    assert refused.value.permanent and "backend_min_cosine=0.99999" in message and "Nothing was scored" in message
     assert sorted(p.name for p in strict_dir.iterdir() if p.name != "_claims") == ["_job.json"]  # no part, no _SUCCESS
+    died = RuntimeError(
+        f"ActorDiedError: The actor died because of an error raised in its creation task, ...\n"
+        f"{type(refused.value).__module__}.BackendRefusedError: {message}\n"
+    )
+    restored = replica_init_error(died)
+    assert isinstance(restored, BackendRefusedError) and str(restored) == message and restored.permanent
 
 
 def test_a_job_in_the_driver_scores_with_two_one_thread_calls_as_one_encoder_would(

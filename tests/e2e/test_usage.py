@@ -1,8 +1,8 @@
 """What a run cost (the manifest's ``usage`` section, XCom, the lineage facet) and the budget
 (``JobSpec(max_cost=...)``, ``max_output_tokens_total``). Unit tests check the contract, the specs
 and the budget's deadline without Ray; two jobs on the session's Ray cluster, run through
-``BatchInferenceOperator.execute`` as a task runs them, check a real usage section and a real stop
-followed by a RESUME retry with a higher budget.
+``BatchInferenceOperator.execute`` as a task runs them, check a real stop followed by a RESUME retry
+with a higher budget, and the retry's real usage section.
 """
 
 from __future__ import annotations
@@ -298,32 +298,6 @@ def _operator(inputs: Path, out: Path, model: str, mode: SaveMode = SaveMode.ERR
     )
 
 
-def test_the_usage_section_is_present_and_plausible(priced, tmp_path):
-    from airflow_provider_batchinfer.lineage import operator_lineage
-
-    rows = 2000
-    inputs = write_tickets(tmp_path / "in", rows=rows, files=4)
-    out = tmp_path / "out"
-    op = _operator(inputs, out, "text_length", max_cost=1e6)
-    xcom = op.execute({"ti": TaskInstanceStandIn()})
-    usage = Manifest.from_dict(committed_manifest(str(out))).usage
-    assert usage is not None and xcom["usage"] == usage.to_dict()
-    print("usage:", json.dumps(usage.to_dict()))
-    assert usage.rows == rows and usage.input_tokens is None and usage.output_tokens is None
-    assert 0 < usage.held_s <= usage.wall_s and usage.reserved_cpus >= 1 and usage.reserved_gpus == 0
-    assert usage.cpu_seconds > 0 and usage.gpu_seconds == 0
-    assert usage.cpu_seconds == pytest.approx(usage.reserved_cpus * usage.held_s, abs=0.01)
-    assert usage.cost == pytest.approx(usage.cpu_seconds / 3600 * PRICE)  # CPU-hours x price
-    assert usage.cost_per_million_rows == pytest.approx(usage.cost / rows * 1e6, rel=1e-6)
-    assert usage.rows_per_s == pytest.approx(rows / usage.held_s, rel=0.01)
-    assert usage.batches >= 1 and 0 < usage.batch_p50_s <= usage.batch_p95_s <= usage.busy_s
-    assert usage.busy_s <= usage.held_s  # one replica: it cannot be busy longer than it was held
-    assert usage.max_cost == 1e6 and usage.price_per_cpu_hour == PRICE
-    # the lineage run facet carries the same section
-    facet = operator_lineage(op, TaskInstanceStandIn()).run_facets["batchinference"]
-    assert facet.usage == usage.to_dict()
-
-
 def _complete_parts(out: Path) -> dict[str, int]:
     done = {}
     for part in sorted(out.glob("part-*.parquet")):
@@ -346,25 +320,58 @@ def _settled(out: Path, quiet_s: float = 2.0, timeout: float = 30) -> None:
         time.sleep(0.2)
 
 
-def test_the_budget_guard_stops_the_job_and_a_resume_with_a_higher_budget_completes(priced, tmp_path):
-    """The replica scores its first 6 batches at once and then waits on a gate the test holds
+BUDGET_ROWS = 900
+
+
+@pytest.fixture(scope="module")
+def budget_run(priced, ray_cluster, tmp_path_factory):
+    """A job stopped by ``max_cost``, then its RESUME retry with a higher budget, on the session's
+    cluster. The replica scores its first 6 batches at once and then waits on a gate the test holds
     locked, so the job holds its reservation (2 CPUs x 1 unit per CPU-second) until ``max_cost``'s
-    deadline: the task fails permanently, saying how far it got, and commits nothing. With the gate
-    open and a higher budget, a RESUME retry keeps whatever parts were complete and scores only the rest."""
-    rows = 900
-    # rows_per_part=50: the 6 fast batches become complete parts before the budget stops the job,
-    # so the RESUME has parts to keep (until part_rows.py, its 1-CPU repartition idled ~20 s here)
-    inputs = write_tickets(tmp_path / "in", rows=rows, files=9)
-    out, gate = tmp_path / "out", tmp_path / "gate"
+    deadline; the retry runs with the gate open. rows_per_part=50: the 6 fast batches become complete
+    parts before the budget stops the job, so the RESUME has parts to keep.
+
+    Returns the stop's message (None: the first try did not fail permanently), the complete parts
+    left after it, and the retry's operator and XCom."""
+    root = tmp_path_factory.mktemp("budget")
+    inputs = write_tickets(root / "in", rows=BUDGET_ROWS, files=9)
+    out, gate = root / "out", root / "gate"
     gate.write_text("closed")
     params = {"gate": str(gate), "fast_batches": 6}
     job = {"max_batch_rows": 50, "rows_per_part": 50}
     first = _operator(inputs, out, "gated_length", SaveMode.RESUME, params, max_cost=30.0, **job)
-    with open(gate) as lock, pytest.raises(AirflowFailException) as caught:  # permanent: a retry would spend the same
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        first.execute({"ti": TaskInstanceStandIn(try_number=1)})
-    message = str(caught.value)
-    print("budget stop:", message)
+    message = None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_ADDRESS", ray_cluster["address"])  # set up before any test's own RAY_ADDRESS
+        with open(gate) as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                first.execute({"ti": TaskInstanceStandIn(try_number=1)})
+            except AirflowFailException as exc:  # permanent: a retry would spend the same
+                message = str(exc)
+        print("budget stop:", message)
+        committed_after_stop = (out / "_SUCCESS").exists()
+        _settled(out)
+        kept = _complete_parts(out)
+        print("kept before the stop:", kept)
+        gate.unlink()
+        retry = _operator(inputs, out, "gated_length", SaveMode.RESUME, params, max_cost=1e6, **job)
+        xcom = retry.execute({"ti": TaskInstanceStandIn(try_number=2)})
+    return {
+        "message": message,
+        "committed_after_stop": committed_after_stop,
+        "out": out,
+        "kept": kept,
+        "retry": retry,
+        "xcom": xcom,
+    }
+
+
+def test_the_budget_guard_stops_the_job_and_a_resume_with_a_higher_budget_completes(budget_run):
+    """The stopped task fails permanently, saying how far it got, and commits nothing; the RESUME
+    retry keeps whatever parts were complete and scores only the rest."""
+    message, out, kept = budget_run["message"], budget_run["out"], budget_run["kept"]
+    assert message is not None, "the first try was not stopped by its budget"
     found = re.search(
         r"stopped: the estimated cost (?:would exceed|exceeded) JobSpec.max_cost=30: ([\d.]+) after ([\d.]+)s holding ([\d.]+) CPU "
         r"/ 0 GPU, ([\d,]+) of 900 rows scored\. Nothing was committed; complete parts stay in (\S+) without _SUCCESS\. "
@@ -375,22 +382,41 @@ def test_the_budget_guard_stops_the_job_and_a_resume_with_a_higher_budget_comple
     cost, held, cpus, done = float(found[1]), float(found[2]), float(found[3]), int(found[4].replace(",", ""))
     assert cost == pytest.approx(cpus * held, abs=0.2) and found[5] == str(out)
     assert held >= round(max(30.0 / cpus - STOP_MARGIN_S, 15.0 / cpus), 1)  # stopped at max_cost's deadline, not before
-    assert done < rows
-    assert not (out / "_SUCCESS").exists()
-    _settled(out)
-    kept = _complete_parts(out)
-    print("kept before the stop:", kept)
+    assert done < BUDGET_ROWS
+    assert not budget_run["committed_after_stop"]
     # the parts written before the stop, each whole (usually several: the 6 fast batches; none when
     # the replica's start took most of the budget's 15 s, as on a machine loaded far past its cores)
-    assert sum(kept.values()) < rows, kept
+    assert sum(kept.values()) < BUDGET_ROWS, kept
 
-    gate.unlink()
-    retry = _operator(inputs, out, "gated_length", SaveMode.RESUME, params, max_cost=1e6, **job)
-    xcom = retry.execute({"ti": TaskInstanceStandIn(try_number=2)})
     manifest = Manifest.from_dict(committed_manifest(str(out)))
     assert manifest.resume.resumed and manifest.resume.kept_rows == sum(kept.values()), kept
-    assert manifest.resume.processed_rows == rows - manifest.resume.kept_rows
+    assert manifest.resume.processed_rows == BUDGET_ROWS - manifest.resume.kept_rows
     assert set(kept) <= set(manifest.file_names)
     ids = pq.read_table([str(out / name) for name in manifest.file_names]).column("ticket_id").to_pylist()
-    assert sorted(ids) == list(range(rows))  # every row exactly once
-    assert manifest.usage is not None and xcom["usage"]["rows"] == manifest.usage.rows == rows - sum(kept.values())
+    assert sorted(ids) == list(range(BUDGET_ROWS))  # every row exactly once
+    xcom = budget_run["xcom"]
+    assert manifest.usage is not None and xcom["usage"]["rows"] == manifest.usage.rows == manifest.resume.processed_rows
+
+
+def test_the_usage_section_is_present_and_plausible(budget_run):
+    """The retry's usage section (in the manifest, XCom and the lineage run facet): what it held,
+    for how long, at what price, for the rows it scored."""
+    from airflow_provider_batchinfer.lineage import operator_lineage
+
+    manifest = Manifest.from_dict(committed_manifest(str(budget_run["out"])))
+    usage, rows = manifest.usage, manifest.resume.processed_rows
+    assert usage is not None and budget_run["xcom"]["usage"] == usage.to_dict()
+    print("usage:", json.dumps(usage.to_dict()))
+    assert rows > 0 and usage.rows == rows and usage.input_tokens is None and usage.output_tokens is None
+    assert 0 < usage.held_s <= usage.wall_s and usage.reserved_cpus >= 1 and usage.reserved_gpus == 0
+    assert usage.cpu_seconds > 0 and usage.gpu_seconds == 0
+    assert usage.cpu_seconds == pytest.approx(usage.reserved_cpus * usage.held_s, abs=0.01)
+    assert usage.cost == pytest.approx(usage.cpu_seconds / 3600 * PRICE)  # CPU-hours x price
+    assert usage.cost_per_million_rows == pytest.approx(usage.cost / rows * 1e6, rel=1e-6)
+    assert usage.rows_per_s == pytest.approx(rows / usage.held_s, rel=0.01)
+    assert usage.batches >= 1 and 0 < usage.batch_p50_s <= usage.batch_p95_s <= usage.busy_s
+    assert usage.busy_s <= usage.held_s  # one replica: it cannot be busy longer than it was held
+    assert usage.max_cost == 1e6 and usage.price_per_cpu_hour == PRICE
+    # the lineage run facet carries the same section
+    facet = operator_lineage(budget_run["retry"], TaskInstanceStandIn(try_number=2)).run_facets["batchinference"]
+    assert facet.usage == usage.to_dict()
