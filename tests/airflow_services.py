@@ -11,13 +11,19 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import requests
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+
+def _utc(date: str) -> str:
+    """An ISO date or datetime as an aware UTC datetime (a bare date is its midnight)."""
+    parsed = datetime.fromisoformat(date)
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).isoformat()
 
 
 class AirflowServices:
@@ -83,8 +89,8 @@ class AirflowServices:
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        # one shared grace period, not 30 s each: the tests are over, nothing needs a clean shutdown
-        deadline = time.monotonic() + 10
+        # one short grace period, not 30 s each: the tests are over, nothing needs a clean shutdown
+        deadline = time.monotonic() + 5
         for proc in self.procs.values():
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -107,26 +113,43 @@ class AirflowServices:
             time.sleep(2 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def create_backfill(self, dag_id: str, first: str, last: str, *args: str, attempts: int = 6) -> None:
-        """``airflow backfill create`` of ``first``..``last``, which is not atomic on SQLite: each
-        date's run is committed as it is created or cleared (a savepoint per date, which pysqlite
-        releases as a commit: apache/airflow#68699), so an attempt that meets the scheduler's write
-        lock half-way has taken the first dates and not the rest. Then the rest is created as a
-        backfill of its own once the first one has ended (a DAG may have one open backfill), from
-        just after the last date taken. An attempt that took no run left an orphan (its row
-        committed, nothing to run): the scheduler would close it only after two minutes, so it is
-        cancelled and created again."""
+    def create_backfill(
+        self,
+        dag_id: str,
+        first: str,
+        last: str,
+        *,
+        reprocess: str = "none",
+        max_active_runs: int = 10,
+        attempts: int = 6,
+    ) -> None:
+        """A backfill of ``first``..``last`` (ISO dates) created through the REST API, as the UI's
+        backfill dialog creates one. The create is not atomic on SQLite: each date's run is
+        committed as it is created or cleared (a savepoint per date, which pysqlite releases as a
+        commit), so an attempt that meets the scheduler's write lock half-way (503, "Database is
+        locked") has taken the first dates and not the rest; one that meets it in the audit log's
+        insert, before the create, fails with a 500 that names it. Then the rest is
+        created as a backfill of its own once the first one has ended (a DAG may have one open
+        backfill), from just after the last date taken. An attempt that took no run left an orphan
+        (its row committed, nothing to run): the scheduler would close it only after two minutes,
+        so it is cancelled and created again."""
         start = first
         for attempt in range(attempts):
+            body = {
+                "dag_id": dag_id,
+                "from_date": _utc(start),
+                "to_date": _utc(last),
+                "reprocess_behavior": reprocess,
+                "max_active_runs": max_active_runs,
+            }
             try:
-                self.cli(
-                    "backfill", "create", "--dag-id", dag_id, "--from-date", start, "--to-date", last, *args, attempts=1
-                )
+                self.api("POST", "/backfills", json=body)
                 return
             except RuntimeError as exc:
-                if start != first and "No runs to create" in str(exc):  # the partial one took the last date
+                message = str(exc).lower()
+                if start != first and "no runs to create" in message:  # the partial one took the last date
                     return
-                if "database is locked" not in str(exc) or attempt == attempts - 1:
+                if "database is locked" not in message or attempt == attempts - 1:
                     raise
             backfills = self.api("GET", "/backfills", params={"dag_id": dag_id})["backfills"]
             left = [b for b in backfills if not b.get("completed_at")]
@@ -210,6 +233,23 @@ class AirflowServices:
             time.sleep(1)
         raise RuntimeError(f"backfills of {dag_id} still open after {timeout}s")
 
+    def wait_for_defer_exit(self, dag_id: str, run_id: str, task_id: str, timeout: float = 120) -> None:
+        """Wait until the scheduler has taken the executor's report of the try that deferred (the
+        worker's process exits after ``defer()``, and the executor reports that exit as a success of
+        the same try number). Airflow fails a resumed try that is already running when that report
+        comes after it, so a trigger that fires within seconds of the deferral (a marker written at
+        once) races it on a loaded machine. Nothing but the scheduler's log records the report:
+        ``TaskInstance Finished: ... ti_id=<id>, ... state=deferred``."""
+        ti_id = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")["id"]
+        log = self.home / "scheduler.log"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in log.read_text(errors="replace").splitlines():
+                if "TaskInstance Finished:" in line and f"ti_id={ti_id}," in line and "state=deferred," in line:
+                    return
+            time.sleep(0.5)
+        raise RuntimeError(f"the scheduler took no report of {dag_id} {run_id} {task_id}'s deferral in {timeout}s")
+
     def runs(self, dag_id: str) -> list[dict[str, Any]]:
         return self.api("GET", f"/dags/{dag_id}/dagRuns", params={"limit": 100})["dag_runs"]
 
@@ -284,7 +324,19 @@ def services_env(
             # file again every 30 s (the default) costs the other tests' CPU
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            # a task's calls to the execution API wait on SQLite's write lock like any writer (up to
+            # 30 s, above): with the default 5 s a task whose start meets the lock times out, retries
+            # and is killed, and its try is lost
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
+            # a task's supervisor waits this long between looks at its process (default 5 s): once
+            # the task's sockets close, it sees the exit only at the next look, and meanwhile holds
+            # one of the executor's slots and the executor's report (a deferral's included, which
+            # ``wait_for_defer_exit`` waits for); it also heartbeats at most this often
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+            # a database error's response names its cause: a request that met SQLite's write lock in
+            # the audit log's insert (500, before the request's own work) is told apart and run again
+            "AIRFLOW__API__EXPOSE_STACKTRACE": "True",
             "AIRFLOW__API_AUTH__JWT_SECRET": "batchinfer-tests-only",
             "AIRFLOW__API__SECRET_KEY": "batchinfer-tests-only",
         }

@@ -1,4 +1,6 @@
-"""DAGs for the real-services tests (tests/services/test_airflow_services.py)."""
+"""DAGs for the real-services tests (tests/services/test_airflow_services.py). The services parse
+this file, the asset pair's and the embeddings example, and no other: every DAG a scenario runs
+is in one of them."""
 
 from __future__ import annotations
 
@@ -66,15 +68,15 @@ with DAG(
         task_id="gate", location=infer.output["output_location"], deferrable=True, poke_interval=2, timeout=300
     )
 
-# a daily DAG on the cluster for the backfill acceptance: up to 3 runs at once, each deferred while
-# its job runs, so all 3 jobs share the session's 2-CPU Ray cluster through the Jobs API
+# a daily DAG on the cluster for the backfill acceptance: up to 2 runs at once, each deferred while
+# its job runs, so both jobs share the session's 2-CPU Ray cluster through the Jobs API
 with DAG(
     "bi_svc_ray_jobs_daily",
     schedule="@daily",
     start_date=START,
     end_date=END,
     catchup=False,
-    max_active_runs=3,
+    max_active_runs=2,
     default_args={"retries": 0},
 ) as bi_svc_ray_jobs_daily:
     BatchInferenceOperator(
@@ -88,6 +90,25 @@ with DAG(
         model_service_conn_id="batchinfer_cluster",
         deferrable=True,
         poll_interval=2,
+    )
+
+# an injected fault fails the first try; the scheduler's retry runs the job again and OVERWRITE
+# leaves one clean result
+with DAG(
+    "bi_svc_retry",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params={"input": "", "out": ""},
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=0)},
+) as bi_svc_retry:
+    BatchInferenceOperator(
+        task_id="infer",
+        model="text_length",
+        version="v1",
+        input="{{ params.input }}",
+        output_spec=OutputSpec(stage_location="{{ params.out }}", mode=SaveMode.OVERWRITE),
+        job_spec=JobSpec(max_batch_rows=100, progress_interval_s=2),
     )
 
 with DAG(

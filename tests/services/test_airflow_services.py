@@ -11,10 +11,33 @@ import pytest
 
 from airflow_provider_batchinfer.stage import sanitize_run_key
 from tests.airflow_services import AirflowServices, services_env
-from tests.conftest import _BUNDLES, _free_port
+from tests.conftest import REPO, _free_port
 from tests.models import SlowLength, TextLength, committed_manifest, write_tickets
 
 TIMINGS: dict[str, float] = {}
+
+# The DAG files the scenarios run, and no other: the dag-processor parses each in a process of its
+# own (2-3 CPU-seconds), and every other file in the bundles would be parsed for nothing
+DAG_FILES = (
+    REPO / "example_dags" / "batchinfer_ticket_embeddings.py",
+    REPO / "tests" / "dags" / "batchinfer_services_dags.py",
+    REPO / "tests" / "dags" / "assets" / "batchinfer_asset_dags.py",
+)
+
+
+def _scenario_bundle(root) -> list[dict]:
+    """One bundle of links to ``DAG_FILES``, listed once: no file is added while the services run."""
+    folder = root / "dags"
+    folder.mkdir()
+    for path in DAG_FILES:
+        (folder / path.name).symlink_to(path)
+    return [
+        {
+            "name": "batchinfer_services",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(folder), "refresh_interval": 3600},
+        }
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +70,7 @@ def world(tmp_path_factory, ray_cluster):
     env = services_env(
         home,
         port,
-        _BUNDLES,
+        _scenario_bundle(root),
         {
             "BATCHINFER_HOME": str(bi_home),
             "AIRFLOW_VAR_BI_SVC_INPUT": str(inputs),
@@ -66,7 +89,7 @@ def world(tmp_path_factory, ray_cluster):
     services.start()
     for dag_id in (
         "batchinfer_ticket_embeddings",
-        "bi_test_overwrite_retry",
+        "bi_svc_retry",
         "bi_svc_error_daily",
         "bi_svc_ray_jobs",
         "bi_svc_ray_jobs_daily",
@@ -102,9 +125,8 @@ def openlineage_events(world, job: str, event_type: str) -> list[dict]:
 def test_the_provider_as_the_ui_sees_it(world):
     s = world["services"]
     t0 = time.monotonic()
-    assert "airflow-provider-batchinfer" in s.cli("providers", "list", "-o", "json")
-    cli_errors = [line for line in s.cli("dags", "list-import-errors", "-o", "json").splitlines() if line.strip()][-1]
-    assert json.loads(cli_errors) == []
+    providers = s.api("GET", "/providers", params={"limit": 100})["providers"]
+    assert "airflow-provider-batchinfer" in {p["package_name"] for p in providers}
     assert s.api("GET", "/importErrors")["total_entries"] == 0
     meta = {m["connection_type"]: m for m in s.api("GET", "/connections/hook_meta", prefix="/ui")}
     form = meta["batchinfer"]
@@ -128,13 +150,13 @@ def test_the_provider_as_the_ui_sees_it(world):
 def test_rest_trigger_of_the_embeddings_dag(world):
     s = world["services"]
     t0 = time.monotonic()
-    run_id = s.trigger("batchinfer_ticket_embeddings", {"num_tickets": 200})
+    run_id = s.trigger("batchinfer_ticket_embeddings", {"num_tickets": 64})
     assert s.wait_for_run("batchinfer_ticket_embeddings", run_id) == "success", s.task_states(
         "batchinfer_ticket_embeddings", run_id
     )
     run_dir = world["stage"] / "embeddings" / "tickets" / sanitize_run_key(run_id)
     manifest = committed_manifest(str(run_dir))
-    assert manifest["counts"] == {"input_rows": 200, "output_rows": 200, "error_rows": 0}
+    assert manifest["counts"] == {"input_rows": 64, "output_rows": 64, "error_rows": 0}
     assert manifest["airflow"]["run_id"] == run_id
 
     # what Airflow's OpenLineage listener emitted for the inference task: input, model and output
@@ -148,7 +170,7 @@ def test_rest_trigger_of_the_embeddings_dag(world):
     data, model = event["inputs"]
     assert (data["namespace"], data["name"]) == ("file", input_location)
     assert {"ticket_id", "text"} <= {f["name"] for f in data["facets"]["schema"]["fields"]}
-    assert data["inputFacets"]["inputStatistics"]["rowCount"] == 200
+    assert data["inputFacets"]["inputStatistics"]["rowCount"] == 64
     assert (model["namespace"], model["name"]) == (
         "file",
         str(world["registry"] / "ticket_embedder" / "all-minilm-l6-v2"),
@@ -158,7 +180,7 @@ def test_rest_trigger_of_the_embeddings_dag(world):
     assert [f["name"] for f in output["facets"]["schema"]["fields"]] == ["ticket_id", "embedding"]
     assert output["outputFacets"]["outputStatistics"] == {
         **output["outputFacets"]["outputStatistics"],
-        "rowCount": 200,
+        "rowCount": 64,
         "fileCount": len(manifest["files"]),
         "size": sum(f["size"] for f in manifest["files"]),
     }
@@ -178,10 +200,10 @@ def test_rest_trigger_of_the_embeddings_dag(world):
 
 
 def _backfill(s, dag_id: str, first: str, last: str, expected: int, known: set[str]) -> tuple[list[str], float]:
-    """Create a backfill of ``first``..``last``; wait until its ``expected`` new runs end. Returns
-    them and the wall time from the create to the last run's end."""
+    """Create a backfill of ``first``..``last`` with up to ``expected`` runs at once; wait until its
+    ``expected`` new runs end. Returns them and the wall time from the create to the last run's end."""
     t0 = time.monotonic()
-    s.create_backfill(dag_id, first, last)
+    s.create_backfill(dag_id, first, last, max_active_runs=expected)
     new_runs = lambda: sorted(  # noqa: E731
         r["dag_run_id"] for r in s.runs(dag_id) if r["run_type"] == "backfill" and r["dag_run_id"] not in known
     )
@@ -230,12 +252,12 @@ def _peak_overlap(jobs: list) -> int:
 
 
 def _reprocess(s, dag_id: str, first: str, last: str, runs: list[str], attempt_of) -> None:
-    """A reprocess backfill of ``first``..``last`` (``--reprocess-behavior completed``): the same run
+    """A reprocess backfill of ``first``..``last`` (reprocess behavior ``completed``): the same run
     ids run again. Seen under load on SQLite: a reprocess backfill that closes without taking one of
     the runs; then it is created again, as an operator would."""
     for _ in range(3):
         s.wait_for_backfills(dag_id)
-        s.create_backfill(dag_id, first, last, "--reprocess-behavior", "completed")
+        s.create_backfill(dag_id, first, last, reprocess="completed", max_active_runs=len(runs))
         deadline = time.monotonic() + 420
         while time.monotonic() < deadline:
             if all(attempt_of(r) for r in runs):
@@ -251,17 +273,17 @@ def _reprocess(s, dag_id: str, first: str, last: str, runs: list[str], attempt_o
 
 # its own waits allow more than the suite's 600 s default (421 s seen on a loaded fresh clone)
 @pytest.mark.timeout(1200)
-def test_backfill_three_dates_at_once_then_reprocess_them_with_overwrite(world):
-    """3 logical dates with max_active_runs=3, each run deferred while its job runs on the one 2-CPU
+def test_backfill_two_dates_at_once_then_reprocess_them_with_overwrite(world):
+    """2 logical dates with max_active_runs=2, each run deferred while its job runs on the one 2-CPU
     cluster through the Jobs API: every run commits exactly once (one _SUCCESS, one attempt, all
-    rows). Then a reprocess backfill of the same dates: the same run ids run again and OVERWRITE
-    replaces each run directory with exactly the new attempt's parts."""
+    rows), and the two jobs run at once. Then a reprocess backfill of the same dates: the same run
+    ids run again and OVERWRITE replaces each run directory with exactly the new attempt's parts."""
     s = world["services"]
     dag_id = "bi_svc_ray_jobs_daily"
     base = world["stage"] / "svc" / "ray_jobs_daily"
     try:
-        runs, TIMINGS["ray_jobs backfill, 3 dates, max_active_runs=3"] = _backfill(
-            s, dag_id, "2026-11-01", "2026-11-03", 3, set()
+        runs, TIMINGS["ray_jobs backfill, 2 dates, max_active_runs=2"] = _backfill(
+            s, dag_id, "2026-11-01", "2026-11-02", 2, set()
         )
     finally:  # jobs that stalled must not hold the cluster for the scenarios after this one
         _stop_running_jobs(world, dag_id)
@@ -273,10 +295,10 @@ def test_backfill_three_dates_at_once_then_reprocess_them_with_overwrite(world):
         assert manifest["job"]["attempt"].startswith("t01") and manifest["job"]["launcher"] == "ray_jobs"
         first[run_id] = manifest["job"]["attempt"]
         assert len(jobs[run_id]) == 1, jobs[run_id]  # one Ray job per run
-    # the runs' jobs shared the cluster: at least two ran at once (each task deferred while its job ran)
+    # the runs' jobs shared the cluster: both ran at once (each task deferred while its job ran)
     peak = _peak_overlap([jobs[r][0] for r in runs])
     TIMINGS["ray_jobs backfill, peak concurrent jobs"] = peak
-    assert peak >= 2, [(j.start_time, j.end_time) for r in runs for j in jobs[r]]
+    assert peak == 2, [(j.start_time, j.end_time) for r in runs for j in jobs[r]]
 
     def replaced(run_id: str) -> bool:
         try:
@@ -287,11 +309,14 @@ def test_backfill_three_dates_at_once_then_reprocess_them_with_overwrite(world):
 
     t0 = time.monotonic()
     try:
-        _reprocess(s, dag_id, "2026-11-01", "2026-11-03", runs, replaced)
+        _reprocess(s, dag_id, "2026-11-01", "2026-11-02", runs, replaced)
+        # each new attempt's marker is there, and its job may still be ending: a job stopped now
+        # ends STOPPED and fails its run, so the runs end before anything is stopped
+        states = {run_id: s.wait_for_run(dag_id, run_id) for run_id in runs}
     finally:
         _stop_running_jobs(world, dag_id)
+    assert set(states.values()) == {"success"}, states
     for run_id in runs:
-        assert s.wait_for_run(dag_id, run_id) == "success"
         assert replaced(run_id), run_id
         _one_clean_commit(base / sanitize_run_key(run_id))
     TIMINGS["ray_jobs backfill reprocess, OVERWRITE"] = time.monotonic() - t0
@@ -332,7 +357,7 @@ def test_backfill_reprocess_is_refused_in_error_mode(world):
     # the scenario creates it again rather than wait for a re-run that never comes
     for _ in range(3):
         s.wait_for_backfills(dag_id)
-        s.create_backfill(dag_id, "2026-11-05", "2026-11-05", "--reprocess-behavior", "completed")
+        s.create_backfill(dag_id, "2026-11-05", "2026-11-05", reprocess="completed")
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             state, tries = s.task_states(dag_id, run["dag_run_id"])["infer"]
@@ -364,9 +389,9 @@ def test_an_injected_fault_is_retried_by_the_scheduler(world, tmp_path):
     flag.write_text("x")
     tickets = write_tickets(tmp_path / "input", rows=300, files=3, fail_once_flag=flag)
     out = tmp_path / "out"
-    run_id = s.trigger("bi_test_overwrite_retry", {"input": str(tickets), "out": str(out)})
-    assert s.wait_for_run("bi_test_overwrite_retry", run_id) == "success"
-    assert s.task_states("bi_test_overwrite_retry", run_id)["infer"] == ("success", 2)
+    run_id = s.trigger("bi_svc_retry", {"input": str(tickets), "out": str(out)})
+    assert s.wait_for_run("bi_svc_retry", run_id) == "success"
+    assert s.task_states("bi_svc_retry", run_id)["infer"] == ("success", 2)
     manifest = committed_manifest(str(out))
     assert manifest["counts"]["output_rows"] == 300 and manifest["job"]["attempt"].startswith("t02")
     assert sorted(p.name for p in out.glob("part-*.parquet")) == sorted(f["name"] for f in manifest["files"])
@@ -404,6 +429,7 @@ def test_deferred_inference_and_sensor_are_resumed_by_the_triggerer(world, tmp_p
     while s.task_states("bi_svc_sensor_wait", run_id).get("gate", ("", 0))[0] != "deferred":
         assert time.monotonic() < deadline, s.task_states("bi_svc_sensor_wait", run_id)
         time.sleep(0.5)
+    s.wait_for_defer_exit("bi_svc_sensor_wait", run_id, "gate")
     from tests.e2e.test_sensor import commit
 
     commit(location)

@@ -67,13 +67,17 @@ def _cached(cache: Path) -> list[str]:
 
 
 def test_replicas_spread_over_both_nodes_each_fetching_the_model_once(two_node_cluster, s3_registry, tmp_path):
+    """A replica reports its node once it has loaded the model, and the pool starts scoring only once
+    both have: a few rows are enough for both nodes to fetch, verify and place their replica."""
     model = s3_registry.log_model("slow_length", "v1", "python", python_class=SlowLength, signature=SIGNATURE)
-    run_dir, rc, out = _run(two_node_cluster, s3_registry, model, tmp_path, "spread", replicas=2, num_workers=2)
+    run_dir, rc, out = _run(
+        two_node_cluster, s3_registry, model, tmp_path, "spread", rows=40, replicas=2, num_workers=2
+    )
     assert rc == 0, out[-5000:]
     manifest = committed_manifest(str(run_dir))
-    assert manifest["counts"] == {"input_rows": 240, "output_rows": 240, "error_rows": 0}
+    assert manifest["counts"] == {"input_rows": 40, "output_rows": 40, "error_rows": 0}
     ids = pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]]).column("ticket_id").to_pylist()
-    assert sorted(ids) == list(range(240))  # every row exactly once
+    assert sorted(ids) == list(range(40))  # every row exactly once
     pool = manifest["job"]["pool"]
     print(f"2-node pool: {pool}")
     assert (pool["min_replicas"], pool["max_replicas"], pool["num_workers"]) == (2, 2, 2)
