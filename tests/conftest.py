@@ -199,6 +199,9 @@ def ensure_ray_auth_token(env: dict[str, str]) -> None:
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        token = Path.home() / ".ray" / "auth_token"
+        if token.is_file() and token.read_text().strip():  # made already: a Ray CLI start costs ~2 CPU-s
+            return
         subprocess.run([ray_bin, "get-auth-token", "--generate"], check=True, capture_output=True, env=env)
 
 

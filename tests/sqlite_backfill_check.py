@@ -1,7 +1,8 @@
 """Reproduce, on purpose, what made the services tests flaky, and check that their helpers hold:
 ``python -m tests.sqlite_backfill_check`` (about 3 minutes, real Airflow services on 127.0.0.1).
 
-1. On SQLite, ``airflow backfill create`` commits each date's run as it goes (apache/airflow#68699).
+1. On SQLite, a backfill create (here through the REST API, as the UI makes one) commits each
+   date's run as it goes (apache/airflow#68699).
    Here SQLite's write lock is held for 40 s as soon as the first date is committed, so the create
    fails half-way; ``AirflowServices.create_backfill`` must still end with every date run once (a
    create), or every run cleared once more (a reprocess).
@@ -73,14 +74,14 @@ def tries_per_date(s: AirflowServices) -> dict[str, int]:
 
 
 def check_backfills(s: AirflowServices, db: Path) -> None:
-    for extra, expected_try in (((), 1), (("--reprocess-behavior", "completed"), 2)):
+    for reprocess, expected_try in (("none", 1), ("completed", 2)):
         holder = threading.Thread(target=hold_the_lock_after_the_first_date, args=(db,))
         holder.start()
-        s.create_backfill(DAG_ID, *DATES, *extra)
+        s.create_backfill(DAG_ID, *DATES, reprocess=reprocess)
         holder.join()
         s.wait_for_backfills(DAG_ID, timeout=300)
         tries = tries_per_date(s)
-        what = "reprocess" if extra else "create"
+        what = "reprocess" if reprocess != "none" else "create"
         backfills = [
             f"#{b['id']} from {b['from_date'][:19]}"
             for b in s.api("GET", "/backfills", params={"dag_id": DAG_ID})["backfills"]
