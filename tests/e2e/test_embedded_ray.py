@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -56,6 +56,20 @@ def _gone(pid: int, started: int, wait_s: float) -> bool:
     return not proc_alive(pid, started)
 
 
+def _auth_check():
+    """``scripts/embedded_ray_auth_check.py`` as a module: its probe runs in this process (a fresh
+    interpreter would import Ray and gRPC once more for three calls)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "embedded_ray_auth_check", REPO / "scripts" / "embedded_ray_auth_check.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # --- settings and leases (no Ray) ----------------------------------------------------------------
 def test_state_dir_and_idle_timeout_come_from_the_environment():
     assert embedded_ray.state_dir({}) == Path(f"/tmp/batchinfer-ray-{os.getuid()}")
@@ -71,8 +85,10 @@ def test_state_dir_and_idle_timeout_come_from_the_environment():
 
 
 def test_a_state_dir_of_another_user_is_passed_over_for_a_private_one(tmp_path, monkeypatch):
-    """The launcher's embedded Ray lives in the private fallback; the foreign directory stays empty
-    (``tests/component/test_local_trust.py`` attacks the directory itself without starting Ray)."""
+    """The launcher gets its embedded Ray in the private fallback, under that directory's lock, and
+    leases it there; the foreign directory stays empty (``tests/component/test_local_trust.py``
+    attacks the directory itself). No Ray is started: what ``acquire`` does in a directory it is
+    handed is ``test_stale_states_are_replaced``'s and the concurrent runs' claim."""
     if os.getuid() != 0:
         pytest.skip("needs root to hand a directory to another uid")
     foreign = Path(tempfile.mkdtemp(prefix="bir-theirs-", dir="/tmp"))
@@ -83,6 +99,25 @@ def test_a_state_dir_of_another_user_is_passed_over_for_a_private_one(tmp_path, 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     fallback = runtime / "batchinfer-ray"
     warnings: list[str] = []
+    acquired: list[tuple[Path, bool]] = []
+
+    def acquire(directory, idle_s, ray_version, environ, log):
+        acquired.append((directory, _lock_held(directory)))
+        return embedded_ray.EmbeddedRay(
+            address="127.0.0.1:9",  # nothing listens there: the job below fails before it would attach
+            head_pid=0,
+            head_started=0,
+            keeper_pid=0,
+            temp_dir=str(tmp_path / "ray"),
+            ray_version=ray_version,
+            uid=os.getuid(),
+            auth_mode="token",
+            token_path=None,
+            idle_s=idle_s,
+            started_at=time.time(),
+        )
+
+    monkeypatch.setattr(embedded_ray, "acquire", acquire)
 
     class Log:
         def info(self, msg, *args):
@@ -93,7 +128,7 @@ def test_a_state_dir_of_another_user_is_passed_over_for_a_private_one(tmp_path, 
 
         error = warning
 
-    # a job that needs the actor pool: a one-replica job starts no Ray
+    # a job that needs the actor pool: a one-replica job needs no Ray
     on_pool = SimpleNamespace(
         job_id="foreign-dir",
         attempt="t01",
@@ -104,16 +139,28 @@ def test_a_state_dir_of_another_user_is_passed_over_for_a_private_one(tmp_path, 
     launcher = LocalLauncher()
     try:
         handle = launcher.start(on_pool, "unused", Log())  # type: ignore[arg-type]
-        state = embedded_ray.read_state(fallback)
-        assert state is not None and state.auth_mode == "token", state
+        assert acquired == [(fallback, True)]
+        assert len(list((fallback / "leases").iterdir())) == 1  # the job's lease, beside its Ray
         assert any(f"state directory {foreign} is not used: {foreign} belongs to uid 65534" in w for w in warnings)
         launcher.wait(handle, LOG.info)  # its job file does not exist: it fails, and gives its lease back
         assert not list((fallback / "leases").iterdir())
         assert os.listdir(foreign) == []
     finally:
-        embedded_ray.shutdown(fallback)
         shutil.rmtree(runtime, ignore_errors=True)
         shutil.rmtree(foreign, ignore_errors=True)
+
+
+def _lock_held(directory: Path) -> bool:
+    """Someone holds ``directory``'s lock (a lock of this process's own, taken on another open file, counts)."""
+    import fcntl
+
+    with open(directory / "lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
 
 
 def test_leases_of_ended_processes_are_dropped(tmp_path):
@@ -178,7 +225,7 @@ def test_the_launcher_tells_the_runtime_its_pid(tmp_path):
 
 
 # --- a real embedded Ray ------------------------------------------------------------------------------
-def test_stale_states_are_replaced(ray_dir):
+def test_stale_states_are_replaced(ray_dir, monkeypatch, capsys):
     # a state whose processes and port are long gone (a reboot, a killed worker): replaced, its temp dir removed
     leftover = Path(state_dirs.make_ray_temp_dir(ray_dir))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -205,92 +252,128 @@ def test_stale_states_are_replaced(ray_dir):
     assert first.address != "127.0.0.1:1" and not leftover.exists()
     assert "stale" in (ray_dir / "history.log").read_text()
     # its GCS and Ray Client server answer a call without the token with UNAUTHENTICATED
-    check = [sys.executable, str(REPO / "scripts" / "embedded_ray_auth_check.py"), str(ray_dir)]
-    probed = subprocess.run(
-        check, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)}
-    )
-    assert probed.returncode == 0, probed.stdout + probed.stderr
-    assert "Ray Client server without the token" in probed.stdout and first.auth_mode == "token"
-    # a real Ray whose keeper died (nobody would ever stop it): its head is stopped, a new one started
+    assert first.auth_mode == "token" and _auth_check().probe(first) == []
+    assert "Ray Client server without the token" in capsys.readouterr().out
+    # a real Ray whose keeper died (nobody would ever stop it): its head is stopped and a new Ray is
+    # started (the start itself is the one above: recorded here, not repeated)
     os.kill(first.keeper_pid, signal.SIGKILL)
     assert _gone(first.keeper_pid, 0, 10)
+    started: list[Path] = []
+    second = object()
+    monkeypatch.setattr(embedded_ray, "_start", lambda directory, *args: started.append(directory) or second)
     with embedded_ray.locked(ray_dir):
-        second = embedded_ray.acquire(ray_dir, 600.0, RAY_VERSION, dict(os.environ), LOG)
-    assert second.address != first.address and second.head_pid != first.head_pid
+        assert embedded_ray.acquire(ray_dir, 600.0, RAY_VERSION, dict(os.environ), LOG) is second
+    assert started == [ray_dir]
     assert _gone(first.head_pid, first.head_started, 30), "the stale Ray's head outlived its replacement"
-    assert not Path(first.temp_dir).exists()
-    assert len(_starts(ray_dir)) == 2
+    assert not Path(first.temp_dir).exists() and embedded_ray.read_state(ray_dir) is None
+    history = (ray_dir / "history.log").read_text()
+    assert history.count(" stop ") == 2 and "stale" in history.splitlines()[-1], history
+    assert len(_starts(ray_dir)) == 1
 
 
-def test_concurrent_runs_share_one_warm_ray_which_stops_once_idle(
-    airflow_db, ray_dir, text_length_model, batchinfer_home, tmp_path, monkeypatch
-):
-    """Two ``airflow dags test`` processes at once, each with its own AIRFLOW_HOME (SQLite refuses
-    concurrent writers) and one shared BATCHINFER_RAY_DIR: one Ray is started, both runs commit once,
-    both leases are given back, and the Ray stops after its idle timeout with its state cleared."""
+# One task as a worker runs it, in its own process: the operator on the embedded default (no
+# connection, no Ray address), its log on stdout.
+TASK_SCRIPT = r"""
+import json, sys
+from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec
+from tests.task_context import TaskInstanceStandIn
+args = json.loads(sys.argv[1])
+op = BatchInferenceOperator(
+    task_id="infer", model="text_length", version="v1", input=args["input"],
+    output_spec=OutputSpec(stage_location=args["out"]), job_spec=JobSpec(max_batch_rows=100),
+)
+op.execute({"ti": TaskInstanceStandIn(run_id=args["run_id"])})
+"""
+
+# past the keeper's poll (a quarter of it, at most 1 s); two runs started together overlap, so the
+# later one never waits on it
+IDLE_S = 5
+
+
+def _operator(data: Path, out: Path):
+    from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec
+
+    return BatchInferenceOperator(
+        task_id="infer",
+        model="text_length",
+        version="v1",
+        input=str(data),
+        output_spec=OutputSpec(stage_location=str(out)),
+        job_spec=JobSpec(max_batch_rows=100),
+    )
+
+
+def _state_while_leased(directory: Path, running: list, timeout_s: float = 480) -> embedded_ray.EmbeddedRay:
+    """The embedded Ray as recorded while a job holds a lease on it (read under the lock: it cannot
+    be stopped meanwhile). ``running``: objects with ``is_alive()`` or ``poll()``; none left
+    running and no lease seen fails. The bound is for a deadlock, not for the machine's speed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with embedded_ray.locked(directory):
+            state = embedded_ray.read_state(directory)
+            if state is not None and list((directory / "leases").iterdir()):
+                return state
+        if not any(r.is_alive() if hasattr(r, "is_alive") else r.poll() is None for r in running):
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"no job held a lease on an embedded Ray in {directory}")
+
+
+@pytest.mark.usefixtures("airflow_db")
+def test_concurrent_runs_share_one_warm_ray_which_stops_once_idle(ray_dir, text_length_model, tmp_path, monkeypatch):
+    """Two tasks at once, in two processes (a subprocess and this one), both started before either
+    has a Ray, on one BATCHINFER_RAY_DIR: one Ray is started, both runs commit once, both leases
+    are given back, and the Ray stops after its idle timeout with its state cleared."""
+    from tests.task_context import TaskInstanceStandIn
+
     monkeypatch.setenv("BATCHINFER_IN_DRIVER_MAX_ROWS", "0")  # small inputs, but actor pools on the one Ray
-    monkeypatch.setenv(embedded_ray.IDLE_ENV, "20")
+    monkeypatch.setenv(embedded_ray.IDLE_ENV, str(IDLE_S))
     data = write_tickets(tmp_path / "in", rows=200, files=2)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    procs = []
-    for n in range(2):
-        home = tmp_path / f"airflow{n}"
-        home.mkdir()
-        shutil.copy(airflow_db / "airflow.db", home / "airflow.db")
-        run_env = dict(
-            env,
-            AIRFLOW_HOME=str(home),
-            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
+    args = {"input": str(data), "out": str(tmp_path / "out0"), "run_id": "manual__concurrent_0"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    with open(tmp_path / "run0.log", "w") as log:
+        other = subprocess.Popen(
+            [sys.executable, "-c", TASK_SCRIPT, json.dumps(args)], env=env, stdout=log, stderr=subprocess.STDOUT
         )
-        conf = json.dumps({"input": str(data), "out": str(tmp_path / f"out{n}")})
-        cmd = [sys.executable, "-m", "airflow", "dags", "test", "bi_test_error_mode", "-c", conf]
-        cmd += ["-B", "test_dags"]  # the session's bundle of tests/dags (conftest)
-        log = open(tmp_path / f"run{n}.log", "w")
-        procs.append((subprocess.Popen(cmd, env=run_env, stdout=log, stderr=subprocess.STDOUT, cwd=home), log))
-    started = time.monotonic()
-    # A deadlock never ends (0 rows after 90 s, once); a loaded 2-core machine does, late. The bound
-    # is for the deadlock, not for the machine's speed.
-    budget_s = 480
+    outcome: dict[str, object] = {}
+
+    def run_here() -> None:
+        try:
+            outcome["xcom"] = _operator(data, tmp_path / "out1").execute(
+                {"ti": TaskInstanceStandIn(run_id="manual__concurrent_1")}
+            )
+        except BaseException as exc:  # re-raised below, in the test's thread
+            outcome["error"] = exc
+
+    here = threading.Thread(target=run_here)
+    here.start()
     try:
-        for proc, _ in procs:
-            try:
-                proc.wait(timeout=max(1.0, budget_s - (time.monotonic() - started)))
-            except subprocess.TimeoutExpired:
-                progress = [
-                    [line[:160] for line in (tmp_path / f"run{n}.log").read_text().splitlines() if "progress:" in line][
-                        -1:
-                    ]
-                    for n in range(2)
-                ]
-                pytest.fail(
-                    f"two concurrent runs on one embedded Ray stalled for {budget_s} s; last progress: {progress}"
-                )
-        print(f"two concurrent runs took {time.monotonic() - started:.1f}s")
+        state = _state_while_leased(ray_dir, [other, here])
+        here.join(timeout=480)
+        assert other.wait(timeout=480) == 0, (tmp_path / "run0.log").read_text()[-4000:]
     finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-            log.close()
-    logs = [(tmp_path / f"run{n}.log").read_text() for n in range(2)]
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+    assert not here.is_alive() and "error" not in outcome, outcome
+    nodes = []
     for n in range(2):
         run_dir = tmp_path / f"out{n}"
-        assert (run_dir / SUCCESS_MARKER).exists(), logs[n][-4000:]
+        assert (run_dir / SUCCESS_MARKER).exists(), (tmp_path / "run0.log").read_text()[-4000:]
         manifest = committed_manifest(str(run_dir))
         assert manifest["counts"] == {"input_rows": 200, "output_rows": 200, "error_rows": 0}
+        assert manifest["job"]["pool"]["in_driver"] is False
+        nodes += [node["node_id"] for node in manifest["job"]["pool"]["nodes"]]
         assert len(list(run_dir.glob("part-*.parquet"))) == len(manifest["files"])  # exactly once
     history = (ray_dir / "history.log").read_text()
     assert len(_starts(ray_dir)) == 1, history
-    # "(embedded Ray at <host:port>)" or "... at <host:port> (state in <dir>)": the address only
-    addresses = {address for text in logs for address in re.findall(r"embedded Ray at ([0-9.]+:[0-9]+)", text)}
-    assert len(addresses) == 1, addresses
-    state = embedded_ray.read_state(ray_dir)
-    assert state is not None and state.idle_s == 20.0, history
+    assert len(nodes) == 2 and len(set(nodes)) == 1, nodes  # both pools on the one Ray's node (a new id per start)
+    assert state.idle_s == IDLE_S, history
     assert not list((ray_dir / "leases").iterdir())  # both jobs gave their lease back
     assert _gone(state.head_pid, state.head_started, 90), "the embedded Ray did not stop after its idle timeout"
     with embedded_ray.locked(ray_dir):  # the keeper holds the lock until it has forgotten the stopped Ray
         assert embedded_ray.read_state(ray_dir) is None and not Path(state.temp_dir).exists()
-    assert "idle for 20s" in (ray_dir / "history.log").read_text()
+    assert f"idle for {IDLE_S}s" in (ray_dir / "history.log").read_text()
 
 
 def test_no_embedded_ray_module_imports_airflow_or_ray():

@@ -2,7 +2,7 @@
 (runtime/in_driver.py), reading, scoring and writing on three threads (runtime/in_driver_io.py).
 
 The fast tests drive the runtime's ``run`` in this process with Ray refused outright: the in-driver
-path must never start or attach to Ray. The slow one runs the same input through ``dag.test()`` on a
+path must never start or attach to Ray. The slow one runs the same input through the operator on a
 real embedded Ray both ways and compares the committed outputs row for row."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from airflow_provider_batchinfer.runtime import in_driver
 from airflow_provider_batchinfer.runtime.errors import JobError, ModelBatchError
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SpecError
 from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER
-from tests.conftest import run_dag
 from tests.e2e.test_embedded_ray import _starts, ray_dir  # noqa: F401  (ray_dir: a fixture, this test's own embedded Ray)
 from tests.models import committed_manifest, job_file, write_job_file, write_tickets
 
@@ -503,23 +502,35 @@ def test_on_the_embedded_ray_the_driver_and_the_pool_commit_the_same_rows(
     tmp_path,
 ):
     """The driver's run starts no Ray at all (the launcher knows a one-replica job needs none); the
-    pool's run starts the embedded Ray; both commit the same rows."""
+    pool's run starts the embedded Ray; both commit the same rows. Each run is the operator's
+    execute, as a worker's task process runs it."""
+    from airflow_provider_batchinfer import BatchInferenceOperator, OutputSpec, SaveMode
     from airflow_provider_batchinfer.launchers import embedded_ray
+    from tests.task_context import TaskInstanceStandIn
 
     data = write_tickets(tmp_path / "in", rows=400, files=2)
     manifests, tables, ray_states = {}, {}, {}
-    for dag_id in ("bi_test_error_mode", "bi_test_on_pool"):  # the default, then in_driver_max_rows=0
-        out = tmp_path / dag_id
-        state, tasks, _ = run_dag(dag_id, input=str(data), out=str(out))
-        assert state == "success", tasks
-        manifests[dag_id] = committed_manifest(str(out))
-        tables[dag_id] = pq.read_table([str(out / f["name"]) for f in manifests[dag_id]["files"]])
-        ray_states[dag_id] = (embedded_ray.read_state(ray_dir), len(_starts(ray_dir)))
-    assert ray_states["bi_test_error_mode"] == (None, 0)  # never started
-    assert ray_states["bi_test_on_pool"][0] is not None and ray_states["bi_test_on_pool"][1] == 1
-    in_driver_run, pool_run = manifests["bi_test_error_mode"], manifests["bi_test_on_pool"]
+    for name, job_spec in (  # the default, then always on the actor pool
+        ("driver", JobSpec(max_batch_rows=100, progress_interval_s=2)),
+        ("pool", JobSpec(max_batch_rows=100, progress_interval_s=2, in_driver_max_rows=0)),
+    ):
+        out = tmp_path / name
+        BatchInferenceOperator(
+            task_id="infer",
+            model="text_length",
+            version="v1",
+            input=str(data),
+            output_spec=OutputSpec(stage_location=str(out), mode=SaveMode.ERROR),
+            job_spec=job_spec,
+        ).execute({"ti": TaskInstanceStandIn(run_id=f"manual__{name}")})
+        manifests[name] = committed_manifest(str(out))
+        tables[name] = pq.read_table([str(out / f["name"]) for f in manifests[name]["files"]])
+        ray_states[name] = (embedded_ray.read_state(ray_dir), len(_starts(ray_dir)))
+    assert ray_states["driver"] == (None, 0)  # never started
+    assert ray_states["pool"][0] is not None and ray_states["pool"][1] == 1
+    in_driver_run, pool_run = manifests["driver"], manifests["pool"]
     assert in_driver_run["job"]["pool"]["in_driver"] is True and pool_run["job"]["pool"]["in_driver"] is False
     assert pool_run["job"]["pool"]["nodes"][0]["node_id"] != "driver"
     assert in_driver_run["counts"] == pool_run["counts"] == {"input_rows": 400, "output_rows": 400, "error_rows": 0}
-    ours, theirs = (tables[d].sort_by("ticket_id") for d in ("bi_test_error_mode", "bi_test_on_pool"))
+    ours, theirs = (tables[name].sort_by("ticket_id") for name in ("driver", "pool"))
     assert ours.schema == theirs.schema and ours.equals(theirs)

@@ -15,12 +15,14 @@ import pytest
 from airflow_provider_batchinfer.launchers.ray_jobs import new_log_lines
 from airflow_provider_batchinfer.triggers.base import event_log_offset
 from airflow_provider_batchinfer.triggers.ray_job import RayJobTrigger
-from tests.e2e import test_ray_jobs
-from tests.models import write_tickets
+from tests.e2e import test_ray_jobs, test_reattach
+from tests.e2e.test_reattach import gated_tickets
 from tests.task_context import TaskInstanceStandIn
 
-# the cluster connection, a launcher on it and the slow model: the ray_jobs tests' own fixtures
-ray_jobs_conn, launcher, slow_model = test_ray_jobs.ray_jobs_conn, test_ray_jobs.launcher, test_ray_jobs.slow_model
+# the cluster connection and a launcher on it (the ray_jobs tests' own fixtures), and a model whose
+# job runs until its gate is opened (the re-attach tests')
+ray_jobs_conn, launcher = test_ray_jobs.ray_jobs_conn, test_ray_jobs.launcher
+gated_model, gate = test_reattach.gated_model, test_reattach.gate
 PROGRESS = "[batchinfer] progress:"
 
 
@@ -64,15 +66,17 @@ def test_the_offset_travels_in_the_trigger_and_its_events():
 
 
 @pytest.mark.usefixtures("airflow_db")
-def test_a_deferred_job_s_progress_reaches_the_log_while_it_runs(ray_jobs_conn, launcher, slow_model, tmp_path):
+def test_a_deferred_job_s_progress_reaches_the_log_while_it_runs(ray_jobs_conn, launcher, gated_model, gate, tmp_path):
+    """The job is held at its gate until the trigger has logged a progress line: two minutes at
+    most, so a trigger that logs none while the job runs fails the test instead of hanging it."""
     from airflow.sdk.exceptions import TaskDeferred
 
     from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec
 
-    tickets = write_tickets(tmp_path / "input", rows=1500, files=3)
+    tickets = gated_tickets(tmp_path / "input", rows=200, files=2, gate=gate)
     op = BatchInferenceOperator(
         task_id="infer",
-        model="slow_length",
+        model="gated_length",
         version="v1",
         input=str(tickets),
         output_spec=OutputSpec(stage_location=str(tmp_path / "out")),
@@ -92,8 +96,12 @@ def test_a_deferred_job_s_progress_reaches_the_log_while_it_runs(ray_jobs_conn, 
         done = asyncio.Event()
 
         async def ticker() -> None:
+            open_by = time.monotonic() + 120
             while not done.is_set():
                 ticks.append(time.monotonic())
+                logged = any(m.startswith(PROGRESS) for _t, m in trigger_log.records)
+                if not gate.exists() and (logged or time.monotonic() > open_by):
+                    gate.touch()
                 await asyncio.sleep(0.05)
 
         ticking = asyncio.create_task(ticker())
@@ -117,7 +125,8 @@ def test_a_deferred_job_s_progress_reaches_the_log_while_it_runs(ray_jobs_conn, 
     assert len(ticks) > 20 and max(gaps) < 2.0, max(gaps)
     # everything the trigger logged is behind the event's offset, and is not logged a second time
     assert payload["log_offset"] == len(launcher.logs(trigger.submission_id))
-    op._log, task_log = _recorded_logger("task")
+    op._cached_logger, task_log = _recorded_logger("task")  # what the operator's ``log`` returns
     result = op.execute_complete({"ti": ti}, payload)
-    assert result["rows"] == 1500
+    assert result["rows"] == 200
+    assert any(m.startswith("Committed 200 rows") for _t, m in task_log.records), task_log.records
     assert not [m for _t, m in task_log.records if m.startswith(PROGRESS)], task_log.records

@@ -18,21 +18,28 @@ from unittest import mock
 import psutil
 import pytest
 
-from airflow_provider_batchinfer.launchers import warm_runtime
+from airflow_provider_batchinfer.launchers import embedded_ray, warm_runtime
 from airflow_provider_batchinfer.launchers.local import LocalLauncher
 from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER
 from tests.conftest import REPO
-from tests.models import SlowLength, write_tickets
+from tests.e2e import test_reattach
+from tests.e2e.test_reattach import gated_tickets
 
-SIGNATURE = {"inputs": {"text": "string"}, "outputs": {"length": "int64"}}
+# a model whose job runs until its gate is opened (the re-attach tests'): here it never is while
+# the test runs, so the job is mid-scoring whenever its task process is killed
+gated_model, gate = test_reattach.gated_model, test_reattach.gate
 
-# The task process: the test DAG's inference task run by dag.test() in this interpreter (the session's
-# migrated metadata DB; the pytest process does not write to it meanwhile).
+# The task process: the operator's execute, as an Airflow worker's task process runs it, on the
+# embedded default (no connection, no Ray address); its log on stdout.
 TASK = """
 import json, sys
-from airflow.dag_processing.dagbag import DagBag
-bag = DagBag(dag_folder=sys.argv[1])
-bag.get_dag("bi_test_error_mode").test(run_conf=json.loads(sys.argv[2]))
+from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec
+from tests.task_context import TaskInstanceStandIn
+args = json.loads(sys.argv[1])
+BatchInferenceOperator(
+    task_id="infer", model="gated_length", version="v1", input=args["input"],
+    output_spec=OutputSpec(stage_location=args["out"]), job_spec=JobSpec(max_batch_rows=100, progress_interval_s=2),
+).execute({"ti": TaskInstanceStandIn()})
 """
 
 
@@ -50,6 +57,27 @@ def _runtime_of(out: Path, log: str) -> psutil.Process | None:
     return None
 
 
+def _replicas() -> list[psutil.Process]:
+    """The pool's actors (Ray Data's ``MapWorker``, which load and call the model) on this session's
+    embedded Ray: workers of its raylet, the only node."""
+    state = embedded_ray.read_state(embedded_ray.state_dir())
+    assert state is not None, "no embedded Ray runs"
+    group = [p for p in psutil.process_iter(["name"]) if _pgid(p.pid) == state.head_pid]
+    raylets = {p.pid for p in group if p.info["name"] == "raylet"}
+    replicas = []
+    for proc in psutil.process_iter(["ppid", "cmdline"]):
+        if proc.info["ppid"] in raylets and (proc.info["cmdline"] or [""])[0].startswith("ray::MapWorker"):
+            replicas.append(proc)
+    return replicas
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
 def _gone(proc: psutil.Process, wait_s: float) -> bool:
     try:
         proc.wait(timeout=wait_s)
@@ -61,17 +89,16 @@ def _gone(proc: psutil.Process, wait_s: float) -> bool:
 
 
 def _kill_the_task_process_mid_job(
-    registry, tmp_path, rows: int, scoring: str, warm: bool = False, pool: bool = False, **extra_env: str
+    tmp_path, gate: Path, scoring: str, warm: bool = False, pool: bool = False, **extra_env: str
 ) -> None:
-    """Run the test DAG's task in its own process on the embedded default (RAY_ADDRESS removed),
+    """Run the gated model's job from a task process on the embedded default (RAY_ADDRESS removed),
     SIGKILL that process once the job's log shows ``scoring``, and check that the runtime ends
-    within 30 s and no _SUCCESS appears (for a pool job, even after its normal run: its Ray
-    workers could outlive it). ``warm``: a spare runtime process waits for the job
+    within 30 s (for a pool job, its actor then too: no Ray worker scores for it afterwards) and
+    that no _SUCCESS appears. ``warm``: a spare runtime process waits for the job
     (launchers/warm_runtime.py), else none may take it."""
-    registry.log_model("slow_length", "v1", "python", python_class=SlowLength, signature=SIGNATURE)
-    data = write_tickets(tmp_path / "in", rows=rows, files=3)
+    data = gated_tickets(tmp_path / "in", rows=200, files=2, gate=gate)  # scored once the gate opens: never
     out = tmp_path / "out"
-    conf = {"input": str(data), "out": str(out), "model": "slow_length"}
+    args = {"input": str(data), "out": str(out)}
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.update(extra_env)
@@ -83,7 +110,7 @@ def _kill_the_task_process_mid_job(
     log_path = tmp_path / "task.log"
     with open(log_path, "w") as log:
         task = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(TASK), str(REPO / "tests" / "dags"), json.dumps(conf)],
+            [sys.executable, "-c", TASK, json.dumps(args)],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -103,12 +130,14 @@ def _kill_the_task_process_mid_job(
         if not warm:  # a spare is nobody's child; its watchdog watches the task's pid all the same
             parent = runtime.parent()
             assert parent is not None and parent.pid == task.pid == int(runtime.environ()["BATCHINFER_PARENT_PID"])
+        replicas = _replicas() if pool else []
+        assert bool(replicas) == pool, replicas  # its actor waits at the gate with the first batch
         killed_at = time.monotonic()
         os.kill(task.pid, signal.SIGKILL)  # the task process: no on_kill, no cleanup
         assert _gone(runtime, 30), "the job outlived its task process by 30 s"
         print(f"runtime ended {time.monotonic() - killed_at:.1f}s after the kill")
-        if pool:  # past the job's normal scoring: a surviving Ray worker of the job would have written
-            time.sleep(rows / 100 * 0.5 + 5)
+        # Ray ends the actors of a driver that is gone: none scores or writes for the job afterwards
+        assert all(_gone(replica, 60) for replica in replicas), "the pool's actor outlived its job by 60 s"
         assert not (out / SUCCESS_MARKER).exists()  # the commit is the runtime's own, and it is gone
     finally:
         if task.poll() is None:
@@ -116,29 +145,28 @@ def _kill_the_task_process_mid_job(
         task.wait()
 
 
-@pytest.mark.usefixtures("airflow_db")
-def test_kill_9_of_the_task_process_ends_its_job_and_nothing_commits(registry, tmp_path):
-    """An actor-pool job (1,500 rows: 15 model calls of 0.5 s, ~8 s of scoring)."""
+@pytest.mark.usefixtures("airflow_db", "gated_model")
+def test_kill_9_of_the_task_process_ends_its_job_and_nothing_commits(tmp_path, gate):
+    """An actor-pool job."""
     _kill_the_task_process_mid_job(
-        registry,
         tmp_path,
-        rows=1500,
-        scoring="progress:",
+        gate,
+        scoring="replica ready on node",  # the pool's actor has the model: its first batch waits at the gate
         pool=True,
         BATCHINFER_IN_DRIVER_MAX_ROWS="0",  # the pool, not the driver
     )
 
 
-@pytest.mark.usefixtures("airflow_db")
-def test_kill_9_of_the_task_process_ends_a_job_scored_in_the_driver(registry, tmp_path):
-    """A job scored in the driver process (1,000 rows: 10 model calls of 0.5 s) dies with it too."""
-    _kill_the_task_process_mid_job(registry, tmp_path, rows=1000, scoring="rows in the driver process")
+@pytest.mark.usefixtures("airflow_db", "gated_model")
+def test_kill_9_of_the_task_process_ends_a_job_scored_in_the_driver(tmp_path, gate):
+    """A job scored in the driver process dies with it too."""
+    _kill_the_task_process_mid_job(tmp_path, gate, scoring="rows in the driver process")
 
 
-@pytest.mark.usefixtures("airflow_db")
-def test_kill_9_of_the_task_process_ends_a_job_in_a_warm_runtime_process(registry, tmp_path):
+@pytest.mark.usefixtures("airflow_db", "gated_model")
+def test_kill_9_of_the_task_process_ends_a_job_in_a_warm_runtime_process(tmp_path, gate):
     """The same job handed to a spare that was waiting for it: not the task's child, ended all the same."""
-    _kill_the_task_process_mid_job(registry, tmp_path, rows=1000, scoring="rows in the driver process", warm=True)
+    _kill_the_task_process_mid_job(tmp_path, gate, scoring="rows in the driver process", warm=True)
 
 
 def test_the_watchdog_kills_its_process_group_when_the_parent_goes(tmp_path):

@@ -10,9 +10,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -32,11 +34,58 @@ from tests.models import committed_manifest, write_tickets
 from tests.runs import job_file
 from tests.task_context import TaskInstanceStandIn
 
-# the cluster connection, a launcher on it and the slow model: the ray_jobs tests' own fixtures
-ray_jobs_conn, launcher, slow_model = test_ray_jobs.ray_jobs_conn, test_ray_jobs.launcher, test_ray_jobs.slow_model
+# the cluster connection and a launcher on it: the ray_jobs tests' own fixtures
+ray_jobs_conn, launcher = test_ray_jobs.ray_jobs_conn, test_ray_jobs.launcher
 
 REPO = Path(__file__).resolve().parents[2]
 OWNER = RunOwner(dag_id="d", task_id="t", run_id="scheduled__2026-11-01", try_number=1)
+
+# A model whose job runs exactly as long as a test needs: a batch that holds the text
+# ``wait-for:<path>`` is scored once that path exists (the gate travels with the data, as
+# TextLength's injected faults do, so it reaches the Ray workers wherever they run). Logged from
+# this source (``gated_model``), since a test module is no module a Ray worker should import.
+GATED_MODEL = """
+import os, time
+
+
+class GatedLength:
+    @classmethod
+    def load(cls, path):
+        return cls()
+
+    def predict(self, batch):
+        for text in batch["text"]:
+            while text.startswith("wait-for:") and not os.path.exists(text[len("wait-for:"):]):
+                time.sleep(0.1)
+        return {"length": batch["text"].str.len().to_numpy()}
+"""
+
+
+@pytest.fixture
+def gated_model(registry, tmp_path):
+    source = tmp_path / "gated_length.py"
+    source.write_text(GATED_MODEL)
+    return registry.log_model(
+        "gated_length",
+        "v1",
+        "python",
+        python_class="gated_length:GatedLength",
+        code_paths=[str(source)],
+        signature={"inputs": {"text": "string"}, "outputs": {"length": "int64"}},
+    )
+
+
+def gated_tickets(directory: Path, rows: int, files: int, gate: Path | None) -> Path:
+    """``write_tickets``, with the first ticket's text ``wait-for:<gate>`` (no gate: none held)."""
+    write_tickets(directory, rows=rows, files=files)
+    if gate is not None:
+        first = directory / "tickets-00.parquet"
+        table = pq.read_table(first)
+        texts = table.column("text").to_pylist()
+        texts[0] = f"wait-for:{gate}"
+        pq.write_table(table.set_column(1, "text", pa.array(texts)), first)
+    return directory
+
 
 # one task try, as a worker runs it: builds the operator and executes it. ``die`` injects the loss
 # of the worker at the two points around the submit (the process ends at once, no clean-up runs)
@@ -54,7 +103,7 @@ if args.get("die"):
 from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec
 from tests.task_context import TaskInstanceStandIn
 op = BatchInferenceOperator(
-    task_id="infer", model="slow_length", version="v1", input=args["input"],
+    task_id="infer", model="gated_length", version="v1", input=args["input"],
     output_spec=OutputSpec(stage_location=args["out"]), job_spec=JobSpec(max_batch_rows=50), poll_interval=0.5,
 )
 op.execute({"ti": TaskInstanceStandIn(run_id=args["run_id"], try_number=args["try_number"])})
@@ -155,31 +204,64 @@ def _start_try(tmp_path, run_id: str, try_number: int, die: str | None = None) -
     )
 
 
-def _run_try(tmp_path, run_id: str, try_number: int):
-    """The next try, in this process as a worker would run it (non-deferrable: it waits)."""
+def _run_try(tmp_path, run_id: str, try_number: int, gate: Path | None = None):
+    """The next try, in this process as a worker would run it (non-deferrable: it waits). ``gate``:
+    opened once the try has its job (re-attached or submitted), so a gated job is still running
+    when the try looks for it, and ends only then."""
     from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec
+    from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY
 
     op = BatchInferenceOperator(
         task_id="infer",
-        model="slow_length",
+        model="gated_length",
         version="v1",
         input=str(tmp_path / "input"),
         output_spec=OutputSpec(stage_location=str(tmp_path / "out")),
         job_spec=JobSpec(max_batch_rows=50),
         poll_interval=0.5,
     )
-    return op.execute({"ti": TaskInstanceStandIn(run_id=run_id, try_number=try_number)})
+    ti = TaskInstanceStandIn(run_id=run_id, try_number=try_number)
+    if gate is None:
+        return op.execute({"ti": ti})
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = op.execute({"ti": ti})
+        except BaseException as exc:  # re-raised below, in the test's thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 120
+        while XCOM_KEY not in ti.xcoms and worker.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        gate.touch()
+        worker.join(timeout=300)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
-def _running_job(launcher, run_id: str, proc: subprocess.Popen, tmp_path, timeout: float = 120) -> str:
+def _running_job(launcher, run_id: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> str:
+    """The run's job once it is RUNNING, while the try in ``proc`` (its output in ``log``) waits on it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         jobs = jobs_of_run(launcher, run_id)
         if jobs and str(jobs[0].status.value if hasattr(jobs[0].status, "value") else jobs[0].status) == "RUNNING":
             return jobs[0].submission_id
-        assert proc.poll() is None, (tmp_path / "try1.log").read_text()[-3000:]
+        assert proc.poll() is None, log.read_text()[-3000:]
         time.sleep(0.3)
     raise AssertionError(f"no RUNNING job for {run_id}: {jobs_of_run(launcher, run_id)}")
+
+
+def _wait_for_line(log: Path, line: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while line not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
 
 
 def _rows_once(out: Path, rows: int) -> dict:
@@ -192,69 +274,86 @@ def _rows_once(out: Path, rows: int) -> dict:
     return manifest
 
 
+@pytest.fixture
+def gate(tmp_path):
+    """The path that lets a gated job end; opened at the end whatever happened, so no job of the
+    test is left holding the session cluster's CPUs."""
+    path = tmp_path / "gate"
+    yield path
+    path.touch()
+
+
 @pytest.mark.usefixtures("airflow_db")
-def test_a_killed_worker_s_next_try_reattaches_to_the_running_job(ray_jobs_conn, launcher, slow_model, tmp_path):
-    write_tickets(tmp_path / "input", rows=1500, files=3)
-    run_id = "manual__reattach_after_kill"
-    first = _start_try(tmp_path, run_id, 1)
-    sid = _running_job(launcher, run_id, first, tmp_path)
-    claim = json.loads((tmp_path / "out" / "_job.json").read_text())
-    first.kill()  # kill -9 of the task process: no on_kill, no clean-up
-    first.wait(timeout=30)
+def test_tries_lost_after_the_submit_or_killed_mid_job_reattach_to_the_one_running_job(
+    ray_jobs_conn, launcher, gated_model, gate, tmp_path
+):
+    """Try 1 dies right after its submit; try 2 re-attaches to that job and is ``kill -9``-ed while it
+    waits; try 3 re-attaches to the job, still running, and takes its result: one job, run once,
+    fenced on the attempt of try 1's claim."""
+    gated_tickets(tmp_path / "input", rows=200, files=2, gate=gate)  # the job runs until try 3 has it
+    run_id = "manual__reattach"
+    first = _start_try(tmp_path, run_id, 1, die="after_submit")
+    assert first.wait(timeout=120) == 137, (tmp_path / "try1.log").read_text()[-3000:]
+    claim = json.loads((tmp_path / "out" / "_job.json").read_text())  # recorded before the submit
+    sid = claim["submission_id"]
+    assert sid and len(claim["identity"]) == 64
+    assert [j.submission_id for j in jobs_of_run(launcher, run_id)] == [sid]
+
+    second = _start_try(tmp_path, run_id, 2)
+    _wait_for_line(tmp_path / "try2.log", f"Re-attaching to job {sid}", second)
+    assert _running_job(launcher, run_id, second, tmp_path / "try2.log") == sid
+    second.kill()  # kill -9 of the task process: no on_kill, no clean-up
+    second.wait(timeout=30)
     assert launcher.find(sid)["status"] == "RUNNING"  # the job lives on the cluster, not in the worker
 
-    result = _run_try(tmp_path, run_id, 2)
+    result = _run_try(tmp_path, run_id, 3, gate=gate)
 
     assert [j.submission_id for j in jobs_of_run(launcher, run_id)] == [sid]  # one job for the task, not two
     assert launcher.find(sid)["status"] == "SUCCEEDED"
-    assert result["attempt"] == claim["attempt"] and result["attempt"].startswith("t01") and result["rows"] == 1500
-    manifest = _rows_once(tmp_path / "out", 1500)
+    assert result["attempt"] == claim["attempt"] and result["attempt"].startswith("t01") and result["rows"] == 200
+    manifest = _rows_once(tmp_path / "out", 200)
     assert manifest["job"]["attempt"] == claim["attempt"]
     # the run directory's claim was left as try 1 wrote it: the job fenced on that attempt
     assert json.loads((tmp_path / "out" / "_job.json").read_text()) == claim
 
 
 @pytest.mark.usefixtures("airflow_db")
-def test_a_changed_input_stops_the_old_job_and_starts_anew(ray_jobs_conn, launcher, slow_model, tmp_path):
-    write_tickets(tmp_path / "input", rows=1500, files=3)
+def test_a_changed_input_stops_the_old_job_and_starts_anew(ray_jobs_conn, launcher, gated_model, gate, tmp_path):
+    gated_tickets(tmp_path / "input", rows=200, files=2, gate=gate)  # a job that runs until it is stopped
     run_id = "manual__changed_input"
     first = _start_try(tmp_path, run_id, 1)
-    old_sid = _running_job(launcher, run_id, first, tmp_path)
+    old_sid = _running_job(launcher, run_id, first, tmp_path / "try1.log")
     first.kill()
     first.wait(timeout=30)
-    write_tickets(tmp_path / "input", rows=300, files=3)  # data_prep re-ran: a different input
+    gated_tickets(tmp_path / "input", rows=100, files=2, gate=None)  # data_prep re-ran: a different input
 
     result = _run_try(tmp_path, run_id, 2)
 
     assert launcher.find(old_sid)["status"] == "STOPPED"
     (new,) = [j for j in jobs_of_run(launcher, run_id) if j.submission_id != old_sid]
     assert str(getattr(new.status, "value", new.status)) == "SUCCEEDED"
-    assert result["attempt"].startswith("t02") and result["rows"] == 300
-    manifest = _rows_once(tmp_path / "out", 300)
+    assert result["attempt"].startswith("t02") and result["rows"] == 100
+    manifest = _rows_once(tmp_path / "out", 100)
     assert manifest["job"]["attempt"] == result["attempt"]
     claim = json.loads((tmp_path / "out" / "_job.json").read_text())
     assert claim["submission_id"] == new.submission_id and claim["identity"] == new.metadata["batchinfer_identity"]
 
 
 @pytest.mark.usefixtures("airflow_db")
-@pytest.mark.parametrize(("die", "reattached"), [("before_submit", False), ("after_submit", True)])
-def test_a_worker_lost_around_the_submit_is_recovered_from_the_claim(
-    ray_jobs_conn, launcher, slow_model, tmp_path, die, reattached
+def test_a_worker_lost_before_its_submit_leaves_a_claim_the_next_try_submits_once(
+    ray_jobs_conn, launcher, gated_model, tmp_path
 ):
-    write_tickets(tmp_path / "input", rows=300, files=2)
-    run_id = f"manual__lost_{die}"
-    first = _start_try(tmp_path, run_id, 1, die=die)
+    gated_tickets(tmp_path / "input", rows=100, files=2, gate=None)
+    run_id = "manual__lost_before_submit"
+    first = _start_try(tmp_path, run_id, 1, die="before_submit")
     assert first.wait(timeout=120) == 137, (tmp_path / "try1.log").read_text()[-3000:]
     claim = json.loads((tmp_path / "out" / "_job.json").read_text())  # recorded before the submit
     assert claim["submission_id"] and len(claim["identity"]) == 64
-    submitted = [j.submission_id for j in jobs_of_run(launcher, run_id)]
-    assert submitted == ([claim["submission_id"]] if reattached else [])
+    assert jobs_of_run(launcher, run_id) == []  # the cluster never heard of it
 
     result = _run_try(tmp_path, run_id, 2)
 
     jobs = [j.submission_id for j in jobs_of_run(launcher, run_id)]
-    assert len(jobs) == 1  # re-attached to the submitted job, or one fresh submission
-    assert (jobs[0] == claim["submission_id"]) is reattached
-    assert result["attempt"] == (claim["attempt"] if reattached else result["attempt"])
-    assert result["attempt"].startswith("t01" if reattached else "t02")
-    _rows_once(tmp_path / "out", 300)
+    assert len(jobs) == 1 and jobs[0] != claim["submission_id"]  # one fresh submission
+    assert result["attempt"].startswith("t02") and result["rows"] == 100
+    _rows_once(tmp_path / "out", 100)
