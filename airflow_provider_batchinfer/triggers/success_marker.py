@@ -15,10 +15,11 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
-from airflow_provider_batchinfer.markers import PROCESS_VERDICTS, read_valid_manifest
+from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.s3 import is_s3
 from airflow_provider_batchinfer.stage import ManifestError, StageError
 from airflow_provider_batchinfer.triggers.base import WatchStatus, WatchTrigger, make_event
+from airflow_provider_batchinfer.verdicts import PROCESS_VERDICTS
 
 
 def storage_options_for(location: str, model_service_conn_id: str) -> dict[str, Any]:
@@ -43,7 +44,7 @@ class SuccessMarkerTrigger(WatchTrigger):
 
     ``verify_checksums`` (default true): re-hash every listed file against its sha256; ``False``
     reads each listed file's footer instead. Either is done once per marker: the verdict is kept in
-    the process (``markers.PROCESS_VERDICTS``, shared with the sensors' pokes), keyed by the
+    the process (``verdicts.PROCESS_VERDICTS``, shared with the sensors' pokes), keyed by the
     marker's bytes, location and mode, so other triggers on the same run read the marker and list
     the directory, and make no request per part. Triggers deferred together on one run check it
     one at a time (``Verdicts.first_look``): one reads the parts, the others find its verdict.
