@@ -115,12 +115,14 @@ class Handler(BaseHTTPRequestHandler):
                 if self.command == "HEAD"
                 else _ERROR_BODY.format(code=rule.code, message=rule.message, resource=self.path.split("?")[0]).encode()
             )
+            # recorded before the client has its answer: a test that reads the log once its call
+            # returned then sees every request the call made
+            self.server.record(method=self.command, target=self.path, status=rule.status, injected=rule.code)
             self.send_response(rule.status)
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)
-            self.server.record(method=self.command, target=self.path, status=rule.status, injected=rule.code)
             return
         conn = http.client.HTTPConnection(*self.server.upstream, timeout=120)
         try:
@@ -134,6 +136,7 @@ class Handler(BaseHTTPRequestHandler):
             data = response.read()
         finally:
             conn.close()
+        self.server.record(method=self.command, target=self.path, status=response.status, injected=None)
         self.send_response(response.status, response.reason)
         for name, value in response.getheaders():
             if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
@@ -144,7 +147,6 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
-        self.server.record(method=self.command, target=self.path, status=response.status, injected=None)
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 

@@ -388,6 +388,9 @@ def test_on_a_cluster_ray_tasks_read_the_pinned_snapshot_one_task_per_data_file(
         table_input=TableInput("raw.tickets", public_catalog(props), pinned, "day = 'd9'"),
     )
     monkeypatch.setattr(table_input, "MIN_GROUP_ROWS", 1)  # one task per data file
+    # the session cluster takes the token; an earlier in-process run of this worker may have left
+    # RAY_AUTH_MODE at another value in this process
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
     _no_rows_read_here(monkeypatch)
     try:
         locations = table_input.read_table_input(job, None)
