@@ -60,11 +60,14 @@ def install_log_scrubber(secrets: Iterable[str]) -> None:
 
 
 def secret_values(environ: Mapping[str, str]) -> list[str]:
-    """The credential values an environment holds: ``AWS_*`` keys and every Iceberg catalog
-    property delivered as ``PYICEBERG_CATALOG__*`` (only secret ones are delivered that way)."""
+    """The credential values an environment holds: ``AWS_*`` keys, every Iceberg catalog property
+    delivered as ``PYICEBERG_CATALOG__*`` (only secret ones are delivered that way) and a SQL
+    input's database URL (``BATCHINFER_SQL_URL``), each URI with its password or token."""
+    from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV
+
     found = [environ[n] for n in environ if n in SECRET_ENV and environ[n]]
     for name, value in environ.items():
-        if name.upper().startswith("PYICEBERG_CATALOG__") and value:
+        if (name.upper().startswith("PYICEBERG_CATALOG__") or name == SQL_URL_ENV) and value:
             found.extend([value, *uri_secrets(value)])
     return found
 

@@ -282,7 +282,9 @@ def _clear_for_resume(
     digest = None
     if materialized_input:
         inputs = run_dir.child(INPUT_DIR)
-        digest = materialized_digest(inputs) if requeried_input else None
+        if requeried_input:  # the result the earlier attempt read, in its own _input/<attempt>/
+            recorded = read_claim(run_dir)
+            digest = materialized_digest(inputs.child(recorded.attempt)) if recorded is not None else None
         removed += len(inputs.list_files())
         inputs.delete()
     messages.append(
@@ -292,12 +294,13 @@ def _clear_for_resume(
     return Preparation(resume=True, removed_files=removed, messages=tuple(messages), input_digest=digest)
 
 
-def confirm_requeried_input(run_dir: Stage, before: str) -> tuple[str, ...]:
-    """After a resumed attempt re-ran its query into ``_input/``: when the result differs from the
-    one the kept parts were scored from (``before``, :attr:`Preparation.input_digest`), remove every
-    kept part (all but ``_job.json`` and ``_input/``) so that every row is scored from the new
-    result. Returns what was done, for the task log."""
-    if materialized_digest(run_dir.child(INPUT_DIR)) == before:
+def confirm_requeried_input(run_dir: Stage, inputs: Stage, before: str) -> tuple[str, ...]:
+    """After a resumed attempt re-ran its query into ``inputs`` (its ``_input/<attempt>/``): when
+    the result differs from the one the kept parts were scored from (``before``,
+    :attr:`Preparation.input_digest`), remove every kept part (all but ``_job.json`` and
+    ``_input/``) so that every row is scored from the new result. The job calls it
+    (``runtime/sql_input.py``) before it looks at the kept parts. Returns what was done, for the log."""
+    if materialized_digest(inputs) == before:
         return (f"SaveMode.RESUME: the query's result is the one the kept parts were scored from ({INPUT_DIR}/)",)
     kept = [n for n, _ in run_dir.list_files() if n != JOB_SPEC_FILE and not n.startswith(INPUT_DIR + "/")]
     for name in kept:

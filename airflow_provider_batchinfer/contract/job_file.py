@@ -10,6 +10,7 @@ from typing import Any
 from airflow_provider_batchinfer.contract._fields import _get, _opt, _strings
 from airflow_provider_batchinfer.contract.layout import JOB_FORMAT, JOB_SPEC_FILE, ContractError
 from airflow_provider_batchinfer.contract.records import ModelRef, RunOwner
+from airflow_provider_batchinfer.contract.sql_input import SqlInput
 from airflow_provider_batchinfer.contract.tables import TableInput, TableOutput
 from airflow_provider_batchinfer.contract.url_hosts import parse_url_hosts
 from airflow_provider_batchinfer.contract.usage import check_prices
@@ -55,6 +56,8 @@ class JobFile:
     # directory under the table's location) and the table snapshot it reads
     table_output: TableOutput | None = None
     table_input: TableInput | None = None
+    # a query the job reads into its _input/<attempt>/ (the database URL travels as a secret)
+    sql_input: SqlInput | None = None
     # what decided this attempt's rows, field by field (``identity.result_identity``): a RESUME keeps
     # the parts only when a retry's is the same; None (older job files): never resumed
     result: Mapping[str, str] | None = None
@@ -83,6 +86,7 @@ class JobFile:
             "prices": dict(self.prices),
             **({"table_output": self.table_output.to_dict()} if self.table_output else {}),
             **({"table_input": self.table_input.to_dict()} if self.table_input else {}),
+            **({"sql_input": self.sql_input.to_dict()} if self.sql_input else {}),
             **({"result": dict(self.result)} if self.result is not None else {}),
         }
 
@@ -130,6 +134,7 @@ class JobFile:
             prices=check_prices(_opt(data, "prices", dict, where, err, {}), f"{where}.prices", err),
             table_output=_table(data, "table_output", TableOutput, where),
             table_input=_table(data, "table_input", TableInput, where),
+            sql_input=_table(data, "sql_input", SqlInput, where),
             result=_result(data, where),
         )
 
@@ -151,6 +156,6 @@ def _result(data: Mapping[str, Any], where: str) -> dict[str, str] | None:
 
 
 def _table(data: Mapping[str, Any], key: str, kind: Any, where: str) -> Any:
-    """An optional table section (``TableOutput`` / ``TableInput``); None when absent."""
+    """An optional section (``TableOutput`` / ``TableInput`` / ``SqlInput``); None when absent."""
     section = _opt(data, key, dict, where, ContractError)
     return None if section is None else kind.from_dict(section, f"{where}.{key}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from airflow_provider_batchinfer.contract import JobFailure
@@ -136,6 +137,9 @@ class Launcher(abc.ABC):
     #: seconds the next job may run (the operator's ``job_timeout``; None: unbounded): what a
     #: launcher that derives a session for the job bounds it by
     job_timeout: float | None = None
+    #: secret variables for the next job only (a SQL input's database URL): delivered as the
+    #: launcher delivers its storage credentials, never as job metadata
+    job_secrets: Mapping[str, str] = MappingProxyType({})
 
     @classmethod
     @abc.abstractmethod

@@ -167,6 +167,7 @@ class LocalLauncher(Launcher):
             ):
                 env["RAY_AUTH_MODE"] = "token"  # Ray >= 2.5x clusters started by `ray start` require it
         env.update(self.extra_env)
+        env.update(self.job_secrets)  # a SQL input's database URL: this job's process only
         return env
 
     def command(self, job_location: str) -> list[str]:

@@ -51,7 +51,7 @@ from airflow_provider_batchinfer.launchers.ray_job_ids import (
     status_text,
     submission_id_for,
 )
-from airflow_provider_batchinfer.redact import scrub
+from airflow_provider_batchinfer.redact import scrub, uri_secrets
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -136,10 +136,11 @@ class RayJobsLauncher(Launcher):
         from airflow_provider_batchinfer.job_session import JobSessionError
 
         try:
-            env = job_env(self._storage_options, self._catalog_env, self.job_timeout)
+            env = job_env(self._storage_options, {**self._catalog_env, **self.job_secrets}, self.job_timeout)
         except JobSessionError as exc:
             raise RayJobsError(self.scrub(str(exc)), permanent=exc.permanent) from exc
         self._secrets.extend(env.secret.values())
+        self._secrets.extend(part for url in self.job_secrets.values() for part in uri_secrets(url))
         if env.expires is not None:
             log.info(
                 "S3 for the Ray job: a session derived through STS%s, valid until %s (the connection's keys stay here)",

@@ -5,8 +5,8 @@ half-commits data:
 
 1. **resolve** the model (verified by sha256), the input and the run directory (no side effects);
 2. **prepare** the run directory (``rundir.prepare``: the save mode, RESUME, ownership), claim it
-   with the job file (``_job.json``) naming this attempt, materialize a SQL input (a table input
-   is pinned to its snapshot, and the job reads it);
+   with the job file (``_job.json``) naming this attempt (a table input is pinned to its
+   snapshot; a SQL input's query is read by the job, the worker only resolves its connection);
 3. **launch** the runtime through the connection's launcher, or re-attach to this try's job;
 4. **wait** in the worker, forwarding the job's log, or **defer** to the launcher's trigger;
 5. **finalize**: read back the ``_SUCCESS`` manifest the runtime committed, return its summary.
@@ -26,12 +26,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import (
-    INPUT_DIR,
     JOB_SPEC_FILE,
     ContractError,
     JobFile,
     RunOwner,
 )
+from airflow_provider_batchinfer.contract.sql_input import SqlInput
 from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
 from airflow_provider_batchinfer.identity import input_fingerprint, job_identity, result_identity
 from airflow_provider_batchinfer.inputs import InputError, list_input_files
@@ -43,8 +43,8 @@ from airflow_provider_batchinfer.operators.errors import airflow_error, check_ar
 from airflow_provider_batchinfer.operators.finalize import committed_result
 from airflow_provider_batchinfer.operators.job_file import build_job_file
 from airflow_provider_batchinfer.operators.lineage_methods import OpenLineageMethods
-from airflow_provider_batchinfer.operators.materialize import materialize_sql
 from airflow_provider_batchinfer.operators.runs import run_directory, run_owner
+from airflow_provider_batchinfer.operators.sql_input import job_secrets as sql_job_secrets
 from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.s3 import check_bucket, is_s3
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec
@@ -65,7 +65,10 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
     :param model: registered model name. :param version: its version (immutable, pinned by sha256).
     :param input: Parquet file or directory (or a list of them); relative paths are under the
         connection's stage root. Or give ``sql`` with ``conn_id`` (any Airflow SQL connection):
-        the query result is materialized to Parquet in chunks of ``materialize_chunk_rows`` rows.
+        the job reads the query (never the Airflow worker) into Parquet under the run directory's
+        ``_input/<attempt>/``: in shards on Ray when ``shard_column`` names a column the database
+        can hash with ``shard_hash_fn`` (``ray.data.read_sql``), else streamed by its driver in
+        chunks of ``materialize_chunk_rows`` rows.
     :param input_spec: columns, passthrough columns, mapping and model params.
     :param output_spec: ``stage_location`` or ``base_stage_location`` and the ``SaveMode``.
     :param job_spec: replicas, CPUs/GPUs per replica, batch size.
@@ -113,6 +116,8 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
         job_spec: JobSpec | None = None,
         model_service_conn_id: str = ModelServiceHook.default_conn_name,
         materialize_chunk_rows: int = 100_000,
+        shard_column: str | None = None,
+        shard_hash_fn: str = "MD5",
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 10.0,
         job_timeout: float | None = None,
@@ -130,6 +135,7 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
             output_spec=output_spec,
             job_spec=job_spec,
             materialize_chunk_rows=materialize_chunk_rows,
+            shard_column=shard_column,
             poll_interval=poll_interval,
             job_timeout=job_timeout,
         )
@@ -147,6 +153,8 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
         self.job_spec = job_spec or JobSpec()
         self.model_service_conn_id = model_service_conn_id
         self.materialize_chunk_rows = materialize_chunk_rows
+        self.shard_column = shard_column
+        self.shard_hash_fn = shard_hash_fn
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.job_timeout = job_timeout
@@ -212,6 +220,8 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
         mv, run_dir = self._resolve(context)
         launcher = self._launcher = self.hook.get_launcher()
         launcher.job_timeout = self.job_timeout  # what a job's derived S3 session is bounded by
+        # a SQL input: the job connects to the database itself (operators/sql_input.py)
+        launcher.job_secrets = sql_job_secrets(self.conn_id) if self.sql is not None and self.conn_id else {}
         try:
             handle = self._handle = self._launch(launcher, owner, mv, run_dir)
             if handle.url:
@@ -292,7 +302,7 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
         identity: str,
         result: dict[str, str],
     ) -> JobFile:
-        """Everything before the launch: save mode, the job file, SQL materialization."""
+        """Everything before the launch: save mode, the job file (with the table or query it reads)."""
         tables = self._tables()
         pinned = tables.pinned_input(run_dir)  # read before the claim is cleared
         try:
@@ -322,18 +332,34 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
         )
         job = dataclasses.replace(job, result=result)  # what decided these rows: a RESUME compares it
         job = tables.bind(job, run_dir, pinned)  # table input snapshot, table output
+        job = self._bind_sql(job, prep.input_digest)
         # claimed before anything else is written into it (so a retry recognizes whatever this
         # attempt leaves behind as its own) and before the submit (so a retry finds the job even
         # when this worker dies right after submitting it)
         rundir.claim(run_dir, job)
         self.log.info("Job %s: spec at %s", job.job_id, run_dir.child(JOB_SPEC_FILE).location)
-        if self.sql is not None and self.conn_id:
-            materialize_sql(self.conn_id, self.sql, run_dir.child(INPUT_DIR), self.materialize_chunk_rows, self.log)
-            if prep.input_digest is not None:  # RESUME kept parts scored from the query's earlier result
-                for message in rundir.confirm_requeried_input(run_dir, prep.input_digest):
-                    self.log.info("%s", message)
         tables.log_input(job, self.log)  # its rows are read by the job (runtime/table_input.py)
+        if job.sql_input is not None:
+            self.log.info("Input: the query on %s, read by the job (runtime/sql_input.py)", job.sql_input.conn_id)
         return job
+
+    def _bind_sql(self, job: JobFile, kept_digest: str | None) -> JobFile:
+        """The job file with its query (``kept_digest``: a RESUME's earlier result, which the job
+        compares with the result it reads); unchanged for any other input."""
+        if self.sql is None or not self.conn_id:
+            return job
+        try:
+            query = SqlInput(
+                query=self.sql,
+                conn_id=self.conn_id,
+                chunk_rows=self.materialize_chunk_rows,
+                shard_column=self.shard_column,
+                shard_hash_fn=self.shard_hash_fn,
+                kept_digest=kept_digest,
+            )
+        except ContractError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        return dataclasses.replace(job, sql_input=query)
 
     def _defer(self, launcher: Launcher, handle: JobHandle) -> NoReturn:
         deadline = None if self.job_timeout is None else time.time() + self.job_timeout

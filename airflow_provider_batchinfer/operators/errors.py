@@ -53,6 +53,7 @@ def check_arguments(
     materialize_chunk_rows: int,
     poll_interval: float,
     job_timeout: float | None,
+    shard_column: str | None = None,
 ) -> None:
     """Raise SpecError for a combination no run can fix. Looks only at whether a templated
     argument is given (never at its value, which renders later)."""
@@ -66,6 +67,8 @@ def check_arguments(
         raise SpecError(f"{task_id}: input_spec must be an InputSpec, got {type(input_spec).__name__}")
     if job_spec is not None and not isinstance(job_spec, JobSpec):
         raise SpecError(f"{task_id}: job_spec must be a JobSpec, got {type(job_spec).__name__}")
+    if shard_column is not None and sql is None:
+        raise SpecError(f"{task_id}: shard_column= shards a sql= input; it has no meaning for input=")
     if materialize_chunk_rows < 1:
         raise SpecError("materialize_chunk_rows must be >= 1")
     if poll_interval <= 0:

@@ -4,7 +4,7 @@ Ray workers do not inherit the driver's environment: a worker's ``AWS_*`` keys m
 The keys never go through ``ray.init``'s ``runtime_env``: Ray records that with the job (``ray list
 jobs``, the dashboard, the Jobs API), and under the Jobs API it must not repeat a variable the
 job's own ``runtime_env`` sets (Ray refuses to merge the two, and prints both, values included).
-Keys reach each worker through a ``worker_process_setup_hook`` that sets them in its environment
+Keys (and a SQL input's database URL) reach each worker through a ``worker_process_setup_hook`` that sets them in its environment
 before it runs anything; Ray keeps the hook in the cluster's internal store, not in the job's
 metadata. Public settings (endpoint, region, the driver's model cache) go as ``env_vars``, less
 those the job's ``runtime_env`` already sets.
@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow_provider_batchinfer.contract import JobFile
 from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
+from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV
 from airflow_provider_batchinfer.redact import SECRET_ENV
 from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV
 from airflow_provider_batchinfer.runtime.replica import DRIVER_CACHE_ENV
@@ -81,6 +82,8 @@ def worker_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
     if environ.get(MODEL_CACHE_ENV):
         forwarded[DRIVER_CACHE_ENV] = environ[MODEL_CACHE_ENV]
     secret = {k: v for k, v in forwarded.items() if k in SECRET_ENV}
+    if environ.get(SQL_URL_ENV):  # a SQL input's shards connect from the workers
+        secret[SQL_URL_ENV] = environ[SQL_URL_ENV]
     taken = _job_env_vars(environ)
     public = {k: v for k, v in forwarded.items() if k not in SECRET_ENV and k not in taken}
     runtime_env: dict[str, Any] = {}

@@ -29,6 +29,7 @@ from airflow_provider_batchinfer.runtime import (
     llm,
     resources,
     reuse,
+    sql_input,
     table_commit,
     table_input,
     usage,
@@ -135,7 +136,11 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     )
     registry = ModelRegistry(job.registry_root, storage)
     _check_model(job, registry)
-    files = list_input_files(table_input.read_table_input(job, storage), storage)  # a table: read here first
+    if job.sql_input is not None:  # a query: read here first (runtime/sql_input.py)
+        locations = sql_input.read_sql_input(job, storage)
+    else:  # a table's snapshot is read here first; else the job file's own locations
+        locations = table_input.read_table_input(job, storage)
+    files = list_input_files(locations, storage)
     input_rows, schema, file_groups = inspect_input(files, storage)
     signature = dict(model.signature or {})
     plan = with_id_column(plan_columns(schema, signature, input_spec, files[0]), input_spec.id_column)

@@ -271,21 +271,29 @@ def _write_on_ray(job: JobFile, scan: PlannedScan, groups: Sequence[Sequence[Fil
     the pipeline (:func:`attached_to_ray`)."""
     import ray
 
-    from airflow_provider_batchinfer.runtime.attach import init_ray
-
     if not groups:
         return 0
-    if not ray.is_initialized():
-        init_ray(job)
-        _ray_state["attached"] = True
+    attach_for_reads(job)
     shared = ray.put(scan)
     task = ray.remote(num_cpus=1)(write_group)
     return sum(ray.get([task.remote(shared, i, group) for i, group in enumerate(groups)]))
 
 
+def attach_for_reads(job: JobFile) -> None:
+    """Attach this process to the job's Ray for an input's read tasks (a table's groups, a query's
+    shards), once; the pipeline then uses that connection (:func:`attached_to_ray`)."""
+    import ray
+
+    from airflow_provider_batchinfer.runtime.attach import init_ray
+
+    if not ray.is_initialized():
+        init_ray(job)
+        _ray_state["attached"] = True
+
+
 def attached_to_ray() -> bool:
-    """Whether the read tasks attached this process to Ray (and it still is): the pipeline uses
-    that connection instead of attaching again."""
+    """Whether an input's read tasks attached this process to Ray (and it still is): the pipeline
+    uses that connection instead of attaching again."""
     import sys
 
     ray = sys.modules.get("ray")
