@@ -10,7 +10,7 @@ everything after (row count, schema, id uniqueness, RESUME, both engines' reads)
 - **In shards on Ray** when the job names ``shard_column``, the job runs on Ray, and the database
   answers ``MOD(ABS(<shard_hash_fn>(<column>)), n)`` (a probe query checks it first):
   ``ray.data.read_sql`` runs one query per shard (``WHERE MOD(...) = i``) in Ray tasks and each
-  shard becomes ``part-<shard>-<block>.parquet``. Each shard is fetched whole by its task, so more
+  shard becomes ``part-<shard>-<n>.parquet``. Each shard is fetched whole by its task, so more
   shards bound a task's memory; the shards are separate queries, so a table written to while they
   run may be read at different moments by each.
 - **Streamed by the driver** otherwise: ``chunk_rows`` rows fetched at a time, each chunk one
@@ -127,17 +127,18 @@ def _shards(job: JobFile, ref: SqlInput) -> int:
 
 
 def _read_on_ray(ref: SqlInput, dest: Stage, shards: int) -> tuple[int, int]:
-    """``ray.data.read_sql`` in ``shards`` shards, each written as ``part-<shard>-<block>.parquet``;
+    """``ray.data.read_sql`` in ``shards`` shards, each written as ``part-<shard>-<n>.parquet``;
     the rows and files written (counted from the files' footers)."""
     import pyarrow.parquet as pq
     import ray.data
     from ray.data.datasource import FilenameProvider
 
     class ShardNames(FilenameProvider):
-        """Names that a retried write task, and the same shard of a later attempt, write again."""
+        """Names that a retried write task, and the same shard of a later attempt, write again
+        (Ray adds ``-<n>`` before the extension for each file of a task)."""
 
-        def get_filename_for_block(self, block: Any, write_uuid: str, task_index: int, block_index: int) -> str:
-            return f"part-{task_index:05d}-{block_index:03d}.parquet"
+        def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+            return f"part-{task_index:05d}.parquet"
 
     ds = ray.data.read_sql(
         ref.query,
@@ -146,7 +147,13 @@ def _read_on_ray(ref: SqlInput, dest: Stage, shards: int) -> tuple[int, int]:
         shard_hash_fn=ref.shard_hash_fn,
         override_num_blocks=shards,
     )
-    ds.write_parquet(dest.path, filesystem=dest.fs, filename_provider=ShardNames(), compression="zstd")
+    ds.write_parquet(  # OVERWRITE: the names hold no write id; the directory is this attempt's own
+        dest.path,
+        filesystem=dest.fs,
+        filename_provider=ShardNames(file_format="parquet"),
+        mode=ray.data.SaveMode.OVERWRITE,
+        compression="zstd",
+    )
     rows = files = 0
     for name, _size in dest.list_files():
         part = dest.child(*name.split("/"))
