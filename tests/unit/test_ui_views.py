@@ -1,0 +1,106 @@
+"""The batch runs pages' pure parts: a row from an XCom value, pagination, formatting, the manifest's
+readable form and the SVG trend plot."""
+
+from __future__ import annotations
+
+import dataclasses
+import xml.etree.ElementTree as ET
+
+from airflow_provider_batchinfer.contract import FileEntry
+from airflow_provider_batchinfer.contract.tables import TableOutput
+from airflow_provider_batchinfer.ui.views import (
+    MAX_PAGE_SIZE,
+    Page,
+    fmt_bytes,
+    fmt_cost,
+    fmt_seconds,
+    manifest_view,
+    page_bounds,
+    run_row,
+    svg_plot,
+    trend_points,
+)
+from tests.runs import manifest_for
+
+TI = {
+    "dag_id": "d",
+    "task_id": "t",
+    "run_id": "r",
+    "map_index": -1,
+    "try_number": 2,
+    "state": "success",
+    "duration": 9.0,
+}
+
+
+def test_a_row_takes_its_figures_from_the_return_value_and_its_usage():
+    value = {
+        "rows": 98,
+        "input_rows": 100,
+        "error_rows": 2,
+        "model": "m",
+        "model_version": "v1",
+        "sha256": "a" * 64,
+        "output_location": "/stage/r",
+        "attempt": "t02x",
+        "reused_rows": 40,
+        "usage": {"wall_s": 4.0, "rows_per_s": 25.0, "cpu_seconds": 8.0, "gpu_seconds": 0.0, "cost": 0.0001},
+    }
+    row = run_row(TI, value)
+    assert (row.input_rows, row.output_rows, row.error_rows, row.reused_rows) == (100, 98, 2, 40)
+    assert (row.wall_s, row.rows_per_s, row.cpu_seconds, row.cost) == (4.0, 25.0, 8.0, 0.0001)
+    assert (row.try_number, row.attempt, row.output_location) == (2, "t02x", "/stage/r")
+
+
+def test_a_row_without_usage_falls_back_on_the_task_duration_and_without_a_result_shows_nothing():
+    old = run_row(TI, {"rows": 90, "input_rows": 90, "error_rows": 0})
+    assert (old.wall_s, old.rows_per_s, old.cost) == (9.0, 10.0, None)
+    pending = run_row({**TI, "state": "running"}, None)
+    assert (pending.input_rows, pending.wall_s, pending.model, pending.state) == (None, None, None, "running")
+    odd = run_row(TI, {"input_rows": "many", "usage": "none", "rows": float("nan")})
+    assert (odd.input_rows, odd.output_rows, odd.cpu_seconds) == (None, None, None)
+
+
+def test_pages_are_bounded_and_link_by_offset():
+    assert page_bounds("-5", "100000") == (0, MAX_PAGE_SIZE)
+    assert page_bounds("x", None) == (0, 50)
+    page = Page(offset=50, limit=50, total=120)
+    assert (page.first, page.last, page.prev_offset, page.next_offset) == (51, 100, 0, 100)
+    assert Page(0, 50, 0).first == 0 and Page(100, 50, 120).next_offset is None
+
+
+def test_formatting():
+    assert [fmt_seconds(v) for v in (None, 12.34, 245, 7380)] == ["–", "12.3 s", "4 min 05 s", "2 h 03 min"]
+    assert [fmt_bytes(v) for v in (None, 512, 2048, 5 * 1024**3)] == ["–", "512 B", "2.0 KiB", "5.0 GiB"]
+    assert (fmt_cost(None), fmt_cost(0.00123)) == ("–", "0.0012")
+
+
+def test_the_manifest_view_shows_parts_lineage_and_the_snapshot_but_no_catalog_settings():
+    files = (FileEntry("part-00000-t01a.parquet", 100, 3, "b" * 64),)
+    table = TableOutput(
+        "ml.scores", {"uri": "sqlite:///c.db", "s3.secret-access-key": "k"}, "r", "overwrite", "/c", "/t"
+    )
+    manifest = dataclasses.replace(manifest_for("/t/data/r/t01a", files), table=table.with_snapshot(77))
+    view = manifest_view(manifest)
+    assert view["files"] == [{"name": "part-00000-t01a.parquet", "size": 100, "rows": 3, "sha256": "b" * 64}]
+    assert view["lineage"] == {"inputs": ["/data/in"], "outputs": ["iceberg://ml.scores"]}
+    assert view["table"]["snapshot_id"] == 77 and "catalog" not in view["table"]
+    assert "secret" not in repr(view)
+
+
+def test_trend_points_and_the_svg_plot():
+    rows = [
+        run_row(
+            {**TI, "run_id": "a"}, {"input_rows": 1000, "error_rows": 10, "usage": {"rows_per_s": 50.0, "cost": 0.002}}
+        ),
+        run_row({**TI, "run_id": "b", "state": "failed"}, None),
+        run_row({**TI, "run_id": "c"}, {"input_rows": 0, "error_rows": 0, "usage": {"rows_per_s": None}}),
+    ]
+    points = trend_points(rows)
+    assert [p.run_id for p in points] == ["a", "c"]
+    assert (points[0].cost_per_million, points[0].error_fraction) == (2.0, 0.01)
+    assert (points[1].cost_per_million, points[1].error_fraction, points[1].rows_per_s) == (None, None, 0.0)
+    svg = svg_plot([p.rows_per_s for p in points], [p.run_id for p in points], "rows/s <&>")
+    root = ET.fromstring(svg)  # well-formed, the title escaped
+    assert root.tag.endswith("svg") and len(root.findall("{http://www.w3.org/2000/svg}circle")) == 2
+    assert "no data" in svg_plot([None], ["x"], "empty")
