@@ -283,35 +283,38 @@ def test_a_record_made_by_another_version_of_the_definition_is_never_resumed(tmp
     assert done.resume is False and "differs in version (how the identity is made: " in done.messages[0]
 
 
-def _query_result(run: Path, texts: list[str]) -> None:
+def _query_result(run: Path, texts: list[str], attempt: str) -> None:
+    """What the job of ``attempt`` writes when it reads the query: ``_input/<attempt>/``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    (run / INPUT_DIR).mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"id": [1, 2], "text": texts}), run / INPUT_DIR / "part-00000.parquet")
+    (run / INPUT_DIR / attempt).mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": [1, 2], "text": texts}), run / INPUT_DIR / attempt / "part-00000.parquet")
 
 
 @pytest.mark.parametrize("same", [True, False])
 def test_a_resumed_query_keeps_the_parts_only_when_its_result_is_the_same(tmp_path, same):
-    """A query is re-run by every attempt: its new result is compared with the one the kept parts
-    were scored from (the files under ``_input/``, by checksum) once it is materialized."""
+    """A query is re-run by every attempt's job: its new result (``_input/<attempt>/``) is compared
+    with the one the kept parts were scored from (the earlier attempt's, by checksum) once it is read."""
     run = tmp_path / "run"
     _earlier_attempt(run)
-    _query_result(run, ["a", "b"])
+    _query_result(run, ["a", "b"], "t01aaaa")
     (run / "_errors").mkdir()
     write_part(run / "_errors", part_name(1, "t01aaaa"), [3])
     done = _prepare(run, SaveMode.RESUME, materialized_input=True, requeried_input=True)
     assert done.resume and done.input_digest is not None and not (run / INPUT_DIR).exists()
-    _query_result(run, ["a", "b"] if same else ["a", "B"])  # the retry's materialization
-    messages = confirm_requeried_input(Stage.open(str(run)), done.input_digest)
-    kept = [f"_errors/{part_name(1, 't01aaaa')}", JOB_SPEC_FILE, f"{INPUT_DIR}/part-00000.parquet"]
+    _query_result(run, ["a", "b"] if same else ["a", "B"], "t02bbbb")  # the retry's job reads it again
+    messages = confirm_requeried_input(
+        Stage.open(str(run)), Stage.open(str(run / INPUT_DIR / "t02bbbb")), done.input_digest
+    )
+    kept = [f"_errors/{part_name(1, 't01aaaa')}", JOB_SPEC_FILE, f"{INPUT_DIR}/t02bbbb/part-00000.parquet"]
     if same:
         assert _files(run) == sorted([*kept, part_name(0, "t01aaaa")])
         assert messages == (
             f"SaveMode.RESUME: the query's result is the one the kept parts were scored from ({INPUT_DIR}/)",
         )
     else:
-        assert _files(run) == sorted([JOB_SPEC_FILE, f"{INPUT_DIR}/part-00000.parquet"])
+        assert _files(run) == sorted([JOB_SPEC_FILE, f"{INPUT_DIR}/t02bbbb/part-00000.parquet"])
         assert messages == (
             f"SaveMode.RESUME: the earlier attempt in {run} differs in input (the input's content: each file's size "
             "and version (ETag or mtime), or a query's text, connection and result): the query's result changed; removed "
