@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -267,16 +268,31 @@ class _PartWriter:
 
 
 def _write_on_ray(job: JobFile, scan: PlannedScan, groups: Sequence[Sequence[FileScanTask]]) -> int:
-    """Every group a task on the cluster, one CPU each; the rows they wrote. Ray stays attached for
-    the pipeline (:func:`attached_to_ray`)."""
+    """Every group a task on the cluster, one CPU each, spread over its nodes (a read that stays on
+    the driver's node uses one node's disk and network); the rows they wrote. The job log names the
+    nodes the tasks ran on. Ray stays attached for the pipeline (:func:`attached_to_ray`)."""
     import ray
 
     if not groups:
         return 0
     attach_for_reads(job)
     shared = ray.put(scan)
-    task = ray.remote(num_cpus=1)(write_group)
-    return sum(ray.get([task.remote(shared, i, group) for i, group in enumerate(groups)]))
+    task = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(_read_task)
+    done: list[tuple[int, str]] = ray.get([task.remote(shared, i, group) for i, group in enumerate(groups)])
+    nodes = Counter(node for _, node in done)
+    print(
+        f"[batchinfer] input: read tasks ran on {len(nodes)} node(s): "
+        + ", ".join(f"{node} ({count} task(s))" for node, count in sorted(nodes.items())),
+        flush=True,
+    )
+    return sum(rows for rows, _ in done)
+
+
+def _read_task(scan: PlannedScan, index: int, tasks: Sequence[FileScanTask]) -> tuple[int, str]:
+    """One group read on a Ray worker: the rows written and the id of the node it ran on."""
+    import ray
+
+    return write_group(scan, index, tasks), ray.get_runtime_context().get_node_id()
 
 
 def attach_for_reads(job: JobFile) -> None:

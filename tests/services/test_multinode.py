@@ -145,3 +145,40 @@ def test_the_vllm_engine_reads_the_model_from_the_registry_location_never_the_dr
     )
     source, multimodal = llm.model_source(local, model)
     assert Path(source) == local.local_copy("text_length", "v1") and Path(source, "MODEL.json").exists()
+
+
+def test_an_iceberg_inputs_read_tasks_run_on_both_nodes(two_node_cluster, tmp_path, monkeypatch, capsys):
+    """The read a job on the actor pool does first, on the 2-node cluster: a table of four data files
+    (four read tasks), spread over the nodes; the job log names both nodes, and every row is read once."""
+    import pyarrow as pa
+
+    from airflow_provider_batchinfer.contract.tables import TableInput
+    from airflow_provider_batchinfer.runtime import table_input
+    from airflow_provider_batchinfer.tables.catalog import embedded_catalog, open_catalog, public_catalog
+    from tests.runs import job_file
+
+    props = embedded_catalog(str(tmp_path / "stage"), str(tmp_path / "home"))
+    catalog = open_catalog(props)
+    catalog.create_namespace("raw")
+    table = catalog.create_table("raw.tickets", schema=pa.schema([("ticket_id", pa.int64()), ("text", pa.string())]))
+    for start in range(0, 40, 10):  # one data file per append
+        table.append(pa.table({"ticket_id": pa.array(range(start, start + 10), pa.int64()), "text": ["t"] * 10}))
+    snapshot = catalog.load_table("raw.tickets").current_snapshot().snapshot_id
+    claim = tmp_path / "claim"
+    job = dataclasses.replace(
+        job_file(claim, inputs=(str(claim / "_input"),)),
+        table_input=TableInput("raw.tickets", public_catalog(props), snapshot, None),
+    )
+    monkeypatch.setattr(table_input, "MIN_GROUP_ROWS", 1)  # one task per data file
+    monkeypatch.setenv("RAY_ADDRESS", two_node_cluster["address"])
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    try:
+        (location,) = table_input.read_table_input(job, None)
+    finally:
+        table_input.leave_ray()
+    assert sorted(pq.read_table(location).column("ticket_id").to_pylist()) == list(range(40))
+    out = capsys.readouterr().out
+    assert "[batchinfer] input: 40 rows of Iceberg table raw.tickets" in out and "read in 4 task(s) on Ray" in out
+    (nodes,) = [line for line in out.splitlines() if "[batchinfer] input: read tasks ran on " in line]
+    assert "read tasks ran on 2 node(s): " in nodes, nodes
+    assert all(node_id in nodes for node_id in two_node_cluster["nodes"]), (nodes, list(two_node_cluster["nodes"]))
