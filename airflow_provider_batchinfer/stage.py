@@ -7,8 +7,8 @@ the same one Ray Data reads and writes with, so a location means the same thing 
 Layout of one run directory::
 
     <run dir>/_job.json                     the job spec (the contract), written by the operator
-    <run dir>/_input/part-*.parquet         materialized SQL input, when the input was a query
-    <run dir>/_input/<attempt>/*.parquet    an Iceberg input's pinned snapshot, written by the job
+    <run dir>/_input/<attempt>/*.parquet    a query's result or an Iceberg input's pinned snapshot,
+                                            written by the job
     <run dir>/part-<block>-<attempt>.parquet predictions
     <run dir>/_errors/part-*.parquet        dead-lettered rows (ids + error), JobSpec(on_error="dead_letter")
     <run dir>/_SUCCESS                      JSON manifest, written last; readers trust only its files

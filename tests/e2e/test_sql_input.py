@@ -176,3 +176,28 @@ def test_the_database_url_reaches_workers_by_the_setup_hook_and_is_scrubbed(monk
     assert scrub(f"could not connect to {url}: password pg-pass-77x refused", values) == (
         "could not connect to ***: password *** refused"
     )
+
+
+def test_the_query_section_round_trips_and_bad_arguments_are_refused(tmp_path):
+    from airflow_provider_batchinfer import BatchInferenceOperator
+    from airflow_provider_batchinfer.contract import ContractError, JobFile
+    from airflow_provider_batchinfer.contract.sql_input import SqlInput
+    from airflow_provider_batchinfer.specs import SpecError
+    from tests.runs import job_file
+
+    query = SqlInput(query=QUERY, conn_id="crm", chunk_rows=500, shard_column="ticket_id", kept_digest="ab" * 32)
+    job = JobFile.from_json(JobFile(**{**vars(job_file(tmp_path)), "sql_input": query}).to_json())
+    assert job.sql_input == query and "sql_input" not in job_file(tmp_path).to_dict()
+    with pytest.raises(ContractError, match=r"sql_input.shard_column 'id\); DROP TABLE t' must be a plain SQL name"):
+        SqlInput(query=QUERY, conn_id="crm", shard_column="id); DROP TABLE t")
+    with pytest.raises(ContractError, match="sql_input.chunk_rows must be >= 1, got 0"):
+        SqlInput(query=QUERY, conn_id="crm", chunk_rows=0)
+    with pytest.raises(SpecError, match="infer: shard_column= shards a sql= input; it has no meaning for input="):
+        BatchInferenceOperator(
+            task_id="infer",
+            model="m",
+            version="v1",
+            input="/data/in",
+            shard_column="id",
+            output_spec=OutputSpec(stage_location=str(tmp_path / "out")),
+        )
