@@ -33,6 +33,9 @@ class AirflowServices:
         self.env = env
         self.base = f"http://127.0.0.1:{port}"
         self.procs: dict[str, subprocess.Popen] = {}
+        # sent with every ``api`` call: a bearer token once ``login`` ran (without
+        # ``simple_auth_manager_all_admins`` every route asks for one)
+        self.headers: dict[str, str] = {}
         self.restarts: list[str] = []
         self._stopping = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="airflow-supervisor", daemon=True)
@@ -178,10 +181,16 @@ class AirflowServices:
 
     def api(self, method: str, path: str, *, prefix: str = "/api/v2", **kwargs: Any) -> Any:
         """The public REST API; ``prefix="/ui"`` for the endpoints only the UI's pages call."""
-        response = requests.request(method, f"{self.base}{prefix}{path}", timeout=60, **kwargs)
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        response = requests.request(method, f"{self.base}{prefix}{path}", timeout=60, headers=headers, **kwargs)
         if response.status_code >= 400:
             raise RuntimeError(f"{method} {path} -> {response.status_code}: {response.text}")
         return response.json() if response.content else None
+
+    def login(self, username: str, password: str) -> str:
+        """A JWT for ``username`` from the auth manager's token endpoint (SimpleAuthManager)."""
+        body = {"username": username, "password": password}
+        return self.api("POST", "/token", prefix="/auth", json=body, headers={})["access_token"]
 
     def wait_for_dag(self, dag_id: str, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
