@@ -95,6 +95,10 @@ _READY_LINE = "Ray runtime started"
 TOKEN_AUTH_SINCE = (2, 52)
 #: never handed to the shared Ray: another cluster's address and token, a job's parent pid
 _NOT_INHERITED = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "BATCHINFER_PARENT_PID")
+#: the raylet kills a task worker idle for 1 s while the node runs more workers (actors included) than
+#: this, by default its CPUs: a pool job's actors exceed two, so each read and write task started a fresh
+#: Python process. A job's workers still exit with its driver; an operator's own setting wins
+WORKER_SOFT_LIMIT_ENV, WORKER_SOFT_LIMIT = "RAY_num_workers_soft_limit", 64
 
 
 def installed_ray_version() -> str | None:
@@ -249,15 +253,23 @@ def _auth(directory: Path) -> tuple[str, str]:
     return "token", str(token)
 
 
+def head_env(environ: Mapping[str, str], auth_mode: str, token_path: str) -> dict[str, str]:
+    """The environment of ``ray start --head``: this process's, less another cluster's address and
+    token, with token auth, no usage stats, and idle task workers kept (``WORKER_SOFT_LIMIT``)."""
+    env = {k: v for k, v in environ.items() if k not in _NOT_INHERITED}
+    env.update(RAY_AUTH_MODE=auth_mode, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env["RAY_AUTH_TOKEN_PATH"] = token_path
+    env.setdefault(WORKER_SOFT_LIMIT_ENV, str(WORKER_SOFT_LIMIT))
+    return env
+
+
 def _start(directory: Path, idle_s: float, ray_version: str, environ: Mapping[str, str], log: TaskLog) -> EmbeddedRay:
     ports = ["ray-client-server", "dashboard", "dashboard-agent-listen", "dashboard-agent-grpc", "metrics-export"]
     ports += ["runtime-env-agent", "node-manager", "object-manager"]
     port, *picked = free_ports(1 + len(ports))  # distinct: Ray refuses to start when two components share one
     temp_dir = make_ray_temp_dir(directory)
     auth_mode, token_path = _auth(directory)
-    env = {k: v for k, v in environ.items() if k not in _NOT_INHERITED}
-    env.update(RAY_AUTH_MODE=auth_mode, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    env["RAY_AUTH_TOKEN_PATH"] = token_path
+    env = head_env(environ, auth_mode, token_path)
     cmd = [_ray_command(), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1"]
     cmd += [f"--temp-dir={temp_dir}", "--include-dashboard=false", "--disable-usage-stats"]
     cmd += [f"--{name}-port={p}" for name, p in zip(ports, picked, strict=True)]  # never collide with another Ray here
