@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -22,7 +24,12 @@ DAG_FILES = (
     REPO / "example_dags" / "batchinfer_ticket_embeddings.py",
     REPO / "tests" / "dags" / "batchinfer_services_dags.py",
     REPO / "tests" / "dags" / "assets" / "batchinfer_asset_dags.py",
+    REPO / "tests" / "dags" / "batchinfer_ui_dags.py",
 )
+# users of the services' auth manager (tests/ui_auth.py): every request signs in; OUTSIDER may not
+# read UI_DENIED_DAG
+PASSWORDS = {"admin": "admin-pw", "outsider": "outsider-pw"}
+UI_DENIED_DAG = "bi_ui_iceberg"
 
 
 def _scenario_bundle(root) -> list[dict]:
@@ -67,6 +74,8 @@ def world(tmp_path_factory, ray_cluster):
         },
     }
     port = _free_port()
+    passwords = home / "passwords.json"
+    passwords.write_text(json.dumps(PASSWORDS))
     env = services_env(
         home,
         port,
@@ -75,6 +84,16 @@ def world(tmp_path_factory, ray_cluster):
             "BATCHINFER_HOME": str(bi_home),
             "AIRFLOW_VAR_BI_SVC_INPUT": str(inputs),
             "AIRFLOW_CONN_BATCHINFER_CLUSTER": json.dumps(cluster_conn),
+            # the same cluster with prices: the batch runs pages show what a run cost
+            "AIRFLOW_CONN_BATCHINFER_UI": json.dumps(
+                {**cluster_conn, "extra": {**cluster_conn["extra"], "price_per_cpu_hour": 0.05}}
+            ),
+            "AIRFLOW__CORE__AUTH_MANAGER": "tests.ui_auth.DenyOneDagAuthManager",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,outsider:viewer",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            "BATCHINFER_TEST_DENIED": f"outsider:{UI_DENIED_DAG}",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
             # Airflow's OpenLineage listener, writing every event it emits to a file (one JSON a line)
             "AIRFLOW__OPENLINEAGE__DISABLED": "False",
             "AIRFLOW__OPENLINEAGE__NAMESPACE": "batchinfer-services",
@@ -87,6 +106,7 @@ def world(tmp_path_factory, ray_cluster):
     services = AirflowServices(home, port, env)
     t0 = time.monotonic()
     services.start()
+    services.headers = {"Authorization": f"Bearer {services.login('admin', PASSWORDS['admin'])}"}
     for dag_id in (
         "batchinfer_ticket_embeddings",
         "bi_svc_retry",
@@ -96,6 +116,8 @@ def world(tmp_path_factory, ray_cluster):
         "bi_svc_sensor_wait",
         "bi_test_asset_producer",
         "bi_test_asset_publisher",
+        "bi_ui_dead_letters",
+        UI_DENIED_DAG,
     ):
         services.wait_for_dag(dag_id)
     TIMINGS["start services and parse DAGs"] = time.monotonic() - t0
@@ -471,3 +493,116 @@ def test_a_publish_dag_runs_on_the_inference_dags_asset(world, tmp_path):
     # the scheduler's own scheduling created that run, and no clock-scheduled one (services_env)
     assert s.api("GET", "/dags/~/dagRuns", params={"run_type": "scheduled"})["total_entries"] == 0
     TIMINGS["asset-triggered publish after a commit"] = time.monotonic() - t0
+
+
+# --- the batch runs pages (airflow_provider_batchinfer/ui) -----------------------------------------------
+UI_RUNS: dict[str, dict] = {}
+
+
+def _ui(s, path: str, **kwargs):
+    return s.api("GET", path, prefix="/batchinfer/api", **kwargs)
+
+
+def test_the_batch_runs_pages_show_each_run_as_its_manifest_says(world, tmp_path):
+    """Two runs through the scheduler (one dead-letters a row, one commits into an Iceberg table): the
+    plugin's JSON shows each with the figures of its manifest, read independently from storage here;
+    a user who may not read one DAG sees none of its runs and gets the core API's 403; no token, 401."""
+    import requests
+
+    from airflow_provider_batchinfer.contract.tables import TABLE_MANIFEST_FILE
+
+    s = world["services"]
+    t0 = time.monotonic()
+    bad = write_tickets(tmp_path / "bad", rows=60, files=2, bad_row=7)
+    out = tmp_path / "dead_letters"
+    runs = {
+        "bi_ui_dead_letters": s.trigger("bi_ui_dead_letters", {"input": str(bad), "out": str(out)}),
+        UI_DENIED_DAG: s.trigger(UI_DENIED_DAG, {"input": str(world["inputs"])}),
+    }
+    for dag_id, run_id in runs.items():
+        assert s.wait_for_run(dag_id, run_id) == "success", s.task_states(dag_id, run_id)
+    TIMINGS["ui: a dead-letter run and an Iceberg run"] = time.monotonic() - t0
+    listed = {r["dag_id"]: r for r in _ui(s, "/runs", params={"limit": 200})["runs"] if r["dag_id"] in runs}
+    assert {d: r["run_id"] for d, r in listed.items()} == runs
+    for dag_id, row in listed.items():
+        params = {k: row[k] for k in ("dag_id", "task_id", "run_id", "map_index")}
+        detail = _ui(s, "/run", params=params)
+        assert detail["problem"] is None, detail
+        if dag_id == UI_DENIED_DAG:
+            run_dir = detail["manifest"]["run_dir"].removeprefix("file:")  # a table's data directory, as a URI
+            manifest = json.loads((Path(run_dir) / TABLE_MANIFEST_FILE).read_text())
+            assert detail["manifest"]["table"]["identifier"] == "ui.ticket_lengths"
+            assert isinstance(detail["manifest"]["table"]["snapshot_id"], int)
+        else:
+            manifest = committed_manifest(str(out))
+            assert manifest["counts"]["error_rows"] == 1 and len(detail["errors"]) == 1
+            assert "cannot score text 'boom'" in detail["errors"][0]["error"]
+        counts, model, usage = manifest["counts"], manifest["model"], manifest["usage"]
+        assert (row["input_rows"], row["output_rows"], row["error_rows"]) == (
+            counts["input_rows"],
+            counts["output_rows"],
+            counts["error_rows"],
+        )
+        assert (row["model"], row["model_version"], row["sha256"]) == (model["name"], model["version"], model["sha256"])
+        assert (row["wall_s"], row["cpu_seconds"], row["cost"]) == (
+            usage["wall_s"],
+            usage["cpu_seconds"],
+            usage["cost"],
+        )
+        assert row["cost"] > 0 and row["rows_per_s"] == usage["rows_per_s"]
+        assert detail["manifest"]["counts"] == counts
+        assert [f["sha256"] for f in detail["manifest"]["files"]] == [f["sha256"] for f in manifest["files"]]
+        assert world["cluster"]["token"] not in json.dumps(detail)  # no connection extras, no credentials
+        UI_RUNS[dag_id] = row
+    trends = _ui(s, "/trends", params={"dag_id": "bi_ui_dead_letters", "task_id": "infer"})
+    assert trends["points"][-1]["error_fraction"] == 1 / 60
+
+    outsider = {"Authorization": f"Bearer {s.login('outsider', PASSWORDS['outsider'])}"}
+    seen = {r["dag_id"] for r in _ui(s, "/runs", params={"limit": 200}, headers=outsider)["runs"]}
+    assert "bi_ui_dead_letters" in seen and UI_DENIED_DAG not in seen
+    denied = {k: listed[UI_DENIED_DAG][k] for k in ("dag_id", "task_id", "run_id")}
+    for path, params in (
+        (f"/api/v2/dags/{UI_DENIED_DAG}/dagRuns", {}),  # the core API's answer, which the plugin's must equal
+        ("/batchinfer/api/runs", {"dag_id": UI_DENIED_DAG}),
+        ("/batchinfer/api/run", denied),
+        ("/batchinfer/run", denied),
+        ("/batchinfer/trends", {"dag_id": UI_DENIED_DAG, "task_id": "score"}),
+    ):
+        response = requests.get(f"{s.base}{path}", params=params, headers=outsider, timeout=60)
+        assert response.status_code == 403, (path, response.status_code, response.text[:300])
+    for path in ("/batchinfer/api/runs", "/batchinfer/runs", "/batchinfer/api/run"):
+        response = requests.get(f"{s.base}{path}", params=denied, timeout=60)
+        assert response.status_code == 401, (path, response.status_code, response.text[:300])
+    TIMINGS["ui: pages and permissions"] = time.monotonic() - t0
+
+
+def _screenshots_module():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("ui_screenshots", REPO / "scripts" / "ui_screenshots.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(
+    not Path("/usr/bin/chromium").exists(), reason="headless Chromium is not installed (apt-get install chromium)"
+)
+def test_the_batch_runs_pages_in_headless_chromium(world):
+    """Debian's Chromium loads the batch-runs page (light and dark), a run's page and a trend, signed in
+    with the admin's token as Airflow's cookie; the screenshots go to docs/screenshots/."""
+    assert set(UI_RUNS) == {"bi_ui_dead_letters", UI_DENIED_DAG}, "needs the runs of the test before"
+    s = world["services"]
+    t0 = time.monotonic()
+    token = s.headers["Authorization"].removeprefix("Bearer ")
+    shots = _screenshots_module().take_all(s.base, token, UI_RUNS["bi_ui_dead_letters"], REPO / "docs" / "screenshots")
+    for shot in shots:
+        assert shot.problem is None and not shot.traceback, shot
+        assert shot.path.stat().st_size > 10_000, shot
+        print(f"{shot.path.name}: {shot.heading!r}, {shot.rows} row(s), loaded in {shot.load_s:.2f} s")
+    for shot in shots[:2]:
+        assert {r["run_id"] for r in UI_RUNS.values()} <= set(shot.run_ids), shot
+    assert shots[2].heading.startswith("bi_ui_dead_letters")
+    TIMINGS["ui: screenshots in chromium"] = time.monotonic() - t0
