@@ -190,9 +190,10 @@ class Manifest:
     resume: ResumeInfo = field(default_factory=ResumeInfo)
     started_at: str = ""
     finished_at: str = ""
-    # seconds and rows/s: total_s, ray_init_s, pipeline_s, rows_per_s, steady_rows_per_s, and
+    # seconds and rows/s: total_s, ray_init_s, pipeline_s, rows_per_s, steady_rows_per_s,
     # id_check_s (the InputSpec.id_column uniqueness check; null without an id column, absent in
-    # manifests written before it)
+    # manifests written before it) and resume_s (SaveMode.RESUME finding the rows left to score;
+    # null when not resuming, absent in manifests written before it)
     timings: Mapping[str, float | None] = field(default_factory=dict)
     format: str = MANIFEST_FORMAT
     # what the attempt held and cost (contract/usage.py); None in manifests written before it
@@ -217,6 +218,13 @@ class Manifest:
         """Seconds the input's id column took to check unique (``timings.id_check_s``); None without
         an id column, or in a manifest written before the check was timed."""
         seconds = self.timings.get("id_check_s")
+        return None if seconds is None else float(seconds)
+
+    @property
+    def resume_s(self) -> float | None:
+        """Seconds a resumed attempt took to find the rows left to score (``timings.resume_s``);
+        None when not resuming, or in a manifest written before it was timed."""
+        seconds = self.timings.get("resume_s")
         return None if seconds is None else float(seconds)
 
     def to_dict(self) -> dict[str, Any]:

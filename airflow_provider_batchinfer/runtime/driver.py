@@ -51,7 +51,7 @@ from airflow_provider_batchinfer.runtime.plan import (
 from airflow_provider_batchinfer.runtime.pool_dataset import build_dataset
 from airflow_provider_batchinfer.runtime.progress import ProgressLog
 from airflow_provider_batchinfer.runtime.replica import replica_init_error
-from airflow_provider_batchinfer.runtime.resume import KeptParts, resume_state
+from airflow_provider_batchinfer.runtime.resume import KeptParts, discard_remaining, resume_state
 from airflow_provider_batchinfer.runtime.reuse_source import ReusePlan, plan_reuse
 from airflow_provider_batchinfer.runtime.usage_board import job_counter
 from airflow_provider_batchinfer.stage import Stage
@@ -87,6 +87,18 @@ class CheckedJob:
     @property
     def todo_rows(self) -> int:
         return self.input_rows - self.kept["rows"] - self.kept["error_rows"]
+
+    @property
+    def read_files(self) -> list[str]:
+        """The files this attempt reads: the input's, or what RESUME left of it (``resume.py``)."""
+        read = self.kept["read"]
+        return self.files if read is None else read.files
+
+    @property
+    def read_groups(self) -> list[list[int]]:
+        """Each of :attr:`read_files`' rows per row group."""
+        read = self.kept["read"]
+        return self.file_groups if read is None else read.groups
 
 
 @dataclass(frozen=True)
@@ -147,7 +159,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     if flavor(model.flavor).allows_missing:  # trees take null/NaN as missing values
         plan["missing_ok"] = list(plan["model_inputs"])
     id_check_s = check_unique_ids(files, input_spec.id_column, storage, input_rows) if input_spec.id_column else None
-    kept = resume_state(job, run_dir)
+    kept = resume_state(job, run_dir, files, file_groups, plan["read"])  # RESUME: what is left to read
     read_bytes = row_bytes(files[0], plan["read"], storage)
     gpu = job.job_spec.num_gpus > 0  # the replica's device: plan.size_actor_pool picks "cuda" exactly then
     rows_per_call = call_rows(model.flavor, "cuda" if gpu else "cpu", job.job_spec.max_batch_rows, input_spec.params)
@@ -332,6 +344,7 @@ def run(spec_location: str) -> Manifest:
     if on_pool_because is None:
         table_input.leave_ray()  # a table input read on Ray that left few rows to score
     pipeline = run_pipeline(checked) if on_pool_because else in_driver.run(checked)
+    discard_remaining(checked.run_dir, checked.job.attempt)  # RESUME's copies of partly done files
     processed = pipeline.written.rows + pipeline.written.error_rows
     manifest = commit.build_manifest(
         checked.job,
@@ -353,6 +366,7 @@ def run(spec_location: str) -> Manifest:
             "rows_per_s": round(processed / pipeline.pipeline_s, 2) if pipeline.pipeline_s > 0 else None,
             "steady_rows_per_s": pipeline.steady_rows_per_s,
             "id_check_s": checked.id_check_s,
+            "resume_s": checked.kept["resume_s"],
         },
         usage=pipeline.meter.usage(time.monotonic() - t0, processed),
         reuse=reuse.section(checked.reuse, checked.run_dir, checked.kept, pipeline.written.index, checked.input_rows),

@@ -115,18 +115,13 @@ class Worker(threading.Thread):
 
 
 def read_batches(checked: CheckedJob, out: Pipe, rows: int) -> None:
-    """Every input file's columns of the plan in batches of at most ``rows`` rows, tagged
-    with the file's number, one row group at a time (``parquet_read.py``); RESUME's
-    finished rows are dropped here, as the pool drops them after its read."""
-    from airflow_provider_batchinfer.runtime.resume import drop_done
-
-    id_column, done = checked.job.input_spec.id_column, checked.kept["ids"]
+    """Every file to read's columns of the plan in batches of at most ``rows`` rows, tagged
+    with the file's number, one row group at a time (``parquet_read.py``); a resumed attempt
+    reads only the rows left (``resume.py``), as the pool does."""
     try:
-        for index, location in enumerate(checked.files):
-            groups = range(len(checked.file_groups[index]))
+        for index, location in enumerate(checked.read_files):
+            groups = range(len(checked.read_groups[index]))
             for table in row_group_batches(location, checked.storage, checked.plan["read"], groups, rows):
-                if len(done) and id_column:
-                    table = drop_done(table, id_column, done)
                 if table.num_rows:
                     out.put((index, table))
         out.close()

@@ -7,7 +7,8 @@ Inside the job's reservation (one replica's CPU plus one CPU for reads and write
 a running repartition task took the whole share: the write tasks could not start, the replica's
 outputs backed up, and the job idled ~20 s after its first part (seen on Ray 2.60 in the killed-task
 and budget tests, one part of 40 rows, then nothing until the read task ended). At the io share the
-repartition also fuses with a filter before it (RESUME's ``drop_done``), which a 1-CPU op cannot.
+repartition also fuses with a ``map_batches`` before it at that share (incremental reuse's keys),
+which a 1-CPU op cannot.
 
 A ``map_batches`` that slices its batch cannot replace it: Ray Data merges the slices a task yields
 back into one block (up to ``target_max_block_size``), so the parts would not get smaller.

@@ -1,4 +1,4 @@
-"""The actor pool's Ray Data pipeline: ``read_parquet`` where the work runs, RESUME's filter, incremental
+"""The actor pool's Ray Data pipeline: ``read_parquet`` where the work runs (RESUME: of the rows left), incremental
 reuse, part boundaries, then the model replicas (or vLLM's engines). The driver (``driver.py``) wraps
 it with the provenance columns and writes it through the parts datasink (``io.py``)."""
 
@@ -19,27 +19,17 @@ if TYPE_CHECKING:
 
 
 def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset:
-    """``read_parquet`` -> (RESUME: drop finished rows) -> (``rows_per_part``) -> the model. Reads,
-    filters and writes ask for ``pool["io_cpus"]`` each: they run beside the replicas in the job's
+    """``read_parquet`` (RESUME: of the rows left, ``resume.py``) -> (``rows_per_part``) -> the model.
+    Reads, cuts and writes ask for ``pool["io_cpus"]`` each: they run beside the replicas in the job's
     reservation (``resources.py``)."""
     import ray.data
 
     job, spec, plan, storage = checked.job, checked.job.job_spec, checked.plan, checked.storage
     input_spec, model = job.input_spec, job.model
     io = {"num_cpus": pool["io_cpus"]}
-    filesystem = Stage.open(checked.files[0], storage).fs if storage else None
+    filesystem = Stage.open(checked.read_files[0], storage).fs if storage else None
     # no more read workers than the replicas can keep up with, footer readers sized to the files
-    ds = read_input(checked.files, plan["read"], filesystem, io, concurrency=io_tasks(pool))
-    if len(checked.kept["ids"]):
-        from airflow_provider_batchinfer.runtime.resume import drop_done
-
-        ds = ds.map_batches(
-            drop_done,
-            fn_kwargs={"id_column": input_spec.id_column, "done": checked.kept["ids"]},
-            batch_size=None,
-            batch_format="pyarrow",
-            **io,
-        )
+    ds = read_input(checked.read_files, plan["read"], filesystem, io, concurrency=io_tasks(pool))  # RESUME: the rest
     ds = reuse.with_keys(ds, checked.reuse, storage, io)  # row keys + where an earlier run has them
     if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
         ds = cut_into_parts(ds, spec.rows_per_part, io)  # at the io share, not Ray's 1 CPU (part_rows.py)

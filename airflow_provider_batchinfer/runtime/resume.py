@@ -2,9 +2,9 @@
 
 A preempted attempt leaves complete parts (each one a whole Parquet file with its footer, written
 by one Ray write task) and perhaps one part cut off mid-write (no footer). The next attempt of the
-same run keeps every complete part, deletes the cut-off ones, collects the ids those parts hold
-(``InputSpec.id_column``) and filters those rows out of the input, so each row ends up in exactly
-one listed file of the final manifest. The operator decides whether resuming is allowed (the same
+same run keeps every complete part, deletes the cut-off ones, finds which input rows the kept parts
+hold (by ``InputSpec.id_column``) and reads only the others, so each row ends up in exactly one
+listed file of the final manifest. The operator decides whether resuming is allowed (the same
 task instance and result identity: input content, model, params, engine, columns, output schema
 and part boundaries; see ``rundir.prepare``); this module only reads and filters.
 
@@ -12,48 +12,77 @@ The earlier attempt recorded nothing about its parts (it died before its commit)
 and sha256 checksums for the manifest are computed here, from the same single read that checks
 each part's footer and collects its ids: every kept part is read once, never twice.
 
-Cost: the driver holds the kept ids in memory (8 bytes a row for integer ids) and every read
-block looks its ids up in that sorted array (``O(rows x log kept)``, no per-block hash build).
+Cost: the kept ids are spilled to local disk by hash partition (``done_set.py``), never held
+whole in the driver's or the workers' memory. Matching the input's id column against them
+partition by partition finds the done rows per input file: a file without any is read as it is, a
+file with only done rows is skipped, and the other rows of a partly done file are copied once
+into ``<run dir>/_resume/<attempt>/``, which both engines read in its place and the attempt
+removes before it commits.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from airflow_provider_batchinfer.contract import ERRORS_DIR, FileEntry
+from airflow_provider_batchinfer.runtime.done_set import BATCH_ROWS, DoneSet
 from airflow_provider_batchinfer.stage import Stage
 
 if TYPE_CHECKING:
-    import numpy as np
     import pyarrow as pa
 
     from airflow_provider_batchinfer.contract import JobFile
 
 _PART = re.compile(rf"^(?:{ERRORS_DIR}/)?part-[^/]+\.parquet$")
+#: where a resumed attempt copies the rows still to score of partly done input files
+REMAINING_DIR = "_resume"
 
 
 class ResumeError(RuntimeError):
     """The kept parts cannot be trusted for a resume; the message says what to do."""
 
 
+@dataclass(frozen=True)
+class RemainingInput:
+    """The files a resumed attempt reads instead of the input's: untouched input files as they
+    are, and the rows still to score of partly done ones (under ``_resume/<attempt>/``)."""
+
+    files: list[str]
+    groups: list[list[int]]  # each file's rows per row group
+
+
 class KeptParts(TypedDict):
     """What earlier attempts left that this one keeps: parts and dead-letter files (with their
-    checksums), their rows, the ids they hold (sorted) and the names of the parts deleted."""
+    checksums), their rows, the names of the parts deleted, what is left to read (None: the
+    whole input) and the seconds finding it took (None: not resuming)."""
 
     files: list[FileEntry]
     error_files: list[FileEntry]
     rows: int
     error_rows: int
-    ids: np.ndarray
     removed: list[str]
+    numbers: dict[str, int]  # each kept file's number in the done set
+    read: RemainingInput | None
+    resume_s: float | None
 
 
 def nothing_kept() -> KeptParts:
-    import numpy as np
-
-    return {"files": [], "error_files": [], "rows": 0, "error_rows": 0, "ids": np.array([]), "removed": []}
+    return {
+        "files": [],
+        "error_files": [],
+        "rows": 0,
+        "error_rows": 0,
+        "removed": [],
+        "numbers": {},
+        "read": None,
+        "resume_s": None,
+    }
 
 
 def _read_part(part: Stage, id_column: str) -> tuple[pa.ChunkedArray, str, int]:
@@ -73,79 +102,86 @@ def _read_part(part: Stage, id_column: str) -> tuple[pa.ChunkedArray, str, int]:
     return pf.read(columns=[id_column]).column(id_column), hashlib.sha256(data).hexdigest(), len(data)
 
 
-def collect_committed(run_dir: Stage, id_column: str) -> KeptParts:
-    """The complete parts already in ``run_dir``, with their checksums, and the ids they hold.
+def collect_committed(run_dir: Stage, id_column: str, done: DoneSet | None = None) -> KeptParts:
+    """The complete parts already in ``run_dir``, with their checksums; their ids go into ``done``.
 
     Each part is read once (hashed and parsed from the same bytes). A part without a readable
     footer was cut off mid-write: it is deleted (its rows are scored again). A part whose ids overlap
-    an earlier kept part is deleted too, so no row is ever listed twice."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    files: list[FileEntry] = []
-    error_files: list[FileEntry] = []
-    chunks: list[Any] = []
-    removed: list[str] = []
-    for rel, size in run_dir.list_files():
-        if not _PART.match(rel):
-            continue
-        part = run_dir.child(*rel.split("/"))
-        try:
-            ids, sha256, size = _read_part(part, id_column)
-        except ResumeError:
-            raise
-        except Exception as exc:  # no footer / truncated: the write task died mid-file
-            part.delete()
-            removed.append(rel)
-            print(
-                f"[batchinfer] resume: removed {rel} ({size:,} bytes): cut off mid-write ({type(exc).__name__}); "
-                "its rows are scored again",
-                flush=True,
-            )
-            continue
-        if chunks and len(ids):
-            seen = pa.chunked_array([c for chunk in chunks for c in chunk.chunks], type=ids.type)
-            if pc.any(pc.is_in(ids, value_set=seen)).as_py():
-                part.delete()
-                removed.append(rel)
-                print(f"[batchinfer] resume: removed {rel}: it repeats rows of an earlier part", flush=True)
+    an earlier kept part is deleted too, so no row is ever listed twice; given a ``done`` set, that
+    check is the caller's (:func:`drop_shared`, which ``resume_state`` runs only when needed)."""
+    kept = nothing_kept()
+    own = done is None
+    store = DoneSet() if done is None else done
+    try:
+        for rel, size in run_dir.list_files():
+            if not _PART.match(rel):
                 continue
-        chunks.append(ids)
-        entry = FileEntry(name=rel, size=size, rows=len(ids), sha256=sha256)
-        (error_files if rel.startswith(ERRORS_DIR + "/") else files).append(entry)
-    if chunks:
-        done = pa.chunked_array([c for chunk in chunks for c in chunk.chunks], type=chunks[0].type)
-        ids_np = np.sort(done.to_numpy())
-    else:
-        ids_np = np.array([], dtype=np.int64)
-    return {
-        "files": files,
-        "error_files": error_files,
-        "rows": sum(f.rows for f in files),
-        "error_rows": sum(f.rows for f in error_files),
-        "ids": ids_np,
-        "removed": removed,
-    }
+            part = run_dir.child(*rel.split("/"))
+            try:
+                ids, sha256, size = _read_part(part, id_column)
+            except ResumeError:
+                raise
+            except Exception as exc:  # no footer / truncated: the write task died mid-file
+                part.delete()
+                kept["removed"].append(rel)
+                print(
+                    f"[batchinfer] resume: removed {rel} ({size:,} bytes): cut off mid-write "
+                    f"({type(exc).__name__}); its rows are scored again",
+                    flush=True,
+                )
+                continue
+            kept["numbers"][rel] = len(kept["numbers"])
+            store.add(kept["numbers"][rel], ids)
+            entry = FileEntry(name=rel, size=size, rows=len(ids), sha256=sha256)
+            (kept["error_files"] if rel.startswith(ERRORS_DIR + "/") else kept["files"]).append(entry)
+        _recount(kept)
+        if own:
+            drop_shared(run_dir, kept, store)
+    finally:
+        if own:
+            store.close()
+    return kept
 
 
-def drop_done(batch: pa.Table, id_column: str, done: np.ndarray) -> pa.Table:
-    """The rows of ``batch`` whose id is not in ``done`` (a sorted numpy array): a Ray Data
-    ``map_batches`` function, fused with the read."""
-    import numpy as np
-
-    ids = batch.column(id_column).to_numpy()
-    pos = np.searchsorted(done, ids)
-    found = (pos < len(done)) & (done[np.minimum(pos, len(done) - 1)] == ids)
-    if not found.any():
-        return batch
-    import pyarrow as pa
-
-    return batch.filter(pa.array(~found))
+def _recount(kept: KeptParts) -> None:
+    kept["rows"] = sum(f.rows for f in kept["files"])
+    kept["error_rows"] = sum(f.rows for f in kept["error_files"])
 
 
-def resume_state(job: JobFile, run_dir: Stage) -> KeptParts:
-    """What earlier attempts of this run left to keep (``SaveMode.RESUME``, ``job.resume``), or nothing.
+def drop_shared(run_dir: Stage, kept: KeptParts, done: DoneSet) -> None:
+    """Delete each kept part that holds an id of an earlier kept part (in listing order), and
+    forget its ids: its rows are scored again."""
+    earlier: dict[int, set[int]] = {}
+    for later, first in done.shared():
+        earlier.setdefault(later, set()).add(first)
+    gone: set[int] = set()
+    for number in sorted(kept["numbers"].values()):
+        if any(n not in gone for n in earlier.get(number, ())):
+            gone.add(number)
+    if not gone:
+        return
+    for rel, number in list(kept["numbers"].items()):
+        if number in gone:
+            run_dir.child(*rel.split("/")).delete()
+            kept["removed"].append(rel)
+            del kept["numbers"][rel]
+            print(f"[batchinfer] resume: removed {rel}: it repeats rows of an earlier part", flush=True)
+    kept["files"] = [f for f in kept["files"] if f.name in kept["numbers"]]
+    kept["error_files"] = [f for f in kept["error_files"] if f.name in kept["numbers"]]
+    _recount(kept)
+    done.drop(gone)
+
+
+def resume_state(
+    job: JobFile,
+    run_dir: Stage,
+    files: Sequence[str] = (),
+    file_groups: Sequence[Sequence[int]] = (),
+    columns: Sequence[str] = (),
+) -> KeptParts:
+    """What earlier attempts of this run left to keep (``SaveMode.RESUME``, ``job.resume``), or
+    nothing; with the input's ``files`` (their rows per row group, and the ``columns`` the job
+    reads), what this attempt still reads.
 
     Fenced first: a late zombie must not delete (cut-off) parts in a directory another attempt owns."""
     if not job.resume:
@@ -160,10 +196,120 @@ def resume_state(job: JobFile, run_dir: Stage) -> KeptParts:
         check_fence(run_dir, job.attempt)
     except FencedError as exc:
         raise FencedError(f"attempt {job.attempt} does not own {run_dir.location}; not resuming ({exc})") from exc
-    kept = collect_committed(run_dir, id_column)
+    started = time.monotonic()
+    leftovers = run_dir.child(REMAINING_DIR)  # copies of earlier attempts: this one makes its own
+    if leftovers.list_files():
+        leftovers.delete()
+    storage = dict(job.storage_options) or None
+    with DoneSet() as done:
+        kept = collect_committed(run_dir, id_column, done)
+        input_rows = sum(sum(groups) for groups in file_groups)
+        per_file = done.match(list(files), id_column, storage, input_rows) if files and done.rows else {}
+        if sum(per_file.values()) != done.rows:  # input ids are unique: only shared ids miss the count
+            drop_shared(run_dir, kept, done)
+            per_file = done.match(list(files), id_column, storage, input_rows) if files and done.rows else {}
+        if per_file:
+            kept["read"] = _remaining(job, run_dir, files, file_groups, columns, per_file, done)
+    kept["resume_s"] = round(time.monotonic() - started, 3)
+    left = "the whole input" if kept["read"] is None else f"{len(kept['read'].files)} file(s)"
     print(
         f"[batchinfer] resume: keeping {len(kept['files'])} part(s) with {kept['rows']:,} row(s) and "
-        f"{len(kept['error_files'])} dead-letter file(s) with {kept['error_rows']:,} row(s) from earlier attempts",
+        f"{len(kept['error_files'])} dead-letter file(s) with {kept['error_rows']:,} row(s) from earlier attempts; "
+        f"reading {left} for the rest (done set: {kept['resume_s']:.3f} s)",
         flush=True,
     )
     return kept
+
+
+def _scheme(location: str) -> str:
+    return location.split("://", 1)[0] if "://" in location else "file"
+
+
+def _remaining(
+    job: JobFile,
+    run_dir: Stage,
+    files: Sequence[str],
+    file_groups: Sequence[Sequence[int]],
+    columns: Sequence[str],
+    per_file: dict[int, int],
+    done: DoneSet,
+) -> RemainingInput:
+    """The files to read: untouched input files, and copies of the rest of partly done ones. Where
+    the run directory is on another store than the input, every file with rows left is copied, so
+    one filesystem reads them all."""
+    storage = dict(job.storage_options) or None
+    rows_of = [sum(groups) for groups in file_groups]
+    left = [i for i in range(len(files)) if per_file.get(i, 0) < rows_of[i]]
+    same_store = _scheme(run_dir.location) == _scheme(files[0])
+    copy = [i for i in left if per_file.get(i, 0) or not same_store]
+    dest = run_dir.child(REMAINING_DIR, job.attempt)
+    dest.fs.create_dir(dest.path, recursive=True)
+    copies: dict[int, Stage] = {}
+    pending = itertools.groupby(done.done_rows(copy), key=lambda item: item[0])
+    current = next(pending, None)
+    for i in copy:
+        chunks: Iterator[Any] = iter(())
+        if current is not None and current[0] == i:
+            chunks = (rows for _, rows in current[1])
+        copies[i] = dest.child(f"rest-{i:05d}.parquet")
+        _copy_rest(Stage.open(files[i], storage), copies[i], columns, chunks)
+        if current is not None and current[0] == i:
+            current = next(pending, None)
+    read = [
+        (copies[i].location, _row_groups(copies[i])) if i in copies else (files[i], list(file_groups[i])) for i in left
+    ]
+    if not read:  # every row is done: one empty file, so both engines read (and score) nothing
+        empty = dest.child("rest-empty.parquet")
+        _copy_rest(Stage.open(files[0], storage), empty, columns, iter(()), schema_only=True)
+        read = [(empty.location, _row_groups(empty))]
+    return RemainingInput([f for f, _ in read], [g for _, g in read])
+
+
+def _copy_rest(
+    source: Stage, dest: Stage, columns: Sequence[str], done_rows: Iterator[Any], schema_only: bool = False
+) -> None:
+    """Copy the ``columns`` of the rows of ``source`` whose numbers ``done_rows`` (sorted numpy
+    arrays) does not hold into ``dest``, one record batch at a time (``schema_only``: no rows)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    waiting = np.empty(0, np.int64)
+    offset = 0
+    with source.fs.open_input_file(source.path) as f, dest.fs.open_output_stream(dest.path) as out:
+        pf = pq.ParquetFile(f)
+        wanted = set(columns)
+        schema = pa.schema([field for field in pf.schema_arrow if field.name in wanted])
+        with pq.ParquetWriter(out, schema) as writer:
+            batches = iter(()) if schema_only else pf.iter_batches(batch_size=BATCH_ROWS, columns=list(schema.names))
+            for batch in batches:
+                end = offset + batch.num_rows
+                while not len(waiting) or waiting[-1] < end:
+                    chunk = next(done_rows, None)
+                    if chunk is None:
+                        break
+                    waiting = np.concatenate([waiting, chunk])
+                k = int(np.searchsorted(waiting, end))
+                here, waiting = waiting[:k] - offset, waiting[k:]
+                if len(here):
+                    keep = np.ones(batch.num_rows, dtype=bool)
+                    keep[here] = False
+                    batch = batch.filter(pa.array(keep))
+                if batch.num_rows:
+                    writer.write_batch(batch)
+                offset = end
+
+
+def _row_groups(stage: Stage) -> list[int]:
+    import pyarrow.parquet as pq
+
+    with stage.fs.open_input_file(stage.path) as f:
+        meta = pq.read_metadata(f)
+    return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+
+
+def discard_remaining(run_dir: Stage, attempt: str) -> None:
+    """Remove the copies this attempt read (``_resume/<attempt>/``): they are no output."""
+    copies = run_dir.child(REMAINING_DIR, attempt)
+    if copies.list_files():
+        copies.delete()

@@ -35,6 +35,11 @@ class Tuning:
     # hash into spilled partitions of about this many ids, so the check's memory stays the same
     # whatever the input's size (2M int64 ids are 16 MiB; sorting them takes about twice that)
     id_check_rows_per_partition: int = 2_000_000
+    # ids matched at once by RESUME's done set: the kept parts' ids and the input's are split by
+    # hash into spilled partitions of about this many rows each, so finding the rows left to score
+    # holds the same memory whatever the rows already scored (the same size as the uniqueness
+    # check's partitions, for the same reason)
+    resume_rows_per_partition: int = 2_000_000
 
 
 #: the sizes every module of the runtime reads

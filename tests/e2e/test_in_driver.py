@@ -249,6 +249,7 @@ def test_a_model_error_in_the_driver_commits_nothing_and_keeps_the_rows_scored_b
     _, resumed = in_driver_job(data, attempt="t02test", resume=True, on_error="dead_letter", max_error_fraction=0.05)
     manifest = run(resumed)
     assert manifest.counts.output_rows == 199 and manifest.counts.error_rows == 1
+    assert manifest.resume_s is not None and manifest.resume_s > 0  # finding the 100 rows left
     assert [f.name for f in manifest.files] == ["part-00000-t01test.parquet", "part-00000-t02test.parquet"]
     out = pq.read_table([str(run_dir / f.name) for f in manifest.files])
     assert sorted(out["ticket_id"].to_pylist()) == [i for i in range(200) if i != 123]

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_provider_batchinfer.contract import FileEntry
+from airflow_provider_batchinfer.runtime.done_set import DoneSet
 from airflow_provider_batchinfer.runtime.io import HashingSink, _PartWriter
 from airflow_provider_batchinfer.runtime.resume import collect_committed
 from airflow_provider_batchinfer.stage import Stage
@@ -91,11 +92,13 @@ def test_resume_hashes_the_parts_it_keeps_from_the_read_that_checks_them(tmp_pat
     )
     whole = (tmp_path / "part-00000-t01a.parquet").read_bytes()
     (tmp_path / "part-00001-t01a.parquet").write_bytes(whole[: len(whole) // 2])  # cut off mid-write
-    kept = collect_committed(Stage.open(str(tmp_path)), "ticket_id")
+    with DoneSet() as done:
+        kept = collect_committed(Stage.open(str(tmp_path)), "ticket_id", done)
+        assert done.rows == 3  # the kept part's ids and the dead-letter file's
     assert kept["files"] == [
         FileEntry("part-00000-t01a.parquet", len(whole), 2, _sha(tmp_path / "part-00000-t01a.parquet"))
     ]
     (error,) = kept["error_files"]
     assert error.name == "_errors/part-00000-t01a.parquet" and error.rows == 1
     assert error.sha256 == _sha(tmp_path / "_errors" / "part-00000-t01a.parquet")
-    assert kept["removed"] == ["part-00001-t01a.parquet"] and kept["ids"].tolist() == [1, 2, 9]
+    assert kept["removed"] == ["part-00001-t01a.parquet"]
