@@ -100,30 +100,28 @@ def read_sql_input(job: JobFile, storage: Mapping[str, Any] | None) -> list[str]
 
 def _shards(job: JobFile, ref: SqlInput) -> int:
     """How many shards Ray reads the query in; 0: the driver streams it (no sharding column, a job
-    the driver scores without Ray, or a database that cannot hash the column)."""
+    the driver scores without Ray, or a database that cannot hash the column: asked before Ray is
+    attached, with the expression every shard's query uses)."""
     if not ref.shard_column or placement.scored_in_driver_whatever_the_rows(job, os.environ):
         return 0
-    import ray
-
-    table_input.attach_for_reads(job)
-    shards = max(2, int(ray.cluster_resources().get("CPU", 2)))
-    probe = (
-        f"SELECT COUNT(1) FROM ({ref.query}) AS T WHERE MOD(ABS({ref.shard_hash_fn}({ref.shard_column})), {shards}) = 0"
-    )
+    shard = f"MOD(ABS({ref.shard_hash_fn}({ref.shard_column})), 2)"
     try:
         with closing(connect()) as conn, closing(conn.cursor()) as cursor:
-            cursor.execute(probe)
+            cursor.execute(f"SELECT COUNT(1) FROM ({ref.query}) AS T WHERE {shard} = 0")
             cursor.fetchall()
     except JobError:
         raise
     except Exception as exc:  # the driver's own error type: named in the log, then the unsharded read
         print(
-            f"[batchinfer] input: the database cannot shard the query by MOD(ABS({ref.shard_hash_fn}("
-            f"{ref.shard_column})), n) ({type(exc).__name__}: {str(exc)[:200]}); the driver streams it instead",
+            f"[batchinfer] input: the database cannot shard the query by {shard} ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); the driver streams it instead",
             flush=True,
         )
         return 0
-    return shards
+    import ray
+
+    table_input.attach_for_reads(job)
+    return max(2, int(ray.cluster_resources().get("CPU", 2)))
 
 
 def _read_on_ray(ref: SqlInput, dest: Stage, shards: int) -> tuple[int, int]:

@@ -39,9 +39,8 @@ sys.addaudithook(_audit)
 
 
 @pytest.fixture
-def tickets_db(ray_cluster, batchinfer_home, text_length_model, tmp_path, monkeypatch):
-    """The tickets in SQLite, a SQL connection to them whose URI carries a password, and a
-    ``ray_jobs`` connection to the session's cluster."""
+def sqlite_tickets(tmp_path, monkeypatch):
+    """The tickets in SQLite and a SQL connection to them whose URI carries a password."""
     db = tmp_path / "tickets.db"
     with closing(sqlite3.connect(db)) as conn, conn:
         conn.execute("CREATE TABLE tickets (id INTEGER PRIMARY KEY, body TEXT)")
@@ -52,6 +51,12 @@ def tickets_db(ray_cluster, batchinfer_home, text_length_model, tmp_path, monkey
         "AIRFLOW_CONN_BI_SQL_TICKETS",
         json.dumps({"conn_type": "sqlite", "host": str(db), "extra": {"password": password}}),
     )
+    return {"db": db, "password": password}
+
+
+@pytest.fixture
+def tickets_db(sqlite_tickets, ray_cluster, batchinfer_home, text_length_model, monkeypatch):
+    """The SQLite tickets, the model, and a ``ray_jobs`` connection to the session's cluster."""
     extra = {
         "launcher": "ray_jobs",
         "python": sys.executable,
@@ -61,7 +66,7 @@ def tickets_db(ray_cluster, batchinfer_home, text_length_model, tmp_path, monkey
     }
     conn = {"conn_type": "batchinfer", "host": ray_cluster["dashboard"], "extra": extra}
     monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps(conn))
-    return {"db": db, "password": password, "cluster": ray_cluster}
+    return {**sqlite_tickets, "cluster": ray_cluster}
 
 
 def _api(cluster: dict, path: str) -> str:
@@ -201,3 +206,25 @@ def test_the_query_section_round_trips_and_bad_arguments_are_refused(tmp_path):
             shard_column="id",
             output_spec=OutputSpec(stage_location=str(tmp_path / "out")),
         )
+
+
+def test_a_database_that_cannot_hash_the_column_is_streamed_by_the_driver(
+    sqlite_tickets, tmp_path, monkeypatch, capsys
+):
+    """SQLite has no MD5: the probe fails before any Ray is attached, and the driver streams the query."""
+    import dataclasses
+
+    from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV, SqlInput
+    from airflow_provider_batchinfer.operators.sql_input import database_url
+    from airflow_provider_batchinfer.runtime.sql_input import read_sql_input
+    from tests.runs import job_file
+
+    monkeypatch.setenv(SQL_URL_ENV, database_url("bi_sql_tickets"))
+    claim = tmp_path / "claim"
+    query = SqlInput(query=QUERY, conn_id="bi_sql_tickets", chunk_rows=400, shard_column="ticket_id")
+    job = dataclasses.replace(job_file(claim, inputs=(str(claim / "_input"),)), sql_input=query)
+    assert read_sql_input(job, None) == [str(claim / "_input" / job.attempt)]
+    out = capsys.readouterr().out
+    assert "[batchinfer] input: the database cannot shard the query by MOD(ABS(MD5(ticket_id)), 2) (" in out
+    assert "no such function: MD5); the driver streams it instead" in out
+    assert f"{ROWS:,} rows of the query on bi_sql_tickets read in the driver process, streamed (2 file(s)," in out
