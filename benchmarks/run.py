@@ -14,6 +14,11 @@ fresh ``BATCHINFER_RAY_DIR``, started by the first job that needs it (a one-repl
 its driver, starts none). The 100-row job (``overhead``) runs cold twice, the embedded Ray stopped
 first: as it is (no Ray started) and on the actor pool (Ray's start-up in the figure); then three
 times warm: launch-to-``_SUCCESS`` every way.
+
+Each run also records the CPU-seconds its processes spent (``cpu_s``: the harness's tree and the
+embedded Ray's, ``benchmarks/cpu.py``) and where (``cpu_by_component``): on a shared machine they
+move less than wall time. The actor pool's steady rate per replica is compared with the driver's
+at the largest MLP size, the two run back to back (``report.pool_vs_driver``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.cpu import TreeSampler, children_cpu_s  # noqa: E402
 from benchmarks.idle import wait_for_idle  # noqa: E402
 from benchmarks.report import compare, median_result, plot, print_table, targets, versions  # noqa: E402
 from benchmarks.systems import RESULT_PREFIX  # noqa: E402
@@ -101,6 +107,9 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
     settle_spares(env)
     settled_s = wait_for_idle()
     load_before = os.getloadavg()[0]
+    cpu_before = children_cpu_s()
+    tree = TreeSampler(env.get("BATCHINFER_RAY_DIR"))
+    tree.start()
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.systems", str(spec)],
@@ -118,14 +127,18 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
 
     def sample() -> None:
         # the provider's harness process is the Airflow task, not the job: measure the runtime's tree
+        n = 0
         while not stop.is_set():
             try:
                 rss = _tree_rss(root, include_root=not system.startswith("provider"))
                 if warm[0]:
                     rss += _tree_rss(psutil.Process(warm[0]), include_root=True)
                 peak[0] = max(peak[0], rss)
+                if n % 5 == 0:  # CPU per component, once a second
+                    tree.sample(proc.pid)
             except Exception:
                 pass
+            n += 1
             stop.wait(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -148,6 +161,8 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
         code = -9
     stop.set()
     sampler.join()
+    tree.sample(None)  # Ray's processes as the job left them
+    cpu_s = children_cpu_s() - cpu_before + tree.ray_cpu_s()  # the harness's tree, reaped, and Ray's
     shutil.rmtree(out, ignore_errors=True)
     if code != 0 or result is None:
         tail = "\n".join(lines[-30:])
@@ -160,6 +175,9 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
         load_after=round(os.getloadavg()[0], 2),
         peak_rss_mb=round(peak[0] / 2**20, 1),
         rows_per_s=result["rows"] / result["wall_s"],
+        # a job handed to a warm spare ran outside the harness's tree: its CPU is not counted
+        cpu_s=None if warm[0] else round(cpu_s, 2),
+        cpu_by_component=tree.by_component(),
     )
     if system.startswith("provider"):  # the job's own account of where its time went (pool, replica start-up)
         result["job_log"] = [
@@ -179,7 +197,7 @@ def run_system(system: str, workload: str, cfg: dict, workdir: Path, env: dict, 
     print(
         f"  {workload:5s} {cfg['rows']:>9,} rows  {system:13s} {result['wall_s']:8.2f}s  "
         f"{result['rows_per_s']:>10,.0f} rows/s  peak {result['peak_rss_mb']:>8,.0f} MB{extra}  "
-        f"load {result['load_before']:.2f}/{result['load_after']:.2f}",
+        f"load {result['load_before']:.2f}/{result['load_after']:.2f}, {result['cpu_s'] or '-'} CPU-s",
         flush=True,
     )
     return result

@@ -177,7 +177,11 @@ def provider(cfg: dict) -> None:
         input=cfg["input_dir"],
         input_spec=InputSpec(),
         output_spec=OutputSpec(stage_location=cfg["out_dir"], mode=SaveMode.OVERWRITE),
-        job_spec=JobSpec(replicas=1, backend=cfg.get("backend"), in_driver_max_rows=cfg.get("in_driver_max_rows")),
+        job_spec=JobSpec(
+            replicas=cfg.get("replicas", 1),
+            backend=cfg.get("backend"),
+            in_driver_max_rows=cfg.get("in_driver_max_rows"),
+        ),
     )
     ti = SimpleNamespace(dag_id="benchmark", task_id="bench", run_id=f"bench-{os.getpid()}", try_number=1, map_index=-1)
     t0 = time.monotonic()
@@ -187,7 +191,7 @@ def provider(cfg: dict) -> None:
 
     manifest = read_valid_manifest(cfg["out_dir"])
     assert manifest is not None, f"no _SUCCESS in {cfg['out_dir']}"
-    _emit(rows=xcom["rows"], wall_s=wall, timings=dict(manifest.timings))
+    _emit(rows=xcom["rows"], wall_s=wall, timings=dict(manifest.timings), replicas=cfg.get("replicas", 1))
 
 
 SYSTEMS = {
