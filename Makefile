@@ -12,23 +12,30 @@ PIP    := $(VENV)/bin/python -m pip
 TORCH  ?= torch==2.13.0
 CONSTRAINTS ?= constraints/constraints-3.11.txt
 EXTRAS := examples,openlineage
-# pip >= 25.1 installs PEP 735 dependency groups (--group)
+# pip >= 25.1 installs PEP 735 dependency groups (--group); only `make constraints` resolves with pip
 PIP_MIN := pip>=25.1
 # pip --no-compile: byte-compiling every installed file is most of pip's CPU; imports compile and cache what
 # they use, which needs bytecode writing on (an inherited PYTHONDONTWRITEBYTECODE=1 recompiles in every process)
 NO_COMPILE := --no-compile
 unexport PYTHONDONTWRITEBYTECODE
+# The venvs get torch and uv from pip, then everything else from uv, pinned by the same constraints file.
+# pip takes torch ($(TORCH), the CPU build where pip's configuration lists it) and uv looks only at the
+# package index, where a torch it had to install itself is a CUDA build; with torch installed, uv keeps
+# it. uv downloads and unpacks in parallel, links files from its cache (~/.cache/uv, UV_CACHE_DIR) and,
+# like --no-compile, writes no bytecode; it installs dependency groups (--group) itself.
+UV_REQ := uv==0.13.8
+UV_INSTALL := $(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -c $(CONSTRAINTS)
 
 .PHONY: demo test test-unit test-fast lint smoke-lowest constraints bench bench-quick bench-gpu screenshot clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q $(NO_COMPILE) --upgrade "$(PIP_MIN)"
-	$(PIP) install -q $(NO_COMPILE) -c $(CONSTRAINTS) "$(TORCH)" -e ".[$(EXTRAS)]" --group test --group lint
+	$(PIP) install -q $(NO_COMPILE) --no-deps -c $(CONSTRAINTS) "$(UV_REQ)" "$(TORCH)"
+	$(UV_INSTALL) -e ".[$(EXTRAS)]" --group test --group lint
 	touch $@
 
 $(VENV)/.installed-bench: $(VENV)/.installed
-	$(PIP) install -q $(NO_COMPILE) -c $(CONSTRAINTS) "$(TORCH)" -e ".[$(EXTRAS)]" --group bench
+	$(UV_INSTALL) -e ".[$(EXTRAS)]" --group bench
 	touch $@
 
 demo: $(VENV)/.installed
@@ -42,7 +49,7 @@ demo: $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	@smoke_log=$$(mktemp /tmp/batchinfer-smoke-lowest-XXXXXX); lint_log=$$(mktemp /tmp/batchinfer-lint-XXXXXX); \
-	PYTHON=$(PYTHON) scripts/lowest_versions_smoke.sh > $$smoke_log 2>&1 & smoke=$$!; \
+	PYTHON=$(PYTHON) UV_REQ="$(UV_REQ)" scripts/lowest_versions_smoke.sh > $$smoke_log 2>&1 & smoke=$$!; \
 	$(MAKE) --no-print-directory lint > $$lint_log 2>&1 & lint=$$!; \
 	trap 'kill $$smoke $$lint 2>/dev/null' INT TERM; \
 	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder; \
@@ -67,7 +74,7 @@ lint: $(VENV)/.installed
 # the floors (constraints/lowest-3.11.txt) in .venv-lowest: provider import, `airflow providers list`,
 # one example DAG through dag.test() (~5 min the first time, ~1 min after)
 smoke-lowest:
-	PYTHON=$(PYTHON) scripts/lowest_versions_smoke.sh
+	PYTHON=$(PYTHON) UV_REQ="$(UV_REQ)" scripts/lowest_versions_smoke.sh
 
 constraints:
 	rm -rf .venv-constraints

@@ -13,8 +13,12 @@ VENV=${LOWEST_VENV:-.venv-lowest}
 [[ $VENV = /* ]] || VENV=$REPO/$VENV
 FLOORS=constraints/lowest-3.11.txt
 start=$(date +%s)
-# installed without .pyc (--no-compile: most of pip's CPU); imports compile what they use and cache it
+# installed without .pyc (--no-compile: most of pip's CPU; uv writes none); imports compile what they use
+# and cache it
 unset PYTHONDONTWRITEBYTECODE
+# torch from pip (the floor's build where pip's configuration lists it; from the index uv would take the
+# CUDA build), everything else from uv (see the Makefile), which keeps the torch pip installed
+UV_REQ=${UV_REQ:-uv==0.13.8}
 
 # (re)install only when the floors or the package's dependencies changed
 deps=$("$PYTHON" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"])')
@@ -22,9 +26,9 @@ stamp="$VENV/.installed-$( (cat "$FLOORS"; echo "$deps") | sha256sum | cut -c1-1
 if [ ! -e "$stamp" ]; then
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --no-compile --upgrade "pip>=25.1"
+    "$VENV/bin/python" -m pip install -q --no-compile --no-deps -c "$FLOORS" "$UV_REQ" torch
     # every floor pinned; everything else resolves as a user's fresh install would
-    "$VENV/bin/python" -m pip install -q --no-compile -c "$FLOORS" -e . torch
+    "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" -c "$FLOORS" -e . torch
     touch "$stamp"
 fi
 [ "${SMOKE_INSTALL_ONLY:-0}" = 1 ] && { echo "installed $VENV in $(( $(date +%s) - start )) s"; exit 0; }
