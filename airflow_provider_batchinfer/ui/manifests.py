@@ -24,6 +24,8 @@ ERROR_SAMPLE_ROWS = 5
 ERROR_SAMPLE_COLUMNS = 6
 ERROR_VALUE_CHARS = 300
 CACHE_RUNS = 256
+#: the column of a dead-letter file that holds the error message (runtime/commit.py)
+ERROR_MESSAGE = "error"
 
 
 @dataclass(frozen=True)
@@ -139,15 +141,11 @@ def _error_sample(manifest: Manifest, storage: dict[str, Any] | None) -> tuple[l
     if batch is None:
         return [], None
     names = batch.schema.names
-    from airflow_provider_batchinfer.runtime.errors import ERROR_COLUMN
-
-    shown = ([ERROR_COLUMN] if ERROR_COLUMN in names else []) + [n for n in names if n != ERROR_COLUMN]
+    # the message first, then the ids and passthrough columns the file keeps
+    shown = ([ERROR_MESSAGE] if ERROR_MESSAGE in names else []) + [n for n in names if n != ERROR_MESSAGE]
     shown = shown[:ERROR_SAMPLE_COLUMNS]
     columns = {name: batch.column(names.index(name)).to_pylist() for name in shown}
-    rows = [
-        {("error" if n == ERROR_COLUMN else n): str(columns[n][i])[:ERROR_VALUE_CHARS] for n in shown}
-        for i in range(batch.num_rows)
-    ]
+    rows = [{n: str(columns[n][i])[:ERROR_VALUE_CHARS] for n in shown} for i in range(batch.num_rows)]
     return rows, None
 
 

@@ -188,7 +188,9 @@ def fmt_bytes(value: int | None) -> str:
 
 def fmt_cost(value: float | None) -> str:
     """A cost where the connection priced the run; ``–`` where it did not."""
-    return "–" if value is None else f"{value:.4f}"
+    if value is None:
+        return "–"
+    return f"{value:.4f}" if value >= 0.01 or value == 0 else f"{value:.2g}"
 
 
 # --- the manifest --------------------------------------------------------------------------------------
@@ -277,6 +279,8 @@ def svg_plot(values: Sequence[float | None], labels: Sequence[str], title: str, 
         f'<text x="{pad_l - 6}" y="{pad_t + 4}" text-anchor="end">{top:.3g}</text>'
         f'<text x="{pad_l - 6}" y="{pad_t + inner_h}" text-anchor="end">0</text>'
         f'<text x="{pad_l}" y="{height - 8}">{escape(labels[0])}</text>'
-        f'<text x="{width - pad_r}" y="{height - 8}" text-anchor="end">{escape(labels[-1])}</text>'
     )
+    if len(labels) > 1:
+        axis += f'<text x="{width - pad_r}" y="{height - 8}" text-anchor="end">{escape(labels[-1])}</text>'
+
     return head + axis + f'<polyline points="{line}" class="line"/>' + dots + "</svg>"

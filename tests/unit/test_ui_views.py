@@ -72,7 +72,7 @@ def test_pages_are_bounded_and_link_by_offset():
 def test_formatting():
     assert [fmt_seconds(v) for v in (None, 12.34, 245, 7380)] == ["–", "12.3 s", "4 min 05 s", "2 h 03 min"]
     assert [fmt_bytes(v) for v in (None, 512, 2048, 5 * 1024**3)] == ["–", "512 B", "2.0 KiB", "5.0 GiB"]
-    assert (fmt_cost(None), fmt_cost(0.00123)) == ("–", "0.0012")
+    assert [fmt_cost(v) for v in (None, 0.0, 0.00123, 1.5)] == ["–", "0.0000", "0.0012", "1.5000"]
 
 
 def test_the_manifest_view_shows_parts_lineage_and_the_snapshot_but_no_catalog_settings():
