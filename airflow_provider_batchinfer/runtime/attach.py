@@ -28,6 +28,12 @@ from airflow_provider_batchinfer.s3 import worker_env
 
 #: set by the Ray Jobs API in a job's driver: the job's config, its runtime_env included
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+#: a Ray this job starts keeps idle task workers up to this many workers (actors included): by default
+#: the raylet kills one idle for 1 s past the node's CPU count, which a pool job's actors exceed on a
+#: small machine, and each read and write task then starts a fresh Python process (the embedded Ray's
+#: head gets the same, ``launchers/embedded_ray.py``). A named cluster's nodes keep their own setting
+#: (``RAY_num_workers_soft_limit`` where they start)
+WORKER_SOFT_LIMIT = 64
 
 
 def ray_init_kwargs(address: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
@@ -40,8 +46,10 @@ def ray_init_kwargs(address: str | None, environ: Mapping[str, str]) -> dict[str
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
     if address:
         kwargs["address"] = address
-    else:
-        kwargs.update(address="local", include_dashboard=False)
+    else:  # idle task workers kept, as on the embedded Ray's head (WORKER_SOFT_LIMIT)
+        kwargs.update(
+            address="local", include_dashboard=False, _system_config={"num_workers_soft_limit": WORKER_SOFT_LIMIT}
+        )
     return kwargs
 
 

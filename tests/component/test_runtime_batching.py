@@ -15,6 +15,9 @@ def test_no_configured_address_means_a_fresh_local_ray_never_a_stray_cluster():
     # ray.init(address=None) would attach to whatever /tmp/ray/ray_current_cluster names
     assert ray_init_kwargs(None, {})["address"] == "local"  # JobFile.ray_address
     assert ray_init_kwargs(None, {})["include_dashboard"] is False
+    # a Ray the job starts keeps its idle read and write workers; a named cluster keeps its own setting
+    assert ray_init_kwargs(None, {})["_system_config"] == {"num_workers_soft_limit": 64}
+    assert "_system_config" not in ray_init_kwargs("127.0.0.1:6379", {})
     assert ray_init_kwargs("127.0.0.1:6379", {})["address"] == "127.0.0.1:6379"
     assert ray_init_kwargs(None, {"RAY_ADDRESS": "auto"})["address"] == "auto"
 
