@@ -17,7 +17,7 @@ from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import _get_session
 from airflow.api_fastapi.core_api.security import get_user, requires_access_dag
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -54,121 +54,136 @@ def _wants_json(request: Request) -> bool:
     return "/api/" in request.url.path
 
 
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+templates.env.filters.update(
+    fmt_int=views.fmt_int,
+    fmt_num=views.fmt_num,
+    fmt_seconds=views.fmt_seconds,
+    fmt_bytes=views.fmt_bytes,
+    fmt_cost=views.fmt_cost,
+)
+router = APIRouter()
+
+
 def create_app() -> FastAPI:
     """The app the plugin mounts; built on first use, in the api-server only."""
     app = FastAPI(title="Batch inference runs", docs_url=None, redoc_url=None, openapi_url=None)
-    templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.filters.update(
-        fmt_int=views.fmt_int,
-        fmt_num=views.fmt_num,
-        fmt_seconds=views.fmt_seconds,
-        fmt_bytes=views.fmt_bytes,
-        fmt_cost=views.fmt_cost,
-    )
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        if _wants_json(request):
-            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
-        return templates.TemplateResponse(
-            request, "error.html", {"status": exc.status_code, "detail": exc.detail}, status_code=exc.status_code
-        )
-
-    @app.exception_handler(Exception)
-    async def any_error(request: Request, exc: Exception) -> Response:
-        log.exception("batch runs page %s failed", request.url.path)
-        detail = "the page could not be built; the api-server's log says why"
-        if _wants_json(request):
-            return JSONResponse({"detail": detail}, status_code=500)
-        return templates.TemplateResponse(request, "error.html", {"status": 500, "detail": detail}, status_code=500)
-
-    def runs_data(user: BaseUser, session: Session, flt: queries.RunFilter, offset: int, limit: int) -> dict[str, Any]:
-        offset, limit = views.page_bounds(offset, limit)
-        allowed = readable_dag_ids(user, flt.dag_id)
-        total, rows = queries.list_runs(session, allowed, flt, offset, limit)
-        return {"total": total, "offset": offset, "limit": limit, "filters": flt.to_dict(), "runs": rows}
-
-    @app.get("/", include_in_schema=False)
-    def index() -> RedirectResponse:
-        return RedirectResponse("runs", status_code=307)
-
-    @app.get("/api/runs")
-    def api_runs(
-        user: User,
-        session: Db,
-        dag_id: str = "",
-        task_id: str = "",
-        model: str = "",
-        state: str = "",
-        offset: int = 0,
-        limit: int = views.DEFAULT_PAGE_SIZE,
-    ) -> dict[str, Any]:
-        data = runs_data(user, session, queries.RunFilter(dag_id, task_id, model, state), offset, limit)
-        return {**data, "runs": [r.to_dict() for r in data["runs"]]}
-
-    @app.get("/runs", response_class=HTMLResponse)
-    def runs_page(
-        request: Request,
-        user: User,
-        session: Db,
-        dag_id: str = "",
-        task_id: str = "",
-        model: str = "",
-        state: str = "",
-        offset: int = 0,
-        limit: int = views.DEFAULT_PAGE_SIZE,
-    ) -> Response:
-        flt = queries.RunFilter(dag_id, task_id, model, state)
-        data = runs_data(user, session, flt, offset, limit)
-        page = views.Page(data["offset"], data["limit"], data["total"])
-        choices = queries.filter_choices(session, readable_dag_ids(user))
-        context = {**data, "page": page, "choices": choices, "query": _query(flt, limit)}
-        return templates.TemplateResponse(request, "runs.html", context)
-
-    def run_data(session: Session, dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[str, Any]:
-        row = queries.one_run(session, dag_id, task_id, run_id, map_index)
-        if row is None:
-            raise HTTPException(status_code=404, detail=f"no batch inference run {dag_id}.{task_id} {run_id}")
-        detail: RunDetail = run_detail(row, queries.connection_id(session, row))
-        return {"run": row, "detail": detail}
-
-    @app.get("/api/run", dependencies=[DagAccess])
-    def api_run(
-        session: Db, dag_id: Annotated[str, Query()], task_id: str, run_id: str, map_index: int = -1
-    ) -> dict[str, Any]:
-        data = run_data(session, dag_id, task_id, run_id, map_index)
-        return {"run": data["run"].to_dict(), **data["detail"].to_dict()}
-
-    @app.get("/run", response_class=HTMLResponse, dependencies=[DagAccess])
-    def run_page(
-        request: Request, session: Db, dag_id: Annotated[str, Query()], task_id: str, run_id: str, map_index: int = -1
-    ) -> Response:
-        data = run_data(session, dag_id, task_id, run_id, map_index)
-        return templates.TemplateResponse(request, "run.html", {**data, "ti_href": _ti_href(data["run"])})
-
-    def trends_data(session: Session, dag_id: str, task_id: str) -> dict[str, Any]:
-        rows = queries.task_runs(session, dag_id, task_id)
-        return {"dag_id": dag_id, "task_id": task_id, "points": views.trend_points(rows)}
-
-    @app.get("/api/trends", dependencies=[DagAccess])
-    def api_trends(session: Db, dag_id: Annotated[str, Query()], task_id: str) -> dict[str, Any]:
-        data = trends_data(session, dag_id, task_id)
-        return {**data, "points": [p.__dict__ for p in data["points"]]}
-
-    @app.get("/trends", response_class=HTMLResponse, dependencies=[DagAccess])
-    def trends_page(request: Request, session: Db, dag_id: Annotated[str, Query()], task_id: str) -> Response:
-        data = trends_data(session, dag_id, task_id)
-        points = data["points"]
-        labels = [p.run_id for p in points]
-        plots = [
-            views.svg_plot([p.rows_per_s for p in points], labels, "rows/s"),
-            views.svg_plot([p.cost_per_million for p in points], labels, "cost per million rows"),
-            views.svg_plot([p.error_fraction for p in points], labels, "dead-lettered fraction"),
-        ]
-        return templates.TemplateResponse(request, "trends.html", {**data, "plots": plots})
-
+    app.include_router(router)
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _any_error)
     return app
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """A refusal or a miss: JSON for the API, a page (never a stack trace) for the pages."""
+    if _wants_json(request):
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+    context = {"status": exc.status_code, "detail": exc.detail}
+    return templates.TemplateResponse(request, "error.html", context, status_code=exc.status_code)
+
+
+async def _any_error(request: Request, exc: Exception) -> Response:
+    log.exception("batch runs page %s failed", request.url.path)
+    detail = "the page could not be built; the api-server's log says why"
+    if _wants_json(request):
+        return JSONResponse({"detail": detail}, status_code=500)
+    return templates.TemplateResponse(request, "error.html", {"status": 500, "detail": detail}, status_code=500)
+
+
+# --- the data each page and its JSON twin show ------------------------------------------------------
+def runs_data(user: BaseUser, session: Session, flt: queries.RunFilter, offset: int, limit: int) -> dict[str, Any]:
+    offset, limit = views.page_bounds(offset, limit)
+    allowed = readable_dag_ids(user, flt.dag_id)
+    total, rows = queries.list_runs(session, allowed, flt, offset, limit)
+    return {"total": total, "offset": offset, "limit": limit, "filters": flt.to_dict(), "runs": rows}
+
+
+def run_data(session: Session, dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[str, Any]:
+    row = queries.one_run(session, dag_id, task_id, run_id, map_index)
+    if row is None:
+        raise HTTPException(status_code=404, detail=f"no batch inference run {dag_id}.{task_id} {run_id}")
+    detail: RunDetail = run_detail(row, queries.connection_id(session, row))
+    return {"run": row, "detail": detail}
+
+
+def trends_data(session: Session, dag_id: str, task_id: str) -> dict[str, Any]:
+    rows = queries.task_runs(session, dag_id, task_id)
+    return {"dag_id": dag_id, "task_id": task_id, "points": views.trend_points(rows)}
+
+
+# --- routes -----------------------------------------------------------------------------------------
+@router.get("/", include_in_schema=False)
+def index() -> RedirectResponse:
+    return RedirectResponse("runs", status_code=307)
+
+
+@router.get("/api/runs")
+def api_runs(
+    user: User,
+    session: Db,
+    dag_id: str = "",
+    task_id: str = "",
+    model: str = "",
+    state: str = "",
+    offset: int = 0,
+    limit: int = views.DEFAULT_PAGE_SIZE,
+) -> dict[str, Any]:
+    data = runs_data(user, session, queries.RunFilter(dag_id, task_id, model, state), offset, limit)
+    return {**data, "runs": [r.to_dict() for r in data["runs"]]}
+
+
+@router.get("/runs", response_class=HTMLResponse)
+def runs_page(
+    request: Request,
+    user: User,
+    session: Db,
+    dag_id: str = "",
+    task_id: str = "",
+    model: str = "",
+    state: str = "",
+    offset: int = 0,
+    limit: int = views.DEFAULT_PAGE_SIZE,
+) -> Response:
+    flt = queries.RunFilter(dag_id, task_id, model, state)
+    data = runs_data(user, session, flt, offset, limit)
+    page = views.Page(data["offset"], data["limit"], data["total"])
+    choices = queries.filter_choices(session, readable_dag_ids(user))
+    context = {**data, "page": page, "choices": choices, "query": _query(flt, limit)}
+    return templates.TemplateResponse(request, "runs.html", context)
+
+
+@router.get("/api/run", dependencies=[DagAccess])
+def api_run(session: Db, dag_id: Annotated[str, Query()], task_id: str, run_id: str, map_index: int = -1) -> dict:
+    data = run_data(session, dag_id, task_id, run_id, map_index)
+    return {"run": data["run"].to_dict(), **data["detail"].to_dict()}
+
+
+@router.get("/run", response_class=HTMLResponse, dependencies=[DagAccess])
+def run_page(
+    request: Request, session: Db, dag_id: Annotated[str, Query()], task_id: str, run_id: str, map_index: int = -1
+) -> Response:
+    data = run_data(session, dag_id, task_id, run_id, map_index)
+    return templates.TemplateResponse(request, "run.html", {**data, "ti_href": _ti_href(data["run"])})
+
+
+@router.get("/api/trends", dependencies=[DagAccess])
+def api_trends(session: Db, dag_id: Annotated[str, Query()], task_id: str) -> dict[str, Any]:
+    data = trends_data(session, dag_id, task_id)
+    return {**data, "points": [p.__dict__ for p in data["points"]]}
+
+
+@router.get("/trends", response_class=HTMLResponse, dependencies=[DagAccess])
+def trends_page(request: Request, session: Db, dag_id: Annotated[str, Query()], task_id: str) -> Response:
+    data = trends_data(session, dag_id, task_id)
+    points = data["points"]
+    labels = [p.run_id for p in points]
+    plots = [
+        views.svg_plot([p.rows_per_s for p in points], labels, "rows/s"),
+        views.svg_plot([p.cost_per_million for p in points], labels, "cost per million rows"),
+        views.svg_plot([p.error_fraction for p in points], labels, "dead-lettered fraction"),
+    ]
+    return templates.TemplateResponse(request, "trends.html", {**data, "plots": plots})
 
 
 def _query(flt: queries.RunFilter, limit: int) -> dict[str, Any]:
