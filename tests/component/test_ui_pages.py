@@ -200,6 +200,8 @@ def test_the_list_is_paginated_filtered_and_fast_with_2000_runs(api):
     assert page.status_code == 200, page.text
     assert f"of {RUNS + 1:,}" in page.text and 'href="static/batchinfer.css"' in page.text
     assert page.text.count("<tr>") == 51  # a header row and 50 runs: never all 2,001 in one response
+    # no script to run, and only relative links (the UI may sit under a path prefix)
+    assert "<script" not in page.text and 'href="/' not in page.text and 'src="/' not in page.text
     data = client.get("/batchinfer/api/runs", params={"dag_id": DAG_ID, "limit": 10, "offset": 5}, headers=headers)
     body = data.json()
     assert body["total"] == RUNS and [r["run_id"] for r in body["runs"]][:2] == ["manual__01994", "manual__01993"]
@@ -229,6 +231,7 @@ def test_the_run_page_shows_the_manifest_and_the_first_dead_lettered_rows(api):
     page = client.get("/batchinfer/run", params=params, headers=headers)
     assert page.status_code == 200 and "cannot score text" in page.text and manifest.files[0].sha256 in page.text
     assert 'href="../dags/bi_ui_bulk/runs/manual__01999/tasks/infer"' in page.text
+    assert "<script" not in page.text and 'href="/' not in page.text
 
 
 def test_a_gone_manifest_is_a_message_not_a_stack_trace(api):
