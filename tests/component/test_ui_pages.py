@@ -6,33 +6,18 @@ bulk; one of them points at a real committed run directory with dead-lettered ro
 from __future__ import annotations
 
 import hashlib
-import io
 import time
-import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
+from urllib.parse import quote
 
 import pytest
 
-from tests.runs import manifest_for, write_part
+from tests.ui_seed import committed_run_with_dead_letters, seed_runs
 
 DAG_ID = "bi_ui_bulk"
 OTHER_DAG = "bi_ui_other"
 RUNS = 2000
-
-
-def _error_part(run_dir, name: str, ids: list[int]):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from airflow_provider_batchinfer.contract import FileEntry
-
-    sink = io.BytesIO()
-    messages = [f"cannot score text 'boom' (row {i})" for i in ids]
-    pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "error": messages}), sink)
-    data = sink.getvalue()
-    (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
-    (run_dir / name).write_bytes(data)
-    return FileEntry(name=name, size=len(data), rows=len(ids), sha256=hashlib.sha256(data).hexdigest())
+START = datetime(2026, 11, 1, tzinfo=timezone.utc)
 
 
 def _result(i: int, location: str, attempt: str = "t01aaaa") -> dict:
@@ -66,81 +51,6 @@ def _result(i: int, location: str, attempt: str = "t01aaaa") -> dict:
     }
 
 
-def _seed(session, dag_id: str, count: int, first_location: str | None) -> None:
-    """``count`` DAG runs of ``dag_id``, each with one task instance of the operator and its XCom."""
-    from airflow.models.dag import DagModel
-    from airflow.models.dagbundle import DagBundleModel
-    from airflow.models.dagrun import DagRun
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.models.xcom import XComModel
-    from sqlalchemy import insert, select
-
-    session.merge(DagBundleModel(name="ui_tests"))
-    session.flush()
-    session.add(DagModel(dag_id=dag_id, fileloc=f"/dags/{dag_id}.py", bundle_name="ui_tests", is_stale=False))
-    session.flush()
-    t0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
-    session.execute(
-        insert(DagRun.__table__),
-        [
-            {
-                "dag_id": dag_id,
-                "run_id": f"manual__{i:05d}",
-                "run_type": "manual",
-                "state": "success",
-                "run_after": t0 + timedelta(minutes=i),
-                "clear_number": 0,
-                "log_template_id": None,
-            }
-            for i in range(count)
-        ],
-    )
-    ids = dict(session.execute(select(DagRun.run_id, DagRun.id).where(DagRun.dag_id == dag_id)).all())
-    session.execute(
-        insert(TaskInstance.__table__),
-        [
-            {
-                "id": uuid.uuid4(),
-                "dag_id": dag_id,
-                "task_id": "infer",
-                "run_id": f"manual__{i:05d}",
-                "map_index": -1,
-                "try_number": 1,
-                "state": "success",
-                "operator": "BatchInferenceOperator",
-                "pool": "default_pool",
-                "pool_slots": 1,
-                "priority_weight": 1,
-                "max_tries": 0,
-                "hostname": "",
-                "unixname": "test",
-                "queue": "default",
-                "start_date": t0 + timedelta(minutes=i),
-                "end_date": t0 + timedelta(minutes=i, seconds=12),
-                "duration": 12.0,
-            }
-            for i in range(count)
-        ],
-    )
-    session.execute(
-        insert(XComModel.__table__),
-        [
-            {
-                "dag_run_id": ids[f"manual__{i:05d}"],
-                "task_id": "infer",
-                "map_index": -1,
-                "key": "return_value",
-                "dag_id": dag_id,
-                "run_id": f"manual__{i:05d}",
-                "value": _result(i, first_location if i == count - 1 and first_location else f"/gone/{dag_id}/{i}"),
-                "timestamp": t0 + timedelta(minutes=i),
-            }
-            for i in range(count)
-        ],
-    )
-    session.commit()
-
-
 @pytest.fixture(scope="module")
 def api(airflow_db, tmp_path_factory):
     """The api-server's app with the plugin mounted, 2,000 runs of one DAG and one run of another, and
@@ -150,18 +60,14 @@ def api(airflow_db, tmp_path_factory):
     from airflow.utils.session import create_session
     from fastapi.testclient import TestClient
 
-    from airflow_provider_batchinfer.contract import SUCCESS_MARKER, part_name
-
     run_dir = tmp_path_factory.mktemp("ui") / "run"
-    run_dir.mkdir()
-    part = write_part(run_dir, part_name(0, "t01aaaa"), list(range(8)))
-    errors = _error_part(run_dir, part_name(0, "t01aaaa", dead_letter=True), [8, 9])
-    manifest = manifest_for(run_dir, (part,), (errors,))
-    (run_dir / SUCCESS_MARKER).write_text(manifest.to_json())
+    manifest = committed_run_with_dead_letters(run_dir)
     t0 = time.perf_counter()
+    # the newest run names the real run directory; the others name directories that are gone
+    results = [_result(i, f"/gone/{DAG_ID}/{i}") for i in range(RUNS - 1)] + [_result(RUNS - 1, str(run_dir))]
     with create_session() as session:
-        _seed(session, DAG_ID, RUNS, str(run_dir))
-        _seed(session, OTHER_DAG, 1, None)
+        run_ids = seed_runs(session, DAG_ID, "infer", results, START)
+        seed_runs(session, OTHER_DAG, "infer", [_result(0, "/gone/other")], START)
     t1 = time.perf_counter()
     purge_cached_app()
     app = create_app("core")
@@ -171,7 +77,7 @@ def api(airflow_db, tmp_path_factory):
     manager = get_auth_manager()
     admin = manager.generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
     with TestClient(app) as client:
-        yield {"client": client, "admin": {"Authorization": f"Bearer {admin}"}, "manifest": manifest}
+        yield {"client": client, "admin": {"Authorization": f"Bearer {admin}"}, "manifest": manifest, "runs": run_ids}
 
 
 def test_the_plugin_is_mounted_with_its_nav_entry(api):
@@ -204,7 +110,7 @@ def test_the_list_is_paginated_filtered_and_fast_with_2000_runs(api):
     assert "<script" not in page.text and 'href="/' not in page.text and 'src="/' not in page.text
     data = client.get("/batchinfer/api/runs", params={"dag_id": DAG_ID, "limit": 10, "offset": 5}, headers=headers)
     body = data.json()
-    assert body["total"] == RUNS and [r["run_id"] for r in body["runs"]][:2] == ["manual__01994", "manual__01993"]
+    assert body["total"] == RUNS and [r["run_id"] for r in body["runs"]][:2] == api["runs"][-6:-8:-1]
     first = body["runs"][0]
     expected = _result(1994, "")
     assert (first["input_rows"], first["output_rows"], first["error_rows"]) == (2096, 2094, 2)
@@ -217,26 +123,26 @@ def test_the_list_is_paginated_filtered_and_fast_with_2000_runs(api):
 
 def test_the_run_page_shows_the_manifest_and_the_first_dead_lettered_rows(api):
     client, headers = api["client"], api["admin"]
-    params = {"dag_id": DAG_ID, "task_id": "infer", "run_id": f"manual__{RUNS - 1:05d}"}
+    params = {"dag_id": DAG_ID, "task_id": "infer", "run_id": api["runs"][-1]}
     body = client.get("/batchinfer/api/run", params=params, headers=headers).json()
     manifest = api["manifest"]
     assert body["problem"] is None, body
     assert body["manifest"]["counts"] == manifest.counts.to_dict()
     assert [f["sha256"] for f in body["manifest"]["files"]] == [f.sha256 for f in manifest.files]
     assert [e["error"] for e in body["errors"]] == [
-        "cannot score text 'boom' (row 8)",
-        "cannot score text 'boom' (row 9)",
+        "ValueError: cannot score text 'boom' (row 8)",
+        "ValueError: cannot score text 'boom' (row 9)",
     ]
     assert [e["id"] for e in body["errors"]] == ["8", "9"]
     page = client.get("/batchinfer/run", params=params, headers=headers)
     assert page.status_code == 200 and "cannot score text" in page.text and manifest.files[0].sha256 in page.text
-    assert 'href="../dags/bi_ui_bulk/runs/manual__01999/tasks/infer"' in page.text
+    assert f'href="../dags/bi_ui_bulk/runs/{quote(api["runs"][-1], safe="")}/tasks/infer"' in page.text
     assert "<script" not in page.text and 'href="/' not in page.text
 
 
 def test_a_gone_manifest_is_a_message_not_a_stack_trace(api):
     client, headers = api["client"], api["admin"]
-    params = {"dag_id": DAG_ID, "task_id": "infer", "run_id": "manual__00003"}
+    params = {"dag_id": DAG_ID, "task_id": "infer", "run_id": api["runs"][3]}
     body = client.get("/batchinfer/api/run", params=params, headers=headers).json()
     assert body["problem"] == f"the manifest at /gone/{DAG_ID}/3 is gone: the run's output was removed or replaced"
     page = client.get("/batchinfer/run", params=params, headers=headers)
@@ -249,6 +155,6 @@ def test_the_trends_page_plots_three_series_as_inline_svg(api):
     client, headers = api["client"], api["admin"]
     params = {"dag_id": DAG_ID, "task_id": "infer"}
     body = client.get("/batchinfer/api/trends", params=params, headers=headers).json()
-    assert len(body["points"]) == 200 and body["points"][-1]["run_id"] == f"manual__{RUNS - 1:05d}"
+    assert len(body["points"]) == 200 and body["points"][-1]["run_id"] == api["runs"][-1]
     page = client.get("/batchinfer/trends", params=params, headers=headers)
     assert page.status_code == 200 and page.text.count("<svg") == 3 and "<script" not in page.text
