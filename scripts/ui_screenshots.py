@@ -2,10 +2,16 @@
 
     python scripts/ui_screenshots.py --base-url http://127.0.0.1:8080 --user admin --password admin
 
-signs in to the api-server (``POST /auth/token``), hands the token to Chromium as Airflow's
+signs in to a running api-server (``POST /auth/token``), hands the token to Chromium as Airflow's
 ``_token`` cookie over the DevTools protocol, and saves the batch-runs page (light and dark), the
 newest run's page and its task's trends into ``docs/screenshots/``. Each page is checked as it is
-taken: a runs table without rows, or a page showing an error, fails the run. The services test
+taken: a runs table without rows, or a page showing an error, fails the run.
+
+    python scripts/ui_screenshots.py --demo
+
+needs nothing running: it migrates a metadata DB in a temporary AIRFLOW_HOME, inserts a month of
+runs of two DAGs (and a committed run directory with dead-lettered rows), serves Airflow's api-server
+app on 127.0.0.1 and takes the same screenshots there. The services test
 (``tests/services/test_airflow_services.py``) calls :func:`capture` the same way.
 """
 
@@ -68,10 +74,8 @@ class Shot:
 class _DevTools:
     """One page of a Chromium, driven over the DevTools protocol (JSON over a websocket)."""
 
-    def __init__(self, url: str) -> None:
-        from websockets.sync.client import connect
-
-        self.ws = connect(url, max_size=None, open_timeout=30)
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
         self.n = 0
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
@@ -83,9 +87,6 @@ class _DevTools:
                 if "error" in message:
                     raise RuntimeError(f"{method}: {message['error']}")
                 return message.get("result", {})
-
-    def close(self) -> None:
-        self.ws.close()
 
 
 @contextmanager
@@ -109,11 +110,10 @@ def chromium(binary: str = CHROMIUM) -> Iterator[_DevTools]:
         port = port_file.read_text().split()[0]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as response:
             pages = [t for t in json.load(response) if t.get("type") == "page"]
-        devtools = _DevTools(pages[0]["webSocketDebuggerUrl"])
-        try:
-            yield devtools
-        finally:
-            devtools.close()
+        from websockets.sync.client import connect
+
+        with connect(pages[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:
+            yield _DevTools(ws)
     finally:
         proc.terminate()
         try:
@@ -175,16 +175,121 @@ def take_all(base_url: str, token: str, run: dict[str, Any], out_dir: Path = OUT
         ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base-url", default="http://127.0.0.1:8080")
-    parser.add_argument("--user", default="admin")
-    parser.add_argument("--password", required=True)
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args(argv)
-    token = login(args.base_url, args.user, args.password)
+def _demo_results(manifest: Any, run_dir: Path) -> list[dict[str, Any]]:
+    """A month of daily runs of about 1.2M rows each, then the newest: the real run directory."""
+    import random
+
+    rng = random.Random(7)
+    results = []
+    for i in range(30):
+        rows, errors = 1_200_000 + rng.randrange(-50_000, 50_000), rng.choice([0, 0, 0, 3, 12])
+        wall = rows / rng.uniform(18_000, 26_000) + 20 * (i == 17)  # one slow day
+        usage = {"wall_s": wall, "held_s": wall - 5, "reserved_cpus": 8.0, "reserved_gpus": 0.0,
+                 "cpu_seconds": 8 * (wall - 5), "gpu_seconds": 0.0, "rows": rows, "rows_per_s": rows / wall,
+                 "cost": 8 * (wall - 5) / 3600 * 0.048}  # fmt: skip
+        results.append(
+            {"output_location": f"{run_dir.parent}/day-{i:02d}", "rows": rows - errors, "input_rows": rows,
+             "error_rows": errors, "model": "churn_mlp", "model_version": "3", "sha256": manifest.model.sha256,
+             "attempt": "t01aaaa", "usage": usage, "reused_rows": rng.randrange(0, rows // 2) if i > 20 else 0}
+        )  # fmt: skip
+    counts, usage = manifest.counts, manifest.usage.to_dict()
+    results.append(
+        {"output_location": str(run_dir), "rows": counts.output_rows, "input_rows": counts.input_rows,
+         "error_rows": counts.error_rows, "model": manifest.model.name, "model_version": manifest.model.version,
+         "sha256": manifest.model.sha256, "attempt": manifest.job.attempt, "usage": usage}
+    )  # fmt: skip
+    return results
+
+
+def _seed_demo(home: Path) -> None:
+    import dataclasses
+    from datetime import datetime, timedelta, timezone
+
+    from airflow.utils.session import create_session
+
+    from airflow_provider_batchinfer.contract import SUCCESS_MARKER, ModelRef
+    from airflow_provider_batchinfer.contract.usage import Usage
+    from tests.ui_seed import committed_run_with_dead_letters, seed_runs
+
+    run_dir = home / "stage" / "churn_scores" / "newest"
+    model = ModelRef("churn_mlp", "3", "torchscript", "4f" * 32, "registry/churn_mlp/3")
+    rows, dead, wall = 1_180_000, 6, 47.1
+    usage = Usage(wall_s=wall, held_s=wall - 5, reserved_cpus=8.0, reserved_gpus=0.0, cpu_seconds=8 * (wall - 5),
+                  gpu_seconds=0.0, rows=rows + dead, rows_per_s=(rows + dead) / wall, batches=288,
+                  cost=8 * (wall - 5) / 3600 * 0.048)  # fmt: skip
+    manifest = committed_run_with_dead_letters(run_dir, rows=rows, dead=dead)
+    manifest = dataclasses.replace(manifest, model=model, usage=usage)
+    (run_dir / SUCCESS_MARKER).write_text(manifest.to_json())
+    start = datetime(2026, 10, 27, 2, tzinfo=timezone.utc)
+    embeddings = [
+        {"output_location": f"{home}/stage/tickets/{i}", "rows": 20_000, "input_rows": 20_000, "error_rows": 0,
+         "model": "minilm", "model_version": "1", "sha256": "9c" * 32, "attempt": "t01bbbb",
+         "usage": {"wall_s": 41.0 + i, "rows_per_s": 20_000 / (41.0 + i), "cpu_seconds": 12.0,
+                   "gpu_seconds": 38.0 + i, "cost": (38.0 + i) / 3600 * 1.2}}
+        for i in range(4)
+    ]  # fmt: skip
+    with create_session() as session:
+        seed_runs(session, "churn_scores_daily", "score_customers", _demo_results(manifest, run_dir), start,
+                  every=timedelta(days=1))  # fmt: skip
+        seed_runs(session, "ticket_embeddings", "embed", [*embeddings, None, None], start + timedelta(days=30, hours=1),
+                  every=timedelta(hours=1), states=["success"] * 4 + ["failed", "running"])  # fmt: skip
+
+
+def demo(out_dir: Path = OUT) -> int:
+    """The screenshots from demo runs in a temporary Airflow (nothing else needs to run)."""
+    import os
+    import secrets
+    import socket
+    import threading
+
+    home = Path(tempfile.mkdtemp(prefix="batchinfer-ui-demo-"))
+    password = secrets.token_hex(8)
+    (home / "passwords.json").write_text(json.dumps({"admin": password}))
+    os.environ.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+            "BATCHINFER_HOME": str(home / "batchinfer"),
+        }
+    )
+    try:
+        subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
+        sys.path.insert(0, str(REPO))
+        _seed_demo(home)
+        import uvicorn
+        from airflow.api_fastapi.app import create_app
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(create_app("core"), host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 120
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the api-server app did not start")
+            time.sleep(0.2)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            return _shoot(base, login(base, "admin", password), out_dir, "churn_scores_daily")
+        finally:
+            server.should_exit = True
+            thread.join(timeout=10)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _shoot(base_url: str, token: str, out_dir: Path, dag_id: str = "") -> int:
+    """Screenshots of the newest committed run's pages (of ``dag_id``, or of any DAG); 1 when a page
+    shows an error or a table has no rows."""
+    query = urllib.parse.urlencode({"limit": 1, "state": "success", **({"dag_id": dag_id} if dag_id else {})})
     request = urllib.request.Request(
-        f"{args.base_url.rstrip('/')}/batchinfer/api/runs?limit=1", headers={"Authorization": f"Bearer {token}"}
+        f"{base_url.rstrip('/')}/batchinfer/api/runs?{query}", headers={"Authorization": f"Bearer {token}"}
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         runs = json.load(response)["runs"]
@@ -192,11 +297,26 @@ def main(argv: list[str] | None = None) -> int:
         print("no batch inference run to show: run a DAG with BatchInferenceOperator first", file=sys.stderr)
         return 1
     failed = False
-    for shot in take_all(args.base_url, token, runs[0], args.out):
+    for shot in take_all(base_url, token, runs[0], out_dir):
         bad = shot.problem or shot.traceback or (shot.path.name.startswith("batch-runs") and shot.rows == 0)
         failed = failed or bool(bad)
         print(f"{shot.path}: {shot.heading!r}, {shot.rows} row(s), loaded in {shot.load_s:.2f} s", shot.problem or "")
     return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-url", default="http://127.0.0.1:8080")
+    parser.add_argument("--user", default="admin")
+    parser.add_argument("--password", help="the user's password (not needed with --demo)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--demo", action="store_true", help="serve demo runs from a temporary Airflow and shoot those")
+    args = parser.parse_args(argv)
+    if args.demo:
+        return demo(args.out)
+    if not args.password:
+        parser.error("--password is required (or --demo)")
+    return _shoot(args.base_url, login(args.base_url, args.user, args.password), args.out)
 
 
 if __name__ == "__main__":

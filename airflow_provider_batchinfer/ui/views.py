@@ -276,7 +276,7 @@ def svg_plot(values: Sequence[float | None], labels: Sequence[str], title: str, 
     axis = (
         f'<line x1="{pad_l}" y1="{pad_t + inner_h}" x2="{width - pad_r}" y2="{pad_t + inner_h}" class="axis"/>'
         f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{pad_t + inner_h}" class="axis"/>'
-        f'<text x="{pad_l - 6}" y="{pad_t + 4}" text-anchor="end">{top:.3g}</text>'
+        f'<text x="{pad_l - 6}" y="{pad_t + 4}" text-anchor="end">{_axis_label(top)}</text>'
         f'<text x="{pad_l - 6}" y="{pad_t + inner_h}" text-anchor="end">0</text>'
         f'<text x="{pad_l}" y="{height - 8}">{escape(labels[0])}</text>'
     )
@@ -284,3 +284,8 @@ def svg_plot(values: Sequence[float | None], labels: Sequence[str], title: str, 
         axis += f'<text x="{width - pad_r}" y="{height - 8}" text-anchor="end">{escape(labels[-1])}</text>'
 
     return head + axis + f'<polyline points="{line}" class="line"/>' + dots + "</svg>"
+
+
+def _axis_label(value: float) -> str:
+    """``25,960`` rather than ``2.6e+04``; small values with three significant digits."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"

@@ -104,3 +104,4 @@ def test_trend_points_and_the_svg_plot():
     root = ET.fromstring(svg)  # well-formed, the title escaped
     assert root.tag.endswith("svg") and len(root.findall("{http://www.w3.org/2000/svg}circle")) == 2
     assert "no data" in svg_plot([None], ["x"], "empty")
+    assert ">25,945<" in svg_plot([25945.2, 1.0], ["a", "b"], "rows/s") and ">0.0552<" in svg_plot([0.0552], ["a"], "x")
