@@ -172,6 +172,9 @@ class DoneSet:
         try:
             for done_path, input_path in zip(done_paths, spill.paths, strict=True):
                 done, rows = _read(done_path), _read(input_path, ["place"], with_ids=True)
+                for used in (done_path, input_path):  # matched: its disk space goes back at once
+                    if os.path.exists(used):
+                        os.remove(used)
                 if done is None or rows is None:
                     continue
                 places, ids = rows
