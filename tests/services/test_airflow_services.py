@@ -592,12 +592,15 @@ def _screenshots_module():
 )
 def test_the_batch_runs_pages_in_headless_chromium(world):
     """Debian's Chromium loads the batch-runs page (light and dark), a run's page and a trend, signed in
-    with the admin's token as Airflow's cookie; the screenshots go to docs/screenshots/."""
+    with the admin's token as Airflow's cookie; the screenshots go to docs/screenshots/services/
+    (``scripts/ui_screenshots.py --demo`` takes the ones in docs/screenshots/ from demo runs)."""
     assert set(UI_RUNS) == {"bi_ui_dead_letters", UI_DENIED_DAG}, "needs the runs of the test before"
     s = world["services"]
     t0 = time.monotonic()
     token = s.headers["Authorization"].removeprefix("Bearer ")
-    shots = _screenshots_module().take_all(s.base, token, UI_RUNS["bi_ui_dead_letters"], REPO / "docs" / "screenshots")
+    shots = _screenshots_module().take_all(
+        s.base, token, UI_RUNS["bi_ui_dead_letters"], REPO / "docs" / "screenshots" / "services"
+    )
     for shot in shots:
         assert shot.problem is None and not shot.traceback, shot
         assert shot.path.stat().st_size > 10_000, shot
