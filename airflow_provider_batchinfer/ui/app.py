@@ -35,8 +35,11 @@ URL_PREFIX = "/batchinfer"
 #: the caller, from Airflow's own authentication (401 without a credential)
 User = Annotated[BaseUser, Depends(get_user)]
 Db = Annotated[Session, Depends(_get_session, scope="function")]
-#: the core API's check for reading a DAG's task instances, on the ``dag_id`` query parameter
-DagAccess = Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))
+#: the core API's checks for reading a DAG's task instances and their XComs (what these pages show),
+#: on the ``dag_id`` query parameter
+TaskInstanceAccess = Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))
+XComAccess = Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.XCOM))
+DagAccess = [TaskInstanceAccess, XComAccess]
 
 
 def readable_dag_ids(user: BaseUser, wanted: str = "") -> set[str]:
@@ -153,13 +156,13 @@ def runs_page(
     return templates.TemplateResponse(request, "runs.html", context)
 
 
-@router.get("/api/run", dependencies=[DagAccess])
+@router.get("/api/run", dependencies=DagAccess)
 def api_run(session: Db, dag_id: Annotated[str, Query()], task_id: str, run_id: str, map_index: int = -1) -> dict:
     data = run_data(session, dag_id, task_id, run_id, map_index)
     return {"run": data["run"].to_dict(), **data["detail"].to_dict()}
 
 
-@router.get("/run", response_class=HTMLResponse, dependencies=[DagAccess])
+@router.get("/run", response_class=HTMLResponse, dependencies=DagAccess)
 def run_page(
     request: Request, session: Db, dag_id: Annotated[str, Query()], task_id: str, run_id: str, map_index: int = -1
 ) -> Response:
@@ -167,13 +170,13 @@ def run_page(
     return templates.TemplateResponse(request, "run.html", {**data, "ti_href": _ti_href(data["run"])})
 
 
-@router.get("/api/trends", dependencies=[DagAccess])
+@router.get("/api/trends", dependencies=DagAccess)
 def api_trends(session: Db, dag_id: Annotated[str, Query()], task_id: str) -> dict[str, Any]:
     data = trends_data(session, dag_id, task_id)
     return {**data, "points": [p.__dict__ for p in data["points"]]}
 
 
-@router.get("/trends", response_class=HTMLResponse, dependencies=[DagAccess])
+@router.get("/trends", response_class=HTMLResponse, dependencies=DagAccess)
 def trends_page(request: Request, session: Db, dag_id: Annotated[str, Query()], task_id: str) -> Response:
     data = trends_data(session, dag_id, task_id)
     points = data["points"]
