@@ -116,7 +116,7 @@ class DoneSet:
 
     def _partitions(self, partitions: int) -> list[str]:
         """Spill the stored ids into ``partitions`` files by hash; their paths."""
-        spill = _Spill(self._path("done"), partitions, self.budget)
+        spill = Spill(self._path("done"), partitions, self.budget)
         try:
             for batch in self._staged_batches():
                 spill.add(batch.select(["part"]), batch.column(1))
@@ -133,7 +133,7 @@ class DoneSet:
             return []
         pairs: set[tuple[int, int]] = set()
         for path in self._partitions(math.ceil(self.rows / self.budget)):
-            table = _read(path)
+            table = read_spill(path)
             if table is None:
                 continue
             ranked = table.take(pc.sort_indices(table, [("id", "ascending"), ("part", "ascending")]))
@@ -162,7 +162,7 @@ class DoneSet:
             return {}
         partitions = math.ceil(max(self.rows, input_rows) / self.budget)
         done_paths = self._partitions(partitions)
-        spill = _Spill(self._path("input"), partitions, self.budget)
+        spill = Spill(self._path("input"), partitions, self.budget)
         try:
             for place, ids in _input_ids(files, id_column, storage_options, self._schema.field("id").type):
                 spill.add(pa.record_batch([place], names=["place"]), ids)
@@ -171,7 +171,7 @@ class DoneSet:
         hits = _Hits(self._path("hits"))
         try:
             for done_path, input_path in zip(done_paths, spill.paths, strict=True):
-                done, rows = _read(done_path), _read(input_path, ["place"], with_ids=True)
+                done, rows = read_spill(done_path), read_spill(input_path, ["place"], with_ids=True)
                 for used in (done_path, input_path):  # matched: its disk space goes back at once
                     if os.path.exists(used):
                         os.remove(used)
@@ -198,9 +198,10 @@ class DoneSet:
                 yield file, rows[lo : lo + BATCH_ROWS]
 
 
-class _Spill:
+class Spill:
     """Rows split by the hash of their id into ``partitions`` IPC stream files; at most ``budget``
-    rows wait in memory before every partition's waiting rows are written."""
+    rows wait in memory before every partition's waiting rows are written. Shared with incremental
+    scoring's key match (``reuse_match.py``)."""
 
     def __init__(self, prefix: str, partitions: int, budget: int) -> None:
         self.paths = [f"{prefix}-{p}.arrows" for p in range(partitions)]
@@ -279,7 +280,7 @@ class _Hits:
             writer.close()
 
 
-def _read(path: str, columns: list[str] | None = None, with_ids: bool = False) -> Any:
+def read_spill(path: str, columns: list[str] | None = None, with_ids: bool = False) -> Any:
     """A spill file as a table (None when the partition got no rows); ``with_ids``: ``(columns' first
     array, ids)``."""
     import pyarrow as pa
