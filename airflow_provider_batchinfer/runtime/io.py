@@ -24,13 +24,14 @@ if TYPE_CHECKING:
 
 
 # Ray Data 2.60 reads Parquet footers in a pool of actors it starts for every read_parquet call: 32
-# by default, each a fresh Ray worker process (~1 CPU-second to start, killed after the listing),
-# although one actor reads ten files' footers per call with 128 reads in flight. On two cores those
-# starts were most of a small job's listing (``ListFiles`` 3-15 s; 100k-row MLP job on the actor
-# pool 7.4 -> 6.1 s, the cold 100-row job 14.7 -> 12.8 s with one actor). A job gets one actor per
-# ten input files, at most Ray's 32; an operator's own setting of the variable wins.
+# by default, each a fresh Ray worker process (~1-1.5 CPU-seconds to start, killed after the
+# listing), although one actor reads ten files' footers per call, two calls in flight each, with
+# 128 reads in flight. On two cores those starts were most of a small job's listing (the cold 100-row
+# job 14.7 -> 12.8 s with one actor), and four actors for a 40-file input cost a 10M-row pool job
+# 6.2 CPU-s. A job gets one actor per 200 input files, at most Ray's 32; an operator's own setting
+# of the variable wins.
 FOOTER_ACTORS_ENV = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
-FILES_PER_FOOTER_ACTOR = 10  # Ray's RAY_DATA_PARQUET_FOOTER_BATCH_SIZE: files per footer-reading call
+FILES_PER_FOOTER_ACTOR = 200
 
 
 def footer_actors(files: int) -> int:

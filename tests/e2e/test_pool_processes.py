@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 ONCE_PER_CLUSTER = {"UsageBoard", "ActorLocationTracker", "_AutoscalingCoordinatorActor", "_StatsActor"}
 
 
-def test_one_footer_reader_per_ten_files_at_most_rays_32():
-    assert [footer_actors(n) for n in (0, 1, 10, 11, 95, 320, 10_000)] == [1, 1, 1, 2, 10, 32, 32]
+def test_one_footer_reader_per_200_files_at_most_rays_32():
+    assert [footer_actors(n) for n in (0, 1, 40, 200, 201, 1_000, 6_400, 10_000)] == [1, 1, 1, 1, 2, 5, 32, 32]
 
 
 _COUNT = """
