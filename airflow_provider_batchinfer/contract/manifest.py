@@ -192,8 +192,10 @@ class Manifest:
     finished_at: str = ""
     # seconds and rows/s: total_s, ray_init_s, pipeline_s, rows_per_s, steady_rows_per_s,
     # id_check_s (the InputSpec.id_column uniqueness check; null without an id column, absent in
-    # manifests written before it) and resume_s (SaveMode.RESUME finding the rows left to score;
-    # null when not resuming, absent in manifests written before it)
+    # manifests written before it), resume_s (SaveMode.RESUME finding the rows left to score;
+    # null when not resuming, absent in manifests written before it) and reuse_s (incremental
+    # scoring matching the input's keys against an earlier run's; null without an earlier run,
+    # absent in manifests written before it)
     timings: Mapping[str, float | None] = field(default_factory=dict)
     format: str = MANIFEST_FORMAT
     # what the attempt held and cost (contract/usage.py); None in manifests written before it
@@ -225,6 +227,13 @@ class Manifest:
         """Seconds a resumed attempt took to find the rows left to score (``timings.resume_s``);
         None when not resuming, or in a manifest written before it was timed."""
         seconds = self.timings.get("resume_s")
+        return None if seconds is None else float(seconds)
+
+    @property
+    def reuse_s(self) -> float | None:
+        """Seconds incremental scoring took to match the input's keys against an earlier run's
+        (``timings.reuse_s``); None without an earlier run, or in a manifest written before it."""
+        seconds = self.timings.get("reuse_s")
         return None if seconds is None else float(seconds)
 
     def to_dict(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from airflow_provider_batchinfer.runtime import (
     llm,
     resources,
     reuse,
+    reuse_match,
     sql_input,
     table_commit,
     table_input,
@@ -340,6 +341,7 @@ def run(spec_location: str) -> Manifest:
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
     checked = check_before_ray(read_job_file(spec_location))
+    reuse_match.prepare(checked)  # incremental: where an earlier run scored each row, before Ray
     on_pool_because = in_driver.why_not(checked)  # None: a small job, scored in this process
     if on_pool_because is None:
         table_input.leave_ray()  # a table input read on Ray that left few rows to score
@@ -367,6 +369,7 @@ def run(spec_location: str) -> Manifest:
             "steady_rows_per_s": pipeline.steady_rows_per_s,
             "id_check_s": checked.id_check_s,
             "resume_s": checked.kept["resume_s"],
+            "reuse_s": checked.reuse.state.get("reuse_s") if checked.reuse else None,
         },
         usage=pipeline.meter.usage(time.monotonic() - t0, processed),
         reuse=reuse.section(checked.reuse, checked.run_dir, checked.kept, pipeline.written.index, checked.input_rows),

@@ -27,10 +27,12 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
     job, spec, plan, storage = checked.job, checked.job.job_spec, checked.plan, checked.storage
     input_spec, model = job.input_spec, job.model
     io = {"num_cpus": pool["io_cpus"]}
-    filesystem = Stage.open(checked.read_files[0], storage).fs if storage else None
+    # RESUME: the rest; incremental: copies with each row's key and earlier place (reuse_match.py)
+    files, columns = reuse.keyed_input(checked.reuse, checked.read_files, plan["read"])
+    filesystem = Stage.open(files[0], storage).fs if storage else None
     # no more read workers than the replicas can keep up with, footer readers sized to the files
-    ds = read_input(checked.read_files, plan["read"], filesystem, io, concurrency=io_tasks(pool))  # RESUME: the rest
-    ds = reuse.with_keys(ds, checked.reuse, storage, io)  # row keys + where an earlier run has them
+    ds = read_input(files, columns, filesystem, io, concurrency=io_tasks(pool))
+    ds = reuse.with_keys(ds, checked.reuse, io)  # row keys + where an earlier run has them
     if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
         ds = cut_into_parts(ds, spec.rows_per_part, io)  # at the io share, not Ray's 1 CPU (part_rows.py)
     if checked.engine == "vllm":  # ray.data.llm runs its own stages and engine actors

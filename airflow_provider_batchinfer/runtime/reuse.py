@@ -1,10 +1,12 @@
 """Incremental scoring in the Ray pipeline (``JobSpec(reuse="unchanged")``, ``docs/incremental.md``).
 
-``read -> key_batch (keys + lookup, a task fused with the read) -> ReusingReplica -> keyed sink``:
+``keyed read (or read -> key_batch) -> ReusingReplica -> keyed sink``:
 
-- ``with_keys`` loads the earlier run's key files into hash-partitioned ``KeyShard`` actors and adds
-  a keying stage; a key file that fails its sha256 or row count makes the whole run score every row
-  (a note in the manifest), never half-reuse.
+- Before Ray, ``reuse_match.prepare`` matches the input's keys against the earlier run's in
+  hash-partitioned spill files and writes the input again with each row's key and earlier place;
+  ``keyed_input`` makes the pool read those copies. A key file that fails its sha256 or row count
+  makes the whole run score every row (a note in the manifest), never half-reuse. Without an
+  earlier run, ``with_keys`` adds a keying stage (a task fused with the read).
 - ``ReusingReplica`` scores only the rows without an earlier prediction and copies the others' from
   the earlier run's parts (the row groups they are in, cached; passthrough columns from today's
   input). Copied rows never reach the model.
@@ -29,10 +31,7 @@ from airflow_provider_batchinfer.runtime.reuse_keys import (
     REUSED_COLUMN,
     SOURCE_PART_COLUMN,
     SOURCE_ROW_COLUMN,
-    KeyShard,
-    ReuseIndexError,
     key_batch,
-    shard_count,
 )
 from airflow_provider_batchinfer.runtime.reuse_source import ReusePlan, Source
 from airflow_provider_batchinfer.stage import Stage
@@ -50,42 +49,27 @@ ROW_GROUP_CACHE = 8  # decoded row groups of earlier parts a replica keeps
 # --- the keying stage ----------------------------------------------------------------------------------
 
 
-def load_shards(source: Source, storage: Mapping[str, Any] | None) -> list[Any]:
-    """``KeyShard`` actors holding the earlier run's keys, hash-partitioned; raises ReuseIndexError."""
-    import ray
-
-    count = shard_count(source.indexed_rows)
-    actor = ray.remote(num_cpus=0, scheduling_strategy="SPREAD")(KeyShard)
-    shards = [actor.remote(i, count) for i in range(count)]
-    try:
-        ray.get([s.load.remote(source.key_files, dict(storage) if storage else None) for s in shards])
-    except ray.exceptions.RayTaskError as exc:  # the shard's own message, without Ray's wrapping
-        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
-        raise ReuseIndexError(last.split(f"{ReuseIndexError.__name__}: ", 1)[-1]) from exc
-    return shards
+def keyed_input(plan: ReusePlan | None, files: list[str], columns: list[str]) -> tuple[list[str], list[str]]:
+    """The files and columns the pool reads: the keyed copies ``reuse_match.prepare`` wrote (with
+    each row's key and earlier place), or ``files`` and ``columns`` as they are."""
+    copies = plan.state.get("files") if plan is not None else None
+    if not copies:
+        return files, columns
+    return list(copies), [*columns, KEY_COLUMN, SOURCE_PART_COLUMN, SOURCE_ROW_COLUMN]
 
 
-def with_keys(ds: Dataset, plan: ReusePlan | None, storage: Mapping[str, Any] | None, io: dict[str, Any]) -> Dataset:
-    """``ds`` with each row's key and earlier location (no-op without reuse)."""
+def with_keys(ds: Dataset, plan: ReusePlan | None, io: dict[str, Any]) -> Dataset:
+    """``ds`` with each row's key and earlier location: as read from the keyed copies, or computed
+    by a keying stage without an earlier run's keys (no-op without reuse)."""
     if plan is None:
         return ds
-    shards = None
-    if plan.source is not None:
-        try:
-            shards = load_shards(plan.source, storage)
-            plan.state["loaded"] = True
-            print(
-                f"[batchinfer] reuse: {plan.source.indexed_rows:,} keys of {plan.source.run_dir} loaded into "
-                f"{len(shards)} shard(s)",
-                flush=True,
-            )
-        except ReuseIndexError as exc:
-            plan.notes.append(f"not reusing {plan.source.run_dir}: {exc}; every row is scored")
     for note in plan.notes:
         print(f"[batchinfer] reuse: {note}", flush=True)
+    if plan.state.get("files"):
+        return ds
     return ds.map_batches(
         key_batch,
-        fn_kwargs={"columns": list(plan.columns), "context": plan.context, "shards": shards},
+        fn_kwargs={"columns": list(plan.columns), "context": plan.context},
         batch_size=None,
         batch_format="pyarrow",
         **io,

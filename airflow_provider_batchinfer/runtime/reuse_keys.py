@@ -1,4 +1,4 @@
-"""Content keys for incremental scoring, and the partitioned lookup of an earlier run's keys.
+"""Content keys for incremental scoring, and where the lookup of an earlier run's keys happens.
 
 **The key.** Each row's key is BLAKE2b with a 16-byte (128-bit) digest, keyed with the run's
 *context* digest (sha256 over the key scheme, model name/version, sha256 and flavor, params, engine, the model's
@@ -12,11 +12,10 @@ birthday bound at 2^32 rows: a wrong reuse is practically impossible. A changed 
 schema changes every key, so nothing is reused.
 
 **The lookup.** An earlier run's keys sit in one key file per part (``_reuse/<part>.keys.parquet``,
-row ``i`` = row ``i`` of the part). They are loaded into ``KeyShard`` actors (``num_cpus=0``),
-hash-partitioned by the key's first 64 bits, about :data:`ROWS_PER_SHARD` keys each (28 bytes a
-key: 10 M keys are 280 MB spread over 3 actors, which Ray may place on any node); the Airflow
-worker and the job's driver never hold them. Each read block computes its keys in a Ray task and
-asks the shards, one call per shard, where each key was (part, row) or that it is new.
+row ``i`` = row ``i`` of the part). ``reuse_match.py`` matches them with the input's keys before Ray
+starts, in hash-partitioned spill files one partition at a time, and writes the input again with
+each row's key and earlier place; without an earlier run, :func:`key_batch` keys each read block in
+a Ray task.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ SOURCE_PART_COLUMN = "__batchinfer_src_part"
 SOURCE_ROW_COLUMN = "__batchinfer_src_row"
 REUSED_COLUMN = "__batchinfer_reused"
 KEY_BYTES = 16
-ROWS_PER_SHARD = 4_000_000
 
 
 class ReuseIndexError(RuntimeError):
@@ -174,14 +172,6 @@ def row_keys(table: pa.Table, columns: Sequence[str], context: str) -> bytes:
     return bytes(out)
 
 
-def split_keys(keys: bytes | pa.Buffer | memoryview, count: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(first 64 bits, last 64 bits) of ``count`` packed 16-byte keys, as two uint64 arrays."""
-    import numpy as np
-
-    pairs = np.frombuffer(keys, dtype="<u8", count=2 * count, offset=offset * KEY_BYTES).reshape(count, 2)
-    return pairs[:, 0].copy(), pairs[:, 1].copy()
-
-
 def key_array(keys: bytes) -> pa.Array:
     import pyarrow as pa
 
@@ -190,95 +180,15 @@ def key_array(keys: bytes) -> pa.Array:
     )
 
 
-def shard_count(indexed_rows: int) -> int:
-    return max(1, -(-indexed_rows // ROWS_PER_SHARD))
-
-
-class KeyShard:
-    """One hash partition of an earlier run's keys: (hi, lo) sorted, with where each row was. A Ray
-    actor with ``num_cpus=0``: it holds memory, not compute."""
-
-    def __init__(self, shard: int, shards: int) -> None:
-        self.shard, self.shards = shard, shards
-        self.hi: Any = None
-        self.lo: Any = None
-        self.part: Any = None
-        self.row: Any = None
-
-    def load(self, files: Sequence[tuple[int, str, int, str]], storage: Mapping[str, Any] | None) -> int:
-        """Read every key file ``(part index, location, rows, sha256)``, verify its sha256 and rows,
-        keep this shard's keys; returns how many it holds."""
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        from airflow_provider_batchinfer.stage import Stage
-
-        his, los, parts, rows = [], [], [], []
-        for part_index, location, count, sha256 in files:
-            data = Stage.open(location, dict(storage) if storage else None).read_bytes()
-            actual = hashlib.sha256(data).hexdigest()
-            if actual != sha256:
-                raise ReuseIndexError(f"{location} does not match its sha256 in the earlier run's _SUCCESS")
-            column = pq.read_table(pa.BufferReader(data), columns=["key"]).column("key").combine_chunks()
-            if len(column) != count:
-                raise ReuseIndexError(
-                    f"{location} holds {len(column)} keys but the earlier run's _SUCCESS says {count}"
-                )
-            hi, lo = split_keys(column.buffers()[1], len(column), column.offset)
-            mine = np.nonzero(hi % np.uint64(self.shards) == self.shard)[0]
-            his.append(hi[mine])
-            los.append(lo[mine])
-            parts.append(np.full(len(mine), part_index, np.int32))
-            rows.append(mine.astype(np.int64))
-        hi, lo = np.concatenate(his or [np.zeros(0, np.uint64)]), np.concatenate(los or [np.zeros(0, np.uint64)])
-        order = np.lexsort((lo, hi))
-        self.hi, self.lo = hi[order], lo[order]
-        self.part = np.concatenate(parts or [np.zeros(0, np.int32)])[order]
-        self.row = np.concatenate(rows or [np.zeros(0, np.int64)])[order]
-        return len(self.hi)
-
-    def lookup(self, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(part index or -1, row) of each key: vectorized on the first 64 bits, the last 64 checked."""
-        import numpy as np
-
-        left = np.searchsorted(self.hi, hi, side="left")
-        right = np.searchsorted(self.hi, hi, side="right")
-        part = np.full(len(hi), -1, np.int32)
-        row = np.zeros(len(hi), np.int64)
-        for i in np.nonzero(right > left)[0]:  # candidates: usually exactly one per key
-            for j in range(left[i], right[i]):
-                if self.lo[j] == lo[i]:
-                    part[i], row[i] = self.part[j], self.row[j]
-                    break
-        return part, row
-
-
-def key_batch(batch: pa.Table, columns: list[str], context: str, shards: list[Any] | None) -> pa.Table:
-    """A Ray Data ``map_batches`` function (fused with the read): the block with each row's key and,
-    when an earlier run is reused, where its predictions are (part index, row; -1: score it)."""
+def key_batch(batch: pa.Table, columns: list[str], context: str) -> pa.Table:
+    """A Ray Data ``map_batches`` function (fused with the read): the block with each row's key, and
+    no earlier place (part index -1: score it). Used when no earlier run is reused."""
     import numpy as np
     import pyarrow as pa
 
     n = batch.num_rows
-    keys = row_keys(batch, columns, context)
-    part = np.full(n, -1, np.int32)
-    row = np.zeros(n, np.int64)
-    if shards and n:
-        import ray
-
-        hi, lo = split_keys(keys, n)
-        bucket = hi % np.uint64(len(shards))
-        asks = []
-        for b, shard in enumerate(shards):
-            idx = np.nonzero(bucket == b)[0]
-            if len(idx):
-                asks.append((idx, shard.lookup.remote(hi[idx], lo[idx])))
-        for idx, ref in asks:
-            found_part, found_row = ray.get(ref)
-            part[idx], row[idx] = found_part, found_row
     return (
-        batch.append_column(KEY_COLUMN, key_array(keys))
-        .append_column(SOURCE_PART_COLUMN, pa.array(part))
-        .append_column(SOURCE_ROW_COLUMN, pa.array(row))
+        batch.append_column(KEY_COLUMN, key_array(row_keys(batch, columns, context)))
+        .append_column(SOURCE_PART_COLUMN, pa.array(np.full(n, -1, np.int32)))
+        .append_column(SOURCE_ROW_COLUMN, pa.array(np.zeros(n, np.int64)))
     )

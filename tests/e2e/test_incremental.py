@@ -20,7 +20,7 @@ import pytest
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER, Manifest, ManifestError
 from airflow_provider_batchinfer.contract.reuse import key_file_name
-from airflow_provider_batchinfer.runtime.reuse_keys import KeyShard, context_digest, row_keys, split_keys
+from airflow_provider_batchinfer.runtime.reuse_keys import context_digest, row_keys
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
 from airflow_provider_batchinfer.stage import Stage
 from tests import reuse_runs
@@ -104,36 +104,6 @@ def test_the_context_changes_with_model_params_schema_and_version(change):
     }
     assert context_digest(**base) == CONTEXT
     assert context_digest(**{**base, **change}) != CONTEXT
-
-
-def test_a_key_shard_finds_each_key_once_and_misses_new_ones(tmp_path):
-    import numpy as np
-
-    texts = pa.table({"text": [f"row {i}" for i in range(300)]})
-    raw = row_keys(texts, ["text"], CONTEXT)
-    files = []
-    for part in range(3):  # three key files, 100 keys each, as three parts would have them
-        keys = pa.FixedSizeBinaryArray.from_buffers(
-            pa.binary(16), 100, [None, pa.py_buffer(raw[part * 1600 : (part + 1) * 1600])]
-        )
-        path = tmp_path / f"k{part}.parquet"
-        pq.write_table(pa.table({"key": keys, "reused": pa.array([False] * 100)}), path)
-        files.append((part, str(path), 100, hashlib.sha256(path.read_bytes()).hexdigest()))
-    shards = [KeyShard(i, 2) for i in range(2)]
-    assert sum(s.load(files, None) for s in shards) == 300
-    probe = row_keys(pa.table({"text": ["row 250", "row 7", "new row"]}), ["text"], CONTEXT)
-    hi, lo = split_keys(probe, 3)
-    found_part = np.full(3, -1)
-    found_row = np.zeros(3, np.int64)
-    for s, shard in enumerate(shards):
-        mine = np.nonzero(hi % np.uint64(2) == s)[0]
-        part, row = shard.lookup(hi[mine], lo[mine])
-        found_part[mine], found_row[mine] = part, row
-    assert found_part.tolist() == [2, 0, -1] and found_row[:2].tolist() == [50, 7]
-    # a key file whose bytes changed is refused by its checksum
-    Path(files[1][1]).write_bytes(b"x" * 10)
-    with pytest.raises(RuntimeError, match="does not match its sha256"):
-        KeyShard(0, 1).load(files, None)
 
 
 def test_the_gatherer_copies_predictions_from_the_row_groups_that_hold_them(tmp_path):
@@ -535,6 +505,9 @@ def test_the_second_run_copies_unchanged_rows_and_equals_a_full_rescore(scenario
     incremental, full = _read(manifest), scenario["expected"]
     assert incremental.schema == full.schema and incremental.equals(full)  # no key column leaks
     assert _read(scenario["A"][1]).schema == full.schema  # as a run that scored every row writes it
+    # the key match before Ray is timed (none without an earlier run); its keyed copies are gone
+    assert manifest["timings"]["reuse_s"] > 0 and scenario["A"][1]["timings"]["reuse_s"] is None
+    assert not list(Path(xcom["output_location"]).glob("_resume/**/*.parquet"))
 
 
 def test_a_damaged_key_index_falls_back_to_scoring_every_row(scenario):
