@@ -11,8 +11,8 @@ import pytest
 
 from airflow_provider_batchinfer.contract import JobFile, ModelRef, RunOwner
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec
-from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, sanitize_run_key
-from tests.conftest import run_dag, xcom_value
+from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER
+from tests.conftest import run_dag
 from tests.models import committed_manifest, write_tickets
 
 pytestmark = pytest.mark.usefixtures("airflow_db")
@@ -40,29 +40,6 @@ def _job_file(run_dir: Path, dag_id: str, task_id: str, attempt: str = "t01old")
 
 def _part_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.glob("part-*.parquet"))
-
-
-def test_ticket_embeddings_example_end_to_end(batchinfer_home):
-    state, tasks, run_id = run_dag("batchinfer_ticket_embeddings", num_tickets=300)
-    assert state == "success", tasks
-    run_dir = batchinfer_home / "stage" / "embeddings" / "tickets" / sanitize_run_key(run_id)
-    manifest = committed_manifest(str(run_dir))
-    assert manifest["counts"] == {"input_rows": 300, "output_rows": 300, "error_rows": 0}
-    assert manifest["model"]["name"] == "ticket_embedder" and len(manifest["model"]["sha256"]) == 64
-    assert manifest["airflow"]["dag_id"] == "batchinfer_ticket_embeddings" and manifest["airflow"]["run_id"] == run_id
-    table = pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]])
-    assert table.column_names == ["ticket_id", "embedding"]
-    assert sorted(table.column("ticket_id").to_pylist()) == list(range(1, 301))
-    assert len(table.column("embedding")[0]) == 384
-    out = xcom_value("batchinfer_ticket_embeddings", run_id, "embed_tickets")
-    assert out["output_location"] == str(run_dir) and out["rows"] == 300
-    assert xcom_value("batchinfer_ticket_embeddings", run_id, "embed_tickets", key="output_location") == str(run_dir)
-    report = json.loads(
-        (
-            batchinfer_home / "stage" / "published" / "ticket_embeddings" / sanitize_run_key(run_id) / "report.json"
-        ).read_text()
-    )
-    assert report["rows"] == 300 and report["dimensions"] == 384
 
 
 def test_error_mode_refuses_a_non_empty_directory_before_launching(

@@ -179,7 +179,19 @@ def test_rest_trigger_of_the_embeddings_dag(world):
     run_dir = world["stage"] / "embeddings" / "tickets" / sanitize_run_key(run_id)
     manifest = committed_manifest(str(run_dir))
     assert manifest["counts"] == {"input_rows": 64, "output_rows": 64, "error_rows": 0}
-    assert manifest["airflow"]["run_id"] == run_id
+    assert manifest["model"]["name"] == "ticket_embedder" and len(manifest["model"]["sha256"]) == 64
+    assert manifest["airflow"]["dag_id"] == "batchinfer_ticket_embeddings" and manifest["airflow"]["run_id"] == run_id
+    table = pq.read_table([str(run_dir / f["name"]) for f in manifest["files"]])
+    assert table.column_names == ["ticket_id", "embedding"]
+    assert sorted(table.column("ticket_id").to_pylist()) == list(range(1, 65))
+    assert len(table.column("embedding")[0]) == 384
+    xcoms = f"/dags/batchinfer_ticket_embeddings/dagRuns/{run_id}/taskInstances/embed_tickets/xcomEntries"
+    out = s.api("GET", f"{xcoms}/return_value", params={"deserialize": True})["value"]
+    assert out["output_location"] == str(run_dir) and out["rows"] == 64
+    location = s.api("GET", f"{xcoms}/output_location", params={"deserialize": True})["value"]
+    assert location == str(run_dir)
+    report = world["stage"] / "published" / "ticket_embeddings" / sanitize_run_key(run_id) / "report.json"
+    assert json.loads(report.read_text())["rows"] == 64 and json.loads(report.read_text())["dimensions"] == 384
 
     # what Airflow's OpenLineage listener emitted for the inference task: input, model and output
     # datasets under the naming spec's namespaces, with schemas, statistics and the model facet
