@@ -524,6 +524,10 @@ def test_the_batch_runs_pages_show_each_run_as_its_manifest_says(world, tmp_path
     from airflow_provider_batchinfer.contract.tables import TABLE_MANIFEST_FILE
 
     s = world["services"]
+    # the api-server loaded the plugin from the provider's entry point, with its nav entry
+    ours = next(p for p in s.api("GET", "/plugins")["plugins"] if p["name"] == "batchinfer")
+    assert ours["external_views"][0]["href"] == "batchinfer/runs"
+    assert ours["fastapi_apps"][0]["url_prefix"] == "/batchinfer"
     t0 = time.monotonic()
     bad = write_tickets(tmp_path / "bad", rows=60, files=2, bad_row=7)
     out = tmp_path / "dead_letters"
