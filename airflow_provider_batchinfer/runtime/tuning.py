@@ -42,9 +42,10 @@ class Tuning:
     resume_rows_per_partition: int = 2_000_000
     # keys matched at once by incremental scoring: the earlier run's keys and the input's are split
     # by hash into spilled partitions of about this many rows each, so finding the reusable rows
-    # holds the same memory whatever either run's size (a key and its place are 24 bytes: 2M rows of
-    # both runs are about 100 MiB with the hash join's table)
-    reuse_rows_per_partition: int = 2_000_000
+    # holds the same memory whatever either run's size. Half the other checks' size: a partition
+    # holds both runs' rows, each about 130 bytes while matched (key, place, copies and the hash
+    # join's table), so 1M rows a side stay under 300 MiB
+    reuse_rows_per_partition: int = 1_000_000
 
 
 #: the sizes every module of the runtime reads
