@@ -66,14 +66,16 @@ class Source:
 class ReusePlan:
     """What the driver decided before Ray: the mode, the key context, the model-input columns the
     keys cover, the earlier run (None: nothing to reuse) and notes for the manifest. ``notes`` is
-    appended to later (an index that fails its checksum while loading)."""
+    appended to later (an index that fails its checksum while it is matched)."""
 
     mode: str
     context: str
     columns: tuple[str, ...]
     source: Source | None
     notes: list[str] = field(default_factory=list)
-    state: dict[str, Any] = field(default_factory=dict)  # "loaded": the shards hold the source's keys
+    # set by reuse_match.prepare: "loaded" (the source's keys were matched), "files" (the keyed
+    # copies the pool reads), "reuse_s" (seconds the match took)
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 def base_of(job: JobFile) -> Stage:
