@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import ERRORS_DIR, FileEntry, part_name
+from airflow_provider_batchinfer.runtime.tuning import TUNING
 from airflow_provider_batchinfer.stage import Stage
 
 if TYPE_CHECKING:
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
 # of the variable wins.
 FOOTER_ACTORS_ENV = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
 FILES_PER_FOOTER_ACTOR = 200
+# Ray Data 2.60 packs row groups into read tasks of up to this many bytes (``Tuning.read_task_bytes``);
+# an operator's own setting of the variable wins
+READ_TASK_BYTES_ENV = "RAY_DATA_PARQUET_BIN_PACKING_BYTES"
 
 
 def footer_actors(files: int) -> int:
@@ -39,24 +43,32 @@ def footer_actors(files: int) -> int:
     return max(1, min(32, -(-files // FILES_PER_FOOTER_ACTOR)))
 
 
+def read_env(files: int) -> dict[str, str]:
+    """The variables Ray Data reads when ``read_parquet`` plans the read of ``files`` input files: its
+    footer readers sized to the files, its read tasks to ``Tuning.read_task_bytes`` (above)."""
+    return {FOOTER_ACTORS_ENV: str(footer_actors(files)), READ_TASK_BYTES_ENV: str(TUNING.read_task_bytes)}
+
+
 def read_input(
     files: list[str], columns: list[str], filesystem: Any, remote_args: dict[str, Any], concurrency: int
 ) -> Any:
-    """``ray.data.read_parquet`` of the job's input, its footer readers sized to the files (above).
-    The variable is read when ``read_parquet`` is called, so it is set only around that call."""
+    """``ray.data.read_parquet`` of the job's input, planned with :func:`read_env`. The variables are
+    read when ``read_parquet`` is called, so they are set only around that call; an operator's own
+    setting of one wins."""
     import os
 
     import ray.data
 
-    own = os.environ.get(FOOTER_ACTORS_ENV)
-    os.environ[FOOTER_ACTORS_ENV] = own or str(footer_actors(len(files)))
+    own = {name: os.environ.get(name) for name in read_env(len(files))}
+    os.environ.update({name: value for name, value in read_env(len(files)).items() if own[name] is None})
     try:
         return ray.data.read_parquet(
             files, columns=columns, filesystem=filesystem, ray_remote_args=remote_args, concurrency=concurrency
         )
     finally:
-        if own is None:
-            os.environ.pop(FOOTER_ACTORS_ENV, None)
+        for name, value in own.items():
+            if value is None:
+                os.environ.pop(name, None)
 
 
 def row_bytes(location: str, columns: list[str], storage_options: Mapping[str, Any] | None) -> float:

@@ -46,6 +46,14 @@ class Tuning:
     # holds both runs' rows, each about 130 bytes while matched (key, place, copies and the hash
     # join's table), so 1M rows a side stay under 300 MiB
     reuse_rows_per_partition: int = 1_000_000
+    # input bytes one read task of the actor pool takes: Ray Data packs row groups into read tasks of
+    # up to this much (its own default is 128 MiB), and a read task's block, the replica's output of
+    # it and the write task that gets it are each about that size. Each of those workers holds a few
+    # such blocks in its heap and in the object store pages it touched, and keeps that memory while
+    # Ray keeps it for the next task, so this size, not the input's files, bounds the job's memory:
+    # files of 1M rows and more filled 128 MiB read tasks, and the job's peak grew with its input.
+    # Each read task's rows go to one part, so this also sizes the parts (a few MiB of Parquet each)
+    read_task_bytes: int = 16 << 20
 
 
 #: the sizes every module of the runtime reads

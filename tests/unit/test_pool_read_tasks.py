@@ -1,0 +1,26 @@
+"""The actor pool's read tasks take a fixed share of the input, whatever its files' sizes.
+
+Ray Data packs Parquet row groups into read tasks of up to 128 MiB by default; each read task's
+rows go through one replica call stream and one write task as blocks of about that size, and the
+workers keep the memory they touched, so a job's peak memory grew with its files. ``read_input``
+plans the read with ``Tuning.read_task_bytes`` instead (``runtime/io.py``)."""
+
+from __future__ import annotations
+
+import inspect
+
+from airflow_provider_batchinfer.runtime.io import FOOTER_ACTORS_ENV, READ_TASK_BYTES_ENV, read_env
+from airflow_provider_batchinfer.runtime.tuning import TUNING
+
+
+def test_read_tasks_are_planned_at_the_tuned_size_and_footer_readers_by_the_files():
+    assert TUNING.read_task_bytes == 16 << 20
+    assert read_env(40) == {FOOTER_ACTORS_ENV: "1", READ_TASK_BYTES_ENV: str(16 << 20)}
+    assert read_env(401)[FOOTER_ACTORS_ENV] == "3"
+
+
+def test_ray_data_still_reads_the_read_task_size_from_that_variable():
+    # a Ray upgrade that renames it would silently bring back 128 MiB read tasks
+    from ray.data._internal.datasource_v2.formats.parquet.parquet_datasource_v2 import ParquetDatasourceV2
+
+    assert READ_TASK_BYTES_ENV in inspect.getsource(ParquetDatasourceV2.get_file_partitioner)
