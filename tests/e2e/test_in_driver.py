@@ -139,13 +139,12 @@ def test_the_driver_reads_one_row_group_at_a_time_in_batches_of_at_most_16384_ro
     ids = np.arange(60_000, dtype=np.int64)
     pq.write_table(pa.table({"ticket_id": ids, "x": ids * 2.0, "unread": ids}), path, row_group_size=20_000)
     checked = SimpleNamespace(
-        files=[str(path)],
-        file_groups=[[20_000] * 3],
+        read_files=[str(path)],
+        read_groups=[[20_000] * 3],
         storage=None,
         batch_rows=65_536,
         plan={"read": ["ticket_id", "x"]},
         job=SimpleNamespace(input_spec=InputSpec(id_column="ticket_id")),
-        kept={"ids": []},
     )
     assert driver_batch_rows(checked) == 16_384 and driver_batch_rows(checked, concurrent_calls=True) == 65_536
     assert driver_batch_rows(SimpleNamespace(batch_rows=1_000), concurrent_calls=True) == 1_000  # the plan's, if less

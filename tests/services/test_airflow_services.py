@@ -97,6 +97,9 @@ def world(tmp_path_factory, ray_cluster):
             # Airflow's OpenLineage listener, writing every event it emits to a file (one JSON a line)
             "AIRFLOW__OPENLINEAGE__DISABLED": "False",
             "AIRFLOW__OPENLINEAGE__NAMESPACE": "batchinfer-services",
+            # the task process waits this long for an event's emission before dropping it (10 s by
+            # default: too short on 2 cores shared with the rest of the suite)
+            "AIRFLOW__OPENLINEAGE__EXECUTION_TIMEOUT": "120",
             "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
                 {"type": "file", "log_file_path": str(root / "openlineage.jsonl"), "append": True}
             ),
