@@ -47,6 +47,19 @@ def _scenario_bundle(root) -> list[dict]:
     ]
 
 
+def _tests_only_path(root: Path) -> Path:
+    """A directory holding only ``tests`` (a link to the repository's), for the services' PYTHONPATH.
+
+    The repository's root on the path would also put the ``*.egg-info`` an editable install leaves
+    there on it: Airflow then finds the provider's ``airflow.plugins`` entry point twice, and its task
+    runner stops registering plugins at the first repeated name, so the OpenLineage listener that
+    comes after it never runs in the tasks."""
+    path = root / "pythonpath"
+    path.mkdir(exist_ok=True)
+    (path / "tests").symlink_to(REPO / "tests", target_is_directory=True)
+    return path
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, ray_cluster):
     """Services plus what they need: a stage + registry with two models, an input, connections. One
@@ -93,7 +106,9 @@ def world(tmp_path_factory, ray_cluster):
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,outsider:viewer",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             "BATCHINFER_TEST_DENIED": f"outsider:{UI_DENIED_DAG}",
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(_tests_only_path(root)), os.environ.get("PYTHONPATH", "")) if p
+            ),
             # Airflow's OpenLineage listener, writing every event it emits to a file (one JSON a line)
             "AIRFLOW__OPENLINEAGE__DISABLED": "False",
             "AIRFLOW__OPENLINEAGE__NAMESPACE": "batchinfer-services",
