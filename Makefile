@@ -44,17 +44,20 @@ demo: $(VENV)/.installed
 # the whole suite (every tier under tests/), with lint (format check and type check) and the
 # lowest-supported-versions smoke job (its own virtualenv: mostly download and unpacking) running
 # beside it; their logs are printed at the end, and any of the three failing fails the target.
+# Also beside it, as root on Debian, Debian's chromium is installed if missing (for the browser test).
 # Two pytest-xdist workers, each with its own Airflow home, Ray cluster and S3 server (tests/conftest.py),
 # each taking whole test files: most of the suite waits on schedulers and Ray, so two overlap on 2 cores.
 PYTEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	@smoke_log=$$(mktemp /tmp/batchinfer-smoke-lowest-XXXXXX); lint_log=$$(mktemp /tmp/batchinfer-lint-XXXXXX); \
+	browser_log=$$(mktemp /tmp/batchinfer-chromium-XXXXXX); scripts/install_chromium.sh > $$browser_log 2>&1 & browser=$$!; \
 	PYTHON=$(PYTHON) UV_REQ="$(UV_REQ)" scripts/lowest_versions_smoke.sh > $$smoke_log 2>&1 & smoke=$$!; \
 	$(MAKE) --no-print-directory lint > $$lint_log 2>&1 & lint=$$!; \
-	trap 'kill $$smoke $$lint 2>/dev/null' INT TERM; \
+	trap 'kill $$smoke $$lint $$browser 2>/dev/null' INT TERM; \
 	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder; \
-	suite=$$?; wait $$lint; linted=$$?; wait $$smoke; lowest=$$?; \
+	suite=$$?; wait $$lint; linted=$$?; wait $$smoke; lowest=$$?; wait $$browser; \
 	echo "== lint (ran beside the suite), exit $$linted:"; cat $$lint_log; rm -f $$lint_log; \
+	echo "== browser for the UI test:"; cat $$browser_log; rm -f $$browser_log; \
 	echo "== lowest-versions smoke (ran beside the suite), exit $$lowest:"; cat $$smoke_log; rm -f $$smoke_log; \
 	test $$suite -eq 0 && test $$linted -eq 0 && test $$lowest -eq 0
 
