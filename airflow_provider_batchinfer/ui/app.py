@@ -121,35 +121,36 @@ def index() -> RedirectResponse:
     return RedirectResponse("runs", status_code=307)
 
 
+class RunsQuery:
+    """The list's query parameters, shared by the page and its JSON twin."""
+
+    def __init__(
+        self,
+        dag_id: str = "",
+        task_id: str = "",
+        model: str = "",
+        state: str = "",
+        offset: int = 0,
+        limit: int = views.DEFAULT_PAGE_SIZE,
+    ) -> None:
+        self.filter = queries.RunFilter(dag_id, task_id, model, state)
+        self.offset = offset
+        self.limit = limit
+
+
+Runs = Annotated[RunsQuery, Depends()]
+
+
 @router.get("/api/runs")
-def api_runs(
-    user: User,
-    session: Db,
-    dag_id: str = "",
-    task_id: str = "",
-    model: str = "",
-    state: str = "",
-    offset: int = 0,
-    limit: int = views.DEFAULT_PAGE_SIZE,
-) -> dict[str, Any]:
-    data = runs_data(user, session, queries.RunFilter(dag_id, task_id, model, state), offset, limit)
+def api_runs(user: User, session: Db, query: Runs) -> dict[str, Any]:
+    data = runs_data(user, session, query.filter, query.offset, query.limit)
     return {**data, "runs": [r.to_dict() for r in data["runs"]]}
 
 
 @router.get("/runs", response_class=HTMLResponse)
-def runs_page(
-    request: Request,
-    user: User,
-    session: Db,
-    dag_id: str = "",
-    task_id: str = "",
-    model: str = "",
-    state: str = "",
-    offset: int = 0,
-    limit: int = views.DEFAULT_PAGE_SIZE,
-) -> Response:
-    flt = queries.RunFilter(dag_id, task_id, model, state)
-    data = runs_data(user, session, flt, offset, limit)
+def runs_page(request: Request, user: User, session: Db, query: Runs) -> Response:
+    flt, limit = query.filter, query.limit
+    data = runs_data(user, session, flt, query.offset, limit)
     page = views.Page(data["offset"], data["limit"], data["total"])
     choices = queries.filter_choices(session, readable_dag_ids(user))
     context = {**data, "page": page, "choices": choices, "query": _query(flt, limit)}
