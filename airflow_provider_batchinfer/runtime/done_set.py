@@ -29,7 +29,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from airflow_provider_batchinfer.runtime import tuning
-from airflow_provider_batchinfer.runtime.unique_ids import READ_BATCH_ROWS, partition_of
+from airflow_provider_batchinfer.runtime.id_hash import partition_of
+from airflow_provider_batchinfer.runtime.unique_ids import READ_BATCH_ROWS
 
 #: rows per batch of done row numbers handed back
 BATCH_ROWS = READ_BATCH_ROWS

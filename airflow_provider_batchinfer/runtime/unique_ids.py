@@ -3,17 +3,17 @@
 Resuming and dead-lettering identify rows by their id, so a duplicated id must fail the job before
 any compute. Holding every id of the input at once (let alone a hash table of them) grows with the
 input until the driver runs out of memory. Instead the ids are streamed once, one record batch of
-one column at a time, and split by a stable hash of their value into partitions of about
-``Tuning.id_check_rows_per_partition`` rows; each partition is spilled to its own Arrow IPC stream
-file and then checked alone, by sorting it. Equal values always share a partition, so a partition
-without duplicates proves its values unique in the whole input. An input that fits one partition is
-checked in memory, without spill files. Either way the error names the same duplicated id, counted
-over the whole input.
+one column at a time, and only a 64-bit hash of each id is kept (``runtime/id_hash.py``): split by
+that hash into partitions of about ``Tuning.id_check_rows_per_partition`` hashes, each spilled to its
+own file and then sorted alone. Equal values have equal hashes and share a partition, so when no
+partition holds a hash twice, the ids are unique. Sorting fixed-width hashes is several times
+cheaper than sorting the ids themselves, whatever their type, and this is the path every valid input
+takes. An input that fits one partition is checked in memory, without spill files.
 
-The hash only has to send equal values to the same partition and spread distinct ones evenly: it is
-a vectorised numpy hash of the value's bits (integers, temporals, floats with ``-0.0``/NaN made
-equal), of its bytes (strings, binary, decimals), or Python's ``hash`` of the value for any other
-type (slower, but still correct).
+Equal hashes mean a duplicated id or, rarely, two ids whose hashes collide. Only then is the exact
+check run: the ids themselves are partitioned and spilled the same way and each partition is
+sorted, which tells a collision (the input passes) from a duplicate. Either way the error names the
+same duplicated id, counted over the whole input.
 """
 
 from __future__ import annotations
@@ -25,14 +25,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_batchinfer.runtime.id_hash import array_values, hashes_repeat, partition_bounds, partition_of
 from airflow_provider_batchinfer.runtime.tuning import TUNING
 
 #: rows per record batch read from a file's id column: bounds what one batch holds, whatever the file
 READ_BATCH_ROWS = 65_536
-#: bytes of string/binary ids hashed at once: the hash's temporaries are 8 bytes per byte of input
-HASH_SLICE_BYTES = 1 << 20
-
-_M1, _M2, _M3 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
 
 
 @dataclass(frozen=True)
@@ -59,10 +56,17 @@ def check_unique_ids(
     ``rows_per_partition`` defaults to ``TUNING.id_check_rows_per_partition``; ``spill_dir`` is
     where the temporary spill directory goes (default: the system's temporary directory)."""
     budget = max(1, rows_per_partition or TUNING.id_check_rows_per_partition)
-    if total_rows <= budget:
+    partitions = max(1, math.ceil(total_rows / budget))
+    nulls, repeat = hashes_repeat(
+        len(files), lambda i: _id_arrays([files[i]], id_column, storage_options), partitions, budget, spill_dir
+    )
+    _refuse_nulls(id_column, nulls)
+    if not repeat:
+        return
+    if partitions == 1:
         found = _in_memory(files, id_column, storage_options)
     else:
-        found = _partitioned(files, id_column, storage_options, math.ceil(total_rows / budget), budget, spill_dir)
+        found = _partitioned(files, id_column, storage_options, partitions, budget, spill_dir)
     if found is not None:
         _raise_duplicates(id_column, found)
 
@@ -128,7 +132,7 @@ def _duplicates_sorted(ids: Any) -> Duplicates | None:
     if not same.any():
         return None
     starts = np.flatnonzero(same & ~np.concatenate([[False], same[:-1]]))  # the first rank of each run
-    first_rows = _values(order, "u8")[starts]
+    first_rows = array_values(order, "u8")[starts]
     pick = int(np.argmin(first_rows))
     ends = np.flatnonzero(~same[starts[pick] :])  # the run's last rank, relative to its first
     count = int(ends[0]) + 1 if len(ends) else len(same) - int(starts[pick]) + 1
@@ -240,7 +244,7 @@ def _spill(arrays: Iterator[Any], partitions: int, budget: int, tmp: str) -> int
             parts = partition_of(ids, partitions)
             order = parts.argsort(kind="stable")
             grouped = ids.take(pa.array(order))
-            bounds = _bounds(parts, partitions)
+            bounds = partition_bounds(parts, partitions)
             for p in range(partitions):
                 if bounds[p + 1] > bounds[p]:
                     waiting.setdefault(p, []).append(grouped.slice(bounds[p], bounds[p + 1] - bounds[p]))
@@ -253,12 +257,6 @@ def _spill(arrays: Iterator[Any], partitions: int, budget: int, tmp: str) -> int
         for writer in writers.values():
             writer.close()
     return nulls
-
-
-def _bounds(parts: Any, partitions: int) -> list[int]:
-    import numpy as np
-
-    return [0, *np.cumsum(np.bincount(parts, minlength=partitions)).tolist()]
 
 
 def _read_spill(path: str) -> Any:
@@ -287,103 +285,3 @@ def _input_rows_of(arrays: Iterator[Any], partitions: int, local: dict[int, int]
         seen += counts
         offset += len(ids)
     return rows
-
-
-# --- hashing ----------------------------------------------------------------------------------------
-
-
-def partition_of(ids: Any, partitions: int) -> Any:
-    """The partition (``0..partitions-1``, a numpy array) of each id of an Arrow array without nulls;
-    equal values get equal partitions, in any batch of any file."""
-    import numpy as np
-
-    hashed = _hash(ids) % np.uint64(partitions)
-    return hashed.astype(np.uint16 if partitions <= 1 << 16 else np.int64)
-
-
-def _mix(x: Any) -> Any:
-    """splitmix64's finaliser on a uint64 numpy array (wrapping arithmetic): every input bit moves
-    every output bit, so ``% partitions`` spreads even sequential ids evenly."""
-    import numpy as np
-
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(_M1)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(_M2)
-    return x ^ (x >> np.uint64(31))
-
-
-def _hash(ids: Any) -> Any:
-    import numpy as np
-    import pyarrow as pa
-
-    kind = ids.type
-    if pa.types.is_boolean(kind):
-        ids, kind = ids.cast(pa.int8()), pa.int8()
-    if pa.types.is_temporal(kind) and not pa.types.is_interval(kind):
-        ids = ids.view(pa.int64() if kind.bit_width == 64 else pa.int32())
-        kind = ids.type
-    if pa.types.is_integer(kind):
-        signed = "i" if pa.types.is_signed_integer(kind) else "u"
-        return _mix(_values(ids, f"{signed}{kind.bit_width // 8}").astype(np.int64).view(np.uint64))
-    if pa.types.is_floating(kind):
-        values = _values(ids, f"f{kind.bit_width // 8}").astype(np.float64) + 0.0  # -0.0 becomes 0.0
-        values[np.isnan(values)] = np.nan  # every NaN payload alike
-        return _mix(values.view(np.uint64))
-    if pa.types.is_decimal(kind):
-        width = kind.bit_width // 8
-        raw = np.frombuffer(ids.buffers()[1], dtype=np.uint8)[ids.offset * width : (ids.offset + len(ids)) * width]
-        matrix = raw.reshape(len(ids), width).astype(np.uint64) + np.uint64(1)
-        return _mix((matrix * _weights(width)).sum(axis=1, dtype=np.uint64))
-    if pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_fixed_size_binary(kind):
-        ids = ids.cast(pa.large_binary())
-    if pa.types.is_large_binary(ids.type) or pa.types.is_large_string(ids.type):
-        return _hash_bytes(ids)
-    # any other type (nested, view types): Python's hash of the value; equal values hash alike
-    return _mix(np.fromiter((_py_hash(v) for v in ids.to_pylist()), dtype=np.int64, count=len(ids)).view(np.uint64))
-
-
-def _py_hash(value: Any) -> int:
-    """Python's hash of a value, or of its ``repr`` where the value (a list, a dict) has none."""
-    try:
-        return hash(value)
-    except TypeError:
-        return hash(repr(value))
-
-
-def _values(ids: Any, dtype: str) -> Any:
-    """The values of a fixed-width Arrow array as a numpy array over its buffer (no copy, and no
-    ``to_numpy``, which imports pandas)."""
-    import numpy as np
-
-    width = np.dtype(dtype).itemsize
-    return np.frombuffer(ids.buffers()[1], dtype=dtype, count=len(ids), offset=ids.offset * width)
-
-
-def _weights(length: int) -> Any:
-    """One odd 64-bit weight per byte position: the byte hash is a weighted sum of the bytes."""
-    import numpy as np
-
-    return _mix(np.arange(1, length + 1, dtype=np.uint64) * np.uint64(_M3)) | np.uint64(1)
-
-
-def _hash_bytes(ids: Any) -> Any:
-    """A weighted sum of each value's bytes (position-dependent weights) and its length, mixed;
-    computed over slices of about ``HASH_SLICE_BYTES`` so the temporaries stay small."""
-    import numpy as np
-
-    offsets = np.frombuffer(ids.buffers()[1], dtype=np.int64)[ids.offset : ids.offset + len(ids) + 1]
-    data = np.frombuffer(ids.buffers()[2], dtype=np.uint8) if ids.buffers()[2] is not None else np.zeros(0, np.uint8)
-    out = np.empty(len(ids), dtype=np.uint64)
-    cuts = np.searchsorted(offsets, np.arange(offsets[0], offsets[-1], HASH_SLICE_BYTES), side="right") - 1
-    cuts = np.unique(np.concatenate([[0], cuts, [len(ids)]]))
-    for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
-        start, stop = offsets[lo], offsets[hi]
-        lengths = np.diff(offsets[lo : hi + 1])
-        position = np.arange(stop - start, dtype=np.int64) - np.repeat(offsets[lo:hi] - start, lengths)
-        terms = (data[start:stop].astype(np.uint64) + np.uint64(1)) * _weights(int(lengths.max(initial=0)))[position]
-        sums = np.concatenate([np.zeros(1, np.uint64), np.cumsum(terms, dtype=np.uint64)])
-        ends = offsets[lo + 1 : hi + 1] - start
-        out[lo:hi] = sums[ends] - sums[ends - lengths]
-        out[lo:hi] ^= lengths.astype(np.uint64) * np.uint64(_M3)
-    return _mix(out)

@@ -21,7 +21,7 @@ import pytest
 
 from airflow_provider_batchinfer.contract import Manifest
 from airflow_provider_batchinfer.inputs import InputError
-from airflow_provider_batchinfer.runtime import unique_ids
+from airflow_provider_batchinfer.runtime import id_hash, unique_ids
 from airflow_provider_batchinfer.runtime.errors import check_unique_ids
 from airflow_provider_batchinfer.runtime.tuning import TUNING
 from tests.runs import manifest_for
@@ -90,7 +90,7 @@ def test_duplicates_are_named_exactly_as_the_in_memory_check_names_them(tmp_path
     assert _message(files, ROWS) == expected  # in memory: one hash table, as the check always did
     assert _message(files, BUDGET) == expected  # 20 spilled partitions
     if where == "many values":  # the duplicates sit in several partitions: the example is still the first
-        partitions = unique_ids.partition_of(pa.array(_ids(kind, dup)), math.ceil(ROWS / BUDGET))
+        partitions = id_hash.partition_of(pa.array(_ids(kind, dup)), math.ceil(ROWS / BUDGET))
         assert len(set(partitions.tolist())) > 5
         assert partitions[0] != partitions.min()  # the first duplicate is not in the first partition checked
 
@@ -114,6 +114,8 @@ def test_a_file_without_the_id_column_is_named(tmp_path, budget):
 
 @pytest.mark.parametrize("where", ["unique", "duplicate", "null"])
 def test_spill_files_are_removed_afterwards(tmp_path, monkeypatch, where):
+    """A valid input is decided by the hashes alone; a duplicate sends the ids through the exact
+    check too. Every spill file of either pass is under ``spill_dir`` and gone afterwards."""
     ids: list[Any] = list(range(ROWS))
     if where == "duplicate":
         ids[1] = ids[ROWS - 1] = 99
@@ -122,14 +124,41 @@ def test_spill_files_are_removed_afterwards(tmp_path, monkeypatch, where):
     files = _write(tmp_path / "in", ids)
     spill = tmp_path / "spill"
     spill.mkdir()
-    read: list[str] = []
-    real = unique_ids._read_spill
-    monkeypatch.setattr(unique_ids, "_read_spill", lambda path: (read.append(path), real(path))[1])
+    read: dict[str, list[str]] = {"hashes": [], "ids": []}
+    for module, name, kind in ((id_hash, "_read_hashes", "hashes"), (unique_ids, "_read_spill", "ids")):
+        real = getattr(module, name)
+        monkeypatch.setattr(
+            module, name, lambda *args, real=real, kind=kind: (read[kind].append(args[0]), real(*args))[1]
+        )
     message = _message(files, BUDGET, spill_dir=str(spill))
     assert (message is None) == (where == "unique")
-    if where != "null":  # a null stops the spilling: there is nothing to check
-        assert len(read) == math.ceil(ROWS / BUDGET) and all(p.startswith(str(spill)) for p in read)
+    partitions = math.ceil(ROWS / BUDGET)
+    if where == "unique":
+        assert len(read["hashes"]) == partitions and read["ids"] == []
+    elif where == "duplicate":  # the hash pass stops at the partition with the repeat
+        assert 1 <= len(read["hashes"]) <= partitions and len(read["ids"]) == partitions
+    else:  # a null stops the spilling: there is nothing to check
+        assert read == {"hashes": [], "ids": []}
+    assert all(p.startswith(str(spill)) for paths in read.values() for p in paths)
     assert os.listdir(spill) == []
+
+
+@pytest.mark.parametrize("budget", [BUDGET, ROWS])
+def test_distinct_ids_whose_hashes_collide_pass_and_a_duplicate_among_them_is_named(tmp_path, monkeypatch, budget):
+    """A hash that sends every id to one of 7 values (as a 64-bit hash does once in ~10^19 pairs):
+    the hashes repeat, so the exact check runs, and it alone decides."""
+    import numpy as np
+
+    monkeypatch.setattr(id_hash, "hash_ids", lambda ids: (np.asarray(ids.to_numpy()) % 7).astype(np.uint64))
+    files = _write(tmp_path / "in", list(range(ROWS)))
+    assert _message(files, budget) is None
+    ids = list(range(ROWS))
+    ids[5] = ids[9_000] = 99_999
+    expected = (
+        "id column 'id' is not unique: 1 value(s) appear more than once (e.g. 99999 appears 2 times); "
+        "deduplicate in data_prep or choose another InputSpec.id_column"
+    )
+    assert _message(_write(tmp_path / "dup", ids), budget) == expected
 
 
 def test_an_input_that_fits_one_partition_spills_nothing(tmp_path, monkeypatch):
@@ -166,8 +195,8 @@ def test_the_check_returns_its_seconds_and_logs_them(tmp_path, capsys):
     ids=lambda v: str(v.type),
 )
 def test_equal_ids_fall_in_the_same_partition_whatever_the_batch(values):
-    whole = unique_ids.partition_of(values, 13)
-    batches = np.concatenate([unique_ids.partition_of(values.slice(i, 77), 13) for i in range(0, len(values), 77)])
+    whole = id_hash.partition_of(values, 13)
+    batches = np.concatenate([id_hash.partition_of(values.slice(i, 77), 13) for i in range(0, len(values), 77)])
     assert (whole == batches).all()
     seen: dict[Any, int] = {}
     for value, part in zip(values.to_pylist(), whole.tolist(), strict=True):
