@@ -7,8 +7,9 @@ configured, asks this module for *the* embedded Ray: the first job starts it (``
 and concurrent jobs attach to it, and a small keeper process stops it after an idle timeout.
 
 It always runs with Ray's token authentication (Ray 2.52 or later; an older Ray is refused): its
-ports, the Ray Client server's among them, listen on loopback, where any local user could otherwise
-connect and run code as this worker's user, reading the jobs' credentials from ``/proc``.
+ports listen on loopback, where any local user could otherwise connect and run code as this worker's
+user, reading the jobs' credentials from ``/proc``. It starts without the Ray Client server and the
+autoscaler's monitor, which no job on it uses (``ray_head_hook.py``).
 
 Everything lives in a private state directory (``launchers/state_dirs.py``: ``BATCHINFER_RAY_DIR``,
 default ``/tmp/batchinfer-ray-<uid>``, created 0700; one that is not private is never used)::
@@ -54,6 +55,7 @@ from airflow_provider_batchinfer.launchers.procs import (
     proc_alive,
     proc_start_time,
 )
+from airflow_provider_batchinfer.launchers.ray_head_hook import HOOK
 from airflow_provider_batchinfer.launchers.state_dirs import (
     DIR_ENV,
     add_lease,
@@ -99,6 +101,8 @@ _NOT_INHERITED = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "BATCH
 #: this, by default its CPUs: a pool job's actors exceed two, so each read and write task started a fresh
 #: Python process. A job's workers still exit with its driver; an operator's own setting wins
 WORKER_SOFT_LIMIT_ENV, WORKER_SOFT_LIMIT = "RAY_num_workers_soft_limit", 64
+#: ``ray start`` calls the function this names with its parameters before starting anything
+START_HOOK_ENV = "RAY_START_HOOK"
 
 
 def installed_ray_version() -> str | None:
@@ -255,11 +259,13 @@ def _auth(directory: Path) -> tuple[str, str]:
 
 def head_env(environ: Mapping[str, str], auth_mode: str, token_path: str) -> dict[str, str]:
     """The environment of ``ray start --head``: this process's, less another cluster's address and
-    token, with token auth, no usage stats, and idle task workers kept (``WORKER_SOFT_LIMIT``)."""
+    token, with token auth, no usage stats, idle task workers kept (``WORKER_SOFT_LIMIT``), and the
+    head's unused processes left out (``ray_head_hook``; an operator's own hook wins)."""
     env = {k: v for k, v in environ.items() if k not in _NOT_INHERITED}
     env.update(RAY_AUTH_MODE=auth_mode, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env["RAY_AUTH_TOKEN_PATH"] = token_path
     env.setdefault(WORKER_SOFT_LIMIT_ENV, str(WORKER_SOFT_LIMIT))
+    env.setdefault(START_HOOK_ENV, HOOK)
     return env
 
 

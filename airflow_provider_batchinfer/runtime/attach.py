@@ -6,8 +6,11 @@ jobs``, the dashboard, the Jobs API), and under the Jobs API it must not repeat 
 job's own ``runtime_env`` sets (Ray refuses to merge the two, and prints both, values included).
 Keys (and a SQL input's database URL) reach each worker through a ``worker_process_setup_hook`` that sets them in its environment
 before it runs anything; Ray keeps the hook in the cluster's internal store, not in the job's
-metadata. Public settings (endpoint, region, the driver's model cache) go as ``env_vars``, less
-those the job's ``runtime_env`` already sets.
+metadata. Public settings (endpoint, region) go as ``env_vars``, less those the job's ``runtime_env``
+already sets. A job with nothing to hand its workers sets no ``runtime_env`` at all: with one, Ray starts
+each worker through its runtime-env setup (a second Python start and the runtime-env agent's round
+trip) and cannot use the workers the raylet prestarted, so a small job waits for more and slower worker
+starts (the driver's model cache therefore goes to the replicas as an argument, ``pool_dataset.replica_kwargs``).
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ from airflow_provider_batchinfer.contract import JobFile
 from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
 from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV
 from airflow_provider_batchinfer.redact import SECRET_ENV
-from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV
-from airflow_provider_batchinfer.runtime.replica import DRIVER_CACHE_ENV
 from airflow_provider_batchinfer.s3 import worker_env
 
 #: set by the Ray Jobs API in a job's driver: the job's config, its runtime_env included
@@ -87,8 +88,6 @@ def worker_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
     """``ray.init``'s ``runtime_env``: credentials through the setup hook only, public settings as
     ``env_vars`` unless the job's ``runtime_env`` sets them already. Empty: nothing to add."""
     forwarded = dict(worker_env(environ))
-    if environ.get(MODEL_CACHE_ENV):
-        forwarded[DRIVER_CACHE_ENV] = environ[MODEL_CACHE_ENV]
     secret = {k: v for k, v in forwarded.items() if k in SECRET_ENV}
     if environ.get(SQL_URL_ENV):  # a SQL input's shards connect from the workers
         secret[SQL_URL_ENV] = environ[SQL_URL_ENV]
@@ -104,10 +103,7 @@ def worker_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
 
 def init_ray(job: JobFile) -> None:
     """Start (or attach to) Ray; S3 credentials reach the workers from this process's environment
-    (:func:`worker_runtime_env`), never a file or the job's metadata. The driver's model cache
-    directory goes as a fallback only (``BATCHINFER_DRIVER_MODEL_CACHE``): a node started with its
-    own ``BATCHINFER_MODEL_CACHE`` keeps it (a runtime_env variable would override the node's value
-    on every worker)."""
+    (:func:`worker_runtime_env`), never a file or the job's metadata."""
     import ray
     import ray.data
 

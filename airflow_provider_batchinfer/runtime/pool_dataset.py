@@ -4,8 +4,10 @@ it with the provenance columns and writes it through the parts datasink (``io.py
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV
 from airflow_provider_batchinfer.runtime import llm, reuse, usage
 from airflow_provider_batchinfer.runtime.io import read_input
 from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts
@@ -84,4 +86,8 @@ def replica_kwargs(checked: CheckedJob, pool: ActorPool, counter: Any) -> dict[s
         "num_gpus": pool["num_gpus"],
         "backend": spec.backend,  # ONNX Runtime (flavors/optimized_text.py, optimized_torchscript.py)
         "min_cosine": spec.backend_min_cosine,
+        # the driver's model cache, a fallback for nodes started without their own: an argument, not a
+        # runtime_env variable, so a job with nothing else to hand its workers sets no runtime_env
+        # (``attach.worker_runtime_env``)
+        "driver_cache_dir": os.environ.get(MODEL_CACHE_ENV) or None,
     }

@@ -17,9 +17,6 @@ if TYPE_CHECKING:
 
     from airflow_provider_batchinfer.runtime.plan import ColumnPlan
 
-# the driver's BATCHINFER_MODEL_CACHE, for nodes that were started without their own
-DRIVER_CACHE_ENV = "BATCHINFER_DRIVER_MODEL_CACHE"
-
 # flavors whose predictor runs on torch: their replicas import it up front and pin its threads
 TORCH_FLAVORS = frozenset({"torchscript", "sentence_transformers", "text_generation", "image_classification"})
 
@@ -53,6 +50,7 @@ class ModelReplica:
         num_gpus: float = 0.0,
         backend: str | None = None,
         min_cosine: float = 0.99,
+        driver_cache_dir: str | None = None,
     ) -> None:
         from airflow_provider_batchinfer.runtime.flavors import call_rows, is_optimized, load_optimized, load_predictor
 
@@ -62,8 +60,8 @@ class ModelReplica:
             check_cuda(num_gpus, node)
         # an object-store model is downloaded here, on the actor's node (once per node: a cache keyed
         # by sha256 and location), not by the driver, whose node may hold no replica at all; the node's own
-        # BATCHINFER_MODEL_CACHE wins over the driver's
-        cache_dir = os.environ.get(MODEL_CACHE_ENV) or os.environ.get(DRIVER_CACHE_ENV) or None
+        # BATCHINFER_MODEL_CACHE wins over the driver's (``driver_cache_dir``, for nodes started without one)
+        cache_dir = os.environ.get(MODEL_CACHE_ENV) or driver_cache_dir or None
         model_dir, manifest = fetch_version(
             model_uri, sha256, dict(storage_options) if storage_options else None, cache_dir=cache_dir
         )

@@ -22,7 +22,7 @@ import pytest
 from airflow_provider_batchinfer.launchers import embedded_ray, state_dirs
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.launchers.local import PARENT_PID_ENV, LocalLauncher
-from airflow_provider_batchinfer.launchers.procs import proc_alive, proc_start_time
+from airflow_provider_batchinfer.launchers.procs import group_cmdlines, proc_alive, proc_start_time
 from airflow_provider_batchinfer.specs import JobSpec
 from airflow_provider_batchinfer.stage import SUCCESS_MARKER
 from tests.conftest import REPO
@@ -237,7 +237,7 @@ def test_stale_states_are_replaced(ray_dir, monkeypatch):
         first = embedded_ray.acquire(ray_dir, 600.0, RAY_VERSION, {**os.environ, "RAY_AUTH_MODE": "disabled"}, LOG)
     assert first.address != "127.0.0.1:1" and not leftover.exists()
     assert "stale" in (ray_dir / "history.log").read_text()
-    # its GCS and Ray Client server answer a call without the token with UNAUTHENTICATED; probed from
+    # its GCS answers a call without the token with UNAUTHENTICATED, its Ray Client server's port none; probed from
     # a process of its own: a probe without the token leaves Ray's auth settings in the process that
     # made it, and a later test of this worker could then not reach a cluster that takes the token
     check = [sys.executable, str(REPO / "scripts" / "embedded_ray_auth_check.py"), str(ray_dir)]
@@ -245,7 +245,8 @@ def test_stale_states_are_replaced(ray_dir, monkeypatch):
         check, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)}
     )
     assert probed.returncode == 0, probed.stdout + probed.stderr
-    assert first.auth_mode == "token" and "Ray Client server without the token" in probed.stdout
+    assert first.auth_mode == "token" and "Ray Client server without the token (127.0.0.1:" in probed.stdout
+    assert "): UNAVAILABLE" in probed.stdout  # not started (ray_head_hook.py): nothing listens on its port
     # a real Ray whose keeper died (nobody would ever stop it): its head is stopped and a new Ray is
     # started (the start itself is the one above: recorded here, not repeated)
     os.kill(first.keeper_pid, signal.SIGKILL)
@@ -341,6 +342,7 @@ def test_concurrent_runs_share_one_warm_ray_which_stops_once_idle(ray_dir, text_
     here.start()
     try:
         state = _state_while_leased(ray_dir, [other, here])
+        head = " | ".join(group_cmdlines(state.head_pid))  # the trimmed head (ray_head_hook.py)
         here.join(timeout=480)
         assert other.wait(timeout=480) == 0, (tmp_path / "run0.log").read_text()[-4000:]
     finally:
@@ -359,6 +361,8 @@ def test_concurrent_runs_share_one_warm_ray_which_stops_once_idle(ray_dir, text_
         assert len(list(run_dir.glob("part-*.parquet"))) == len(manifest["files"])  # exactly once
     history = (ray_dir / "history.log").read_text()
     assert len(_starts(ray_dir)) == 1, history
+    assert "log_monitor.py" in head and "gcs_server" in head, head  # what a job uses (workers' lines) runs
+    assert "ray.util.client.server" not in head and "autoscaler/_private/monitor.py" not in head, head
     assert len(nodes) == 2 and len(set(nodes)) == 1, nodes  # both pools on the one Ray's node (a new id per start)
     assert state.idle_s == IDLE_S, history
     assert not list((ray_dir / "leases").iterdir())  # both jobs gave their lease back

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_provider_batchinfer.launchers.embedded_ray import WORKER_SOFT_LIMIT_ENV, head_env
+from airflow_provider_batchinfer.launchers.embedded_ray import START_HOOK_ENV, WORKER_SOFT_LIMIT_ENV, head_env
 
 
 def test_the_head_keeps_idle_task_workers_and_never_sees_another_clusters_address():
@@ -14,3 +14,18 @@ def test_the_head_keeps_idle_task_workers_and_never_sees_another_clusters_addres
 
 def test_an_operators_own_worker_soft_limit_wins():
     assert head_env({WORKER_SOFT_LIMIT_ENV: "4"}, "token", "/t")[WORKER_SOFT_LIMIT_ENV] == "4"
+
+
+def test_the_head_starts_without_the_ray_client_server_and_the_autoscalers_monitor():
+    from ray._private.parameter import RayParams
+
+    from airflow_provider_batchinfer.launchers.ray_head_hook import HOOK, trim_head
+
+    assert head_env({}, "token", "/t")[START_HOOK_ENV] == HOOK
+    assert head_env({START_HOOK_ENV: "theirs.hook"}, "token", "/t")[START_HOOK_ENV] == "theirs.hook"
+    params = RayParams(ray_client_server_port=10001)  # what `ray start --head` passes its hook
+    trim_head(params, head=True)
+    assert params.ray_client_server_port is None and params.no_monitor is True
+    worker = RayParams(ray_client_server_port=10001)
+    trim_head(worker, head=False)  # a worker node's start is left as it is
+    assert worker.ray_client_server_port == 10001 and worker.no_monitor is False
