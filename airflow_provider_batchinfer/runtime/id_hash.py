@@ -28,21 +28,31 @@ _M1, _M2, _M3 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
 def partition_of(ids: Any, partitions: int) -> Any:
     """The partition (``0..partitions-1``, a numpy array) of each id of an Arrow array without nulls;
     equal values get equal partitions, in any batch of any file."""
-    return partition_of_hashes(hash_ids(ids), partitions)
-
-
-def partition_of_hashes(hashes: Any, partitions: int) -> Any:
-    """The partition of each hash from :func:`hash_ids`: what :func:`partition_of` gives its ids."""
     import numpy as np
 
-    return (hashes % np.uint64(partitions)).astype(np.uint16 if partitions <= 1 << 16 else np.int64)
+    hashed = hash_ids(ids) % np.uint64(partitions)
+    return hashed.astype(np.uint16 if partitions <= 1 << 16 else np.int64)
+
+
+def _scaled(hashes: Any, bits: str, n: int, scratch: Any) -> Any:
+    """Each hash's low or high 32 bits scaled to ``0..n-1`` (``(x * n) >> 32``: a multiply and a
+    shift, where ``%`` divides), computed in ``scratch``; ``uint16`` when ``n`` fits it."""
+    import numpy as np
+
+    if bits == "low":
+        np.bitwise_and(hashes, np.uint64(0xFFFFFFFF), out=scratch)
+    else:
+        np.right_shift(hashes, np.uint64(32), out=scratch)
+    np.multiply(scratch, np.uint64(n), out=scratch)
+    np.right_shift(scratch, np.uint64(32), out=scratch)
+    return scratch.astype(np.uint16 if n <= 1 << 16 else np.int64)
 
 
 # --- whether any two ids share a hash ----------------------------------------------------------------
 
 #: hashes looked up at once for a repeat: a hash table of this many stays in a core's cache, where
 #: sorting or hashing a whole partition runs from main memory at several times the cost per id
-CHECK_BUCKET = 1 << 16
+CHECK_BUCKET = 1 << 14
 
 
 def hashes_repeat(
@@ -56,8 +66,8 @@ def hashes_repeat(
     ``read_file(i)`` yields batch by batch; with nulls the repeat is not looked for (``False``).
 
     Equal ids have equal hashes, so no repeated hash proves the ids unique. Over ``partitions``
-    partitions the hashes are spilled under ``spill_dir`` by :func:`partition_of_hashes`, about
-    ``budget`` each, then each partition is checked alone. Files are hashed, and partitions checked,
+    partitions the hashes are spilled under ``spill_dir`` by their low 32 bits, about ``budget``
+    each, then each partition is checked alone. Files are hashed, and partitions checked,
     on as many threads as there are cores: reading Parquet, numpy's arithmetic and pandas' hash
     tables run outside the GIL. A failing read fails with the first such file in input order."""
     import numpy as np
@@ -89,14 +99,15 @@ def _read_hashes(tmp: str, partition: int) -> Any:
 
 def _repeats(hashes: Any) -> bool:
     """Whether a numpy array of hashes holds a value twice: the hashes are grouped into buckets of
-    about ``CHECK_BUCKET`` by their top bits (equal hashes share a bucket), then each bucket's
+    about ``CHECK_BUCKET`` by their high 32 bits (equal hashes share a bucket), then each bucket's
     distinct values are counted in a hash table."""
     import numpy as np
     import pandas as pd
 
     buckets = max(1, min(len(hashes) // CHECK_BUCKET, 1 << 16))
-    which = ((hashes >> np.uint64(32)) * np.uint64(buckets) >> np.uint64(32)).astype(np.uint16)
-    grouped = hashes[which.argsort(kind="stable")] if buckets > 1 else hashes  # a radix sort
+    scratch = np.empty_like(hashes)
+    which = _scaled(hashes, "high", buckets, scratch)
+    grouped = np.take(hashes, which.argsort(kind="stable"), out=scratch) if buckets > 1 else hashes  # radix sort
     bounds = partition_bounds(which, buckets)
     return any(len(pd.unique(grouped[lo:hi])) < hi - lo for lo, hi in itertools.pairwise(bounds))
 
@@ -145,6 +156,7 @@ class _HashSpill:
         self.partitions, self.budget, self.tmp, self.thread = partitions, budget, tmp, thread
         self.waiting: list[Any] = []
         self.held = self.nulls = 0
+        self.buffers: tuple[Any, Any] | None = None
 
     def add(self, ids: Any) -> None:
         self.nulls += ids.null_count
@@ -165,15 +177,20 @@ class _HashSpill:
 
         if not self.waiting:
             return
-        hashes = np.concatenate(self.waiting)
+        held = sum(len(h) for h in self.waiting)
+        if self.buffers is None or len(self.buffers[0]) < held:  # kept between flushes: no new pages
+            self.buffers = (np.empty(held, np.uint64), np.empty(held, np.uint64))
+        hashes, grouped = (b[:held] for b in self.buffers)
+        np.concatenate(self.waiting, out=hashes)
         self.waiting, self.held = [], 0
-        parts = partition_of_hashes(hashes, self.partitions)
-        grouped = hashes[parts.argsort(kind="stable")]  # a radix sort of small integers
+        parts = _scaled(hashes, "low", self.partitions, grouped)
+        np.take(hashes, parts.argsort(kind="stable"), out=grouped)  # a radix sort of small integers
         bounds = partition_bounds(parts, self.partitions)
+        view = grouped.data  # slices of it are written without a copy
         for p in range(self.partitions):
             if bounds[p + 1] > bounds[p]:
                 with open(os.path.join(tmp, f"{p}-{self.thread}.u64"), "ab") as f:
-                    grouped[bounds[p] : bounds[p + 1]].tofile(f)
+                    f.write(view[bounds[p] : bounds[p + 1]])
 
 
 def partition_bounds(parts: Any, partitions: int) -> list[int]:
