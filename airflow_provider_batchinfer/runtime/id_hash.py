@@ -79,7 +79,8 @@ def hashes_repeat(
                 spill.add(ids)
         held = np.concatenate(spill.waiting) if spill.waiting else np.zeros(0, np.uint64)
         return spill.nulls, not spill.nulls and _repeats(held)
-    threads = max(1, min(file_count, os.cpu_count() or 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, min(file_count, cores))  # the cores this process may run on
     with tempfile.TemporaryDirectory(prefix="batchinfer-ids-", dir=spill_dir) as tmp:
         nulls = _spill_hashes(file_count, read_file, partitions, budget, tmp, threads)
         if nulls:
