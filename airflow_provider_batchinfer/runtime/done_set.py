@@ -13,7 +13,7 @@ the rows (a hash lookup per row, no sort of the whole set), so the time is linea
    number, streamed one record batch at a time) into the same partitions, looks each partition's
    input ids up in that partition's kept ids, and spills the done rows' numbers per input file.
 3. :meth:`DoneSet.done_rows` yields a partly done input file's done rows, sorted: what it holds
-   is one bounded list per input file, never the whole set; ``resume.py`` copies the file's other
+   is a mask of one byte per row of one input file at a time, never the whole set; ``resume.py`` copies the file's other
    rows into the files this attempt reads.
 
 When every stored id matched a distinct input row (input ids are checked unique first), no two kept
@@ -188,15 +188,19 @@ class DoneSet:
 
     def done_rows(self, files: Iterable[int]) -> Iterator[tuple[int, Any]]:
         """``(file index, row numbers)`` of the done rows of ``files`` (after :meth:`match`), in file
-        and row order, a numpy array of at most ``BATCH_ROWS`` rows at a time."""
+        and row order, a numpy array of at most ``BATCH_ROWS`` rows at a time. A file's done rows
+        are marked in a mask of one byte per row of that file, read from its hits batch by batch,
+        where holding their row numbers took eight bytes each, and sorting them as many again."""
         import numpy as np
 
         for file in sorted({int(f) for f in files}):
             if not self._hits.get(file):
                 continue
-            rows = np.sort(_read_column(self._path(f"hits-{file}.arrows")))
-            for lo in range(0, len(rows), BATCH_ROWS):
-                yield file, rows[lo : lo + BATCH_ROWS]
+            done = _done_mask(self._path(f"hits-{file}.arrows"))
+            for lo in range(0, len(done), BATCH_ROWS):
+                rows = np.flatnonzero(done[lo : lo + BATCH_ROWS]) + lo
+                if len(rows):
+                    yield file, rows
 
 
 class Spill:
@@ -295,13 +299,19 @@ def read_spill(path: str, columns: list[str] | None = None, with_ids: bool = Fal
     return table.column((columns or ["place"])[0]).combine_chunks(), table.column("id").combine_chunks()
 
 
-def _read_column(path: str) -> Any:
+def _done_mask(path: str) -> Any:
+    """A hits file's row numbers as a boolean mask over the rows up to the last of them."""
     import numpy as np
     import pyarrow as pa
 
+    mask = np.zeros(0, dtype=bool)
     with pa.OSFile(path, "rb") as f:
-        table = pa.ipc.open_stream(f).read_all()
-    return np.asarray(table.column(0).combine_chunks(), dtype=np.int64)
+        for batch in pa.ipc.open_stream(f):
+            rows = np.asarray(batch.column(0), dtype=np.int64)
+            if len(rows) and rows.max() >= len(mask):
+                mask = np.concatenate([mask, np.zeros(int(rows.max()) + 1 - len(mask), dtype=bool)])
+            mask[rows] = True
+    return mask
 
 
 def _input_ids(
