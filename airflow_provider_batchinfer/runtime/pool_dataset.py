@@ -1,6 +1,7 @@
-"""The actor pool's Ray Data pipeline: ``read_parquet`` where the work runs (RESUME: of the rows left), incremental
-reuse, part boundaries, then the model replicas (or vLLM's engines). The driver (``driver.py``) wraps
-it with the provenance columns and writes it through the parts datasink (``io.py``)."""
+"""The actor pool's Ray Data pipeline: ``read_parquet`` where the work runs, or a small input read here
+(``small_input.py``), of the rows left under RESUME; incremental reuse, part boundaries, then the model
+replicas (or vLLM's engines). The driver (``driver.py``) wraps it with the provenance columns and
+writes it through the parts datasink (``io.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from airflow_provider_batchinfer.runtime import llm, reuse, usage
 from airflow_provider_batchinfer.runtime.io import read_input
 from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts
 from airflow_provider_batchinfer.runtime.plan import ActorPool, io_tasks
+from airflow_provider_batchinfer.runtime.small_input import read_small_input
 from airflow_provider_batchinfer.stage import Stage
 
 if TYPE_CHECKING:
@@ -31,9 +33,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
     io = {"num_cpus": pool["io_cpus"]}
     # RESUME: the rest; incremental: copies with each row's key and earlier place (reuse_match.py)
     files, columns = reuse.keyed_input(checked.reuse, checked.read_files, plan["read"])
-    filesystem = Stage.open(files[0], storage).fs if storage else None
-    # no more read workers than the replicas can keep up with, footer readers sized to the files
-    ds = read_input(files, columns, filesystem, io, concurrency=io_tasks(pool))
+    ds = _read(files, columns, storage, io, pool)
     ds = reuse.with_keys(ds, checked.reuse, io)  # row keys + where an earlier run has them
     if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
         ds = cut_into_parts(ds, spec.rows_per_part, io)  # at the io share, not Ray's 1 CPU (part_rows.py)
@@ -62,6 +62,25 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
         num_gpus=pool["num_gpus"] or None,
         memory=pool["memory"],  # JobSpec.memory, or the token that keeps each node to its share
     )
+
+
+def _read(
+    files: list[str], columns: list[str], storage: dict[str, Any] | None, io: dict[str, Any], pool: ActorPool
+) -> Dataset:
+    """A small input as one block read here (``small_input.py``), else ``read_parquet`` on the cluster."""
+    import ray.data
+
+    small = read_small_input(files, columns, storage)
+    if small is not None:
+        print(
+            f"[batchinfer] input read in the driver: {small.num_rows:,} rows, {small.nbytes / 2**20:.1f} MiB in "
+            f"{len(files)} file(s), one block (no listing task, footer reader or read task on the cluster)",
+            flush=True,
+        )
+        return ray.data.from_blocks([small])  # metadata computed here: from_arrow asks a task for it
+    filesystem = Stage.open(files[0], storage).fs if storage else None
+    # no more read workers than the replicas can keep up with, footer readers sized to the files
+    return read_input(files, columns, filesystem, io, concurrency=io_tasks(pool))
 
 
 def replica_kwargs(checked: CheckedJob, pool: ActorPool, counter: Any) -> dict[str, Any]:

@@ -54,6 +54,15 @@ class Tuning:
     # files of 1M rows and more filled 128 MiB read tasks, and the job's peak grew with its input.
     # Each read task's rows go to one part, so this also sizes the parts (a few MiB of Parquet each)
     read_task_bytes: int = 16 << 20
+    # an actor-pool input of at most this many files and bytes (uncompressed, its footers' row groups)
+    # is read in the runtime's driver and handed to Ray Data as one in-memory block
+    # (runtime/small_input.py): on a cold cluster the file path's listing task, footer-reading actor
+    # and read task are three more Ray worker processes to start, which on a small machine take the
+    # CPU the replica needs to import its model library. The bytes stay below read_task_bytes, so the
+    # file path would read such an input as one block too: rows and parts come out the same. The
+    # files bound how many footers the driver opens before it knows the input is not small
+    driver_read_bytes: int = 8 << 20
+    driver_read_files: int = 64
 
 
 #: the sizes every module of the runtime reads

@@ -1,10 +1,10 @@
 """A job on the actor pool starts no Ray worker process beyond its replicas and its read/write tasks.
 
-The driver reads every input footer before any compute, so the pool's reads are planned from them
-(``runtime/parquet_read.py``) instead of ``ray.data.read_parquet``, which lists the files and reads
-the footers again in a listing task and footer-reading actors of its own. The replicas report to the
-cluster's one usage board (``runtime/usage_board.py``) instead of a counter actor per job. The test
-counts what two real jobs started on the session's real Ray cluster."""
+A small input (``runtime/small_input.py``) is read in the driver and handed to Ray Data as one block:
+no listing task, footer-reading actor or read task starts for it. A larger one is read with
+``ray.data.read_parquet``, whose footer readers are sized to its files (``runtime/io.py``). The
+replicas report to the cluster's one usage board (``runtime/usage_board.py``) instead of a counter
+actor per job. The test counts what two real jobs started on the session's real Ray cluster."""
 
 from __future__ import annotations
 
@@ -49,8 +49,22 @@ def _cluster_state(dashboard: str) -> dict:
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def _run_on_the_pool(tmp_path: Path, registry, model, name: str) -> dict:
+def _pad(directory: Path, column_bytes: int) -> None:
+    """Give each input file a column the model never reads (passed through), making it ``column_bytes``
+    larger."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for file in sorted(directory.glob("*.parquet")):
+        table = pq.read_table(file)
+        pads = [os.urandom(column_bytes // table.num_rows // 2).hex() for _ in range(table.num_rows)]
+        pq.write_table(table.append_column("pad", pa.array(pads)), file)
+
+
+def _run_on_the_pool(tmp_path: Path, registry, model, name: str, pad_bytes: int = 0) -> dict:
     run_dir, job = ticket_job(tmp_path, registry, model, name, 400, in_driver_max_rows=0)  # four input files
+    if pad_bytes:
+        _pad(tmp_path / f"in-{name}", pad_bytes)
     done = subprocess.run(
         [sys.executable, "-m", "airflow_provider_batchinfer.runtime", "--spec", write_job_file(job)],
         capture_output=True,
@@ -61,6 +75,8 @@ def _run_on_the_pool(tmp_path: Path, registry, model, name: str) -> dict:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     manifest = committed_manifest(str(run_dir))
     assert manifest is not None and manifest["counts"]["output_rows"] == 400
+    small = "input read in the driver: 400 rows" in done.stdout
+    assert small == (not pad_bytes), done.stdout[-3000:]
     return manifest
 
 
@@ -75,20 +91,32 @@ def _new(after: list[str], before: list[str]) -> list[str]:
     return sorted(added)
 
 
-def test_two_jobs_start_a_replica_and_one_footer_reader_each_and_share_one_usage_board(
+def test_a_small_input_starts_no_read_task_and_a_larger_one_one_footer_reader_and_both_share_one_usage_board(
     ray_cluster, registry, text_length_model, tmp_path
 ):
+    from airflow_provider_batchinfer.runtime.small_input import byte_limit
+
     before = _cluster_state(ray_cluster["dashboard"])
-    first = _run_on_the_pool(tmp_path, registry, text_length_model, "one")
-    second = _run_on_the_pool(tmp_path, registry, text_length_model, "two")
+    first = _run_on_the_pool(tmp_path, registry, text_length_model, "small")
+    middle = _cluster_state(ray_cluster["dashboard"])
+    # the same rows, with a column the model never reads past the limit: read by read_parquet
+    second = _run_on_the_pool(tmp_path, registry, text_length_model, "large", pad_bytes=byte_limit() // 3)
     after = _cluster_state(ray_cluster["dashboard"])
-    actors, tasks = _new(after["actors"], before["actors"]), _new(after["tasks"], before["tasks"])
-    # per job: its replica; once per cluster (new here if no pool job ran on it before): the usage
-    # board and Ray Data's own detached actors
-    per_job = ["FooterReader", "MapWorker(MapBatches(MeteredReplica))"] * 2  # four input files each
-    assert [a for a in actors if a not in ONCE_PER_CLUSTER] == sorted(per_job), actors
-    assert all(actors.count(a) <= 1 for a in ONCE_PER_CLUSTER) and "UsageBoard" in after["actors"], actors
-    assert "UsageCounter" not in actors and any("ReadFiles" in t or "ReadParquet" in t for t in tasks), tasks
+    small_actors, small_tasks = _new(middle["actors"], before["actors"]), _new(middle["tasks"], before["tasks"])
+    actors, tasks = _new(after["actors"], middle["actors"]), _new(after["tasks"], middle["tasks"])
+    # per job: its replica; the file read: a footer reader; once per cluster (new here if no pool job
+    # ran on it before): the usage board and Ray Data's own detached actors
+    assert [a for a in small_actors if a not in ONCE_PER_CLUSTER] == ["MapWorker(MapBatches(MeteredReplica))"]
+    assert [a for a in actors if a not in ONCE_PER_CLUSTER] == ["FooterReader", "MapWorker(MapBatches(MeteredReplica))"]
+    assert not any("ListFiles" in t or "ReadFiles" in t or "ReadParquet" in t for t in small_tasks), small_tasks
+    assert any("ReadFiles" in t or "ReadParquet" in t for t in tasks), tasks
+    assert all(after["actors"].count(a) <= 1 for a in ONCE_PER_CLUSTER) and "UsageBoard" in after["actors"]
+    assert "UsageCounter" not in after["actors"]
+    # the same rows come out in the same parts either way
+    assert [f["rows"] for f in first["files"]] == [f["rows"] for f in second["files"]], (
+        first["files"],
+        second["files"],
+    )
     for manifest in (first, second):
         # the progress and latencies the replicas reported reached each job's own entry on the board
         assert manifest["timings"]["steady_rows_per_s"] > 0
