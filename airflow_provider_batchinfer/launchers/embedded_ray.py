@@ -42,7 +42,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -93,6 +93,7 @@ IDLE_ENV = "BATCHINFER_RAY_IDLE_S"
 DEFAULT_IDLE_S = 600.0
 START_TIMEOUT_S = 120.0
 _READY_LINE = "Ray runtime started"
+READY_FILE = "batchinfer-ready"
 #: the first Ray release with token authentication (RAY_AUTH_MODE=token)
 TOKEN_AUTH_SINCE = (2, 52)
 #: never handed to the shared Ray: another cluster's address and token, a job's parent pid
@@ -269,7 +270,19 @@ def head_env(environ: Mapping[str, str], auth_mode: str, token_path: str) -> dic
     return env
 
 
-def _start(directory: Path, idle_s: float, ray_version: str, environ: Mapping[str, str], log: TaskLog) -> EmbeddedRay:
+def ready_file(state: EmbeddedRay) -> Path:
+    """The file that says this Ray is up: created once it is, inside its temp dir (gone with it)."""
+    return Path(state.temp_dir) / READY_FILE
+
+
+def _start(
+    directory: Path,
+    idle_s: float,
+    ray_version: str,
+    environ: Mapping[str, str],
+    log: TaskLog,
+    while_starting: Callable[[EmbeddedRay], None] | None = None,
+) -> EmbeddedRay:
     ports = ["ray-client-server", "dashboard", "dashboard-agent-listen", "dashboard-agent-grpc", "metrics-export"]
     ports += ["runtime-env-agent", "node-manager", "object-manager"]
     port, *picked = free_ports(1 + len(ports))  # distinct: Ray refuses to start when two components share one
@@ -298,7 +311,10 @@ def _start(directory: Path, idle_s: float, ray_version: str, environ: Mapping[st
         started_at=time.time(),
     )
     _write_state(directory, state)
+    if while_starting is not None:  # work that needs no Ray yet runs beside Ray's start (the job's checks)
+        while_starting(state)
     _wait_ready(directory, state, head)
+    ready_file(state).touch(mode=0o600)
     mark_used(directory)  # the idle clock starts when Ray is up
     _note(directory, "start", state, f"Ray {ray_version}, up in {time.time() - state.started_at:.1f}s")
     with open(directory / "keeper.log", "a") as out:
@@ -327,9 +343,17 @@ def _wait_ready(directory: Path, state: EmbeddedRay, head: subprocess.Popen[byte
         time.sleep(0.2)
 
 
-def acquire(directory: Path, idle_s: float, ray_version: str, environ: Mapping[str, str], log: TaskLog) -> EmbeddedRay:
+def acquire(
+    directory: Path,
+    idle_s: float,
+    ray_version: str,
+    environ: Mapping[str, str],
+    log: TaskLog,
+    while_starting: Callable[[EmbeddedRay], None] | None = None,
+) -> EmbeddedRay:
     """The running embedded Ray, started or replaced as needed; call with :func:`locked` held and
-    add the job's lease before releasing it."""
+    add the job's lease before releasing it. ``while_starting`` is called with the state of a Ray
+    this call starts, before it waits for that Ray to come up (:func:`ready_file` says when)."""
     require_token_auth(ray_version)
     state = read_state(directory)
     if state is not None and not _healthy(state):
@@ -348,7 +372,7 @@ def acquire(directory: Path, idle_s: float, ray_version: str, environ: Mapping[s
         _stop(directory, state, f"it {differs}")
         state = None
     if state is None:
-        return _start(directory, idle_s, ray_version, environ, log)
+        return _start(directory, idle_s, ray_version, environ, log, while_starting)
     if state.idle_s != idle_s:  # the latest job's setting wins; the keeper reads it every poll
         state = EmbeddedRay(**{**asdict(state), "idle_s": idle_s})
         _write_state(directory, state)

@@ -34,6 +34,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from airflow_provider_batchinfer.contract import JobFailure, JobResult, parse_runtime_line, placement
+from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_READY_ENV
 from airflow_provider_batchinfer.launchers import embedded_ray, warm_runtime
 from airflow_provider_batchinfer.launchers.base import (
     FAILED,
@@ -197,19 +198,37 @@ class LocalLauncher(Launcher):
 
     def _start_embedded(self, cmd: list[str], env: dict[str, str], log: TaskLog) -> None:
         """Start the job on the embedded Ray: get (or start) it and lease it under one lock, so the
-        keeper never stops a Ray between handing out its address and the job's lease."""
+        keeper never stops a Ray between handing out its address and the job's lease. A Ray this job
+        starts is started beside the job: the runtime's imports and checks need no Ray, and on a
+        small machine they take seconds that Ray's start would otherwise add; the runtime waits for
+        the Ray to be up (``EMBEDDED_RAY_READY_ENV``) before it attaches."""
         directory = embedded_ray.private_state_dir(env, log)  # a fallback when the configured one is not private
         idle_s = embedded_ray.idle_seconds(self.idle_s, env)
-        with embedded_ray.locked(directory):
-            # the shared Ray gets this worker's environment, never one job's connection credentials
-            version = embedded_ray.installed_ray_version() or "unknown"
-            ray = embedded_ray.acquire(directory, idle_s, version, os.environ, log)
-            env.pop("RAY_AUTH_TOKEN", None)  # the embedded Ray's own token file, never another one
+        env.pop("RAY_AUTH_TOKEN", None)  # the embedded Ray's own token file, never another one
+        self._lease = None
+
+        def launch(ray: embedded_ray.EmbeddedRay, starting: bool) -> None:
             env.update(ray.driver_env())
-            log.info("Launching batch inference job: %s (embedded Ray at %s)", " ".join(cmd), ray.address)
+            if starting:
+                env[EMBEDDED_RAY_READY_ENV] = str(embedded_ray.ready_file(ray))
+            where = "starting" if starting else "at"
+            log.info("Launching batch inference job: %s (embedded Ray %s %s)", " ".join(cmd), where, ray.address)
             proc = self._spawn(cmd, env)
             embedded_ray.add_lease(directory, proc.pid)
             self._lease = (directory, proc.pid)
+
+        try:
+            with embedded_ray.locked(directory):
+                # the shared Ray gets this worker's environment, never one job's connection credentials
+                version = embedded_ray.installed_ray_version() or "unknown"
+                ray = embedded_ray.acquire(directory, idle_s, version, os.environ, log, lambda r: launch(r, True))
+                if self._lease is None:  # a Ray that was already up
+                    launch(ray, False)
+        except BaseException:
+            if self._lease is not None:  # started beside a Ray that did not come up: nothing to attach to
+                self.kill()
+                self._release()  # outside the lock, which dropping the lease takes
+            raise
 
     def _start_in_driver(self, job: JobFile, cmd: list[str], env: dict[str, str], log: TaskLog) -> None:
         """A job scored in the runtime's own process: in a ready spare of its model kind, else in a

@@ -18,13 +18,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow_provider_batchinfer.contract import JobFile
-from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
+from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV, EMBEDDED_RAY_READY_ENV
 from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV
 from airflow_provider_batchinfer.redact import SECRET_ENV
+from airflow_provider_batchinfer.runtime.errors import JobError
 from airflow_provider_batchinfer.s3 import worker_env
 
 #: set by the Ray Jobs API in a job's driver: the job's config, its runtime_env included
@@ -35,6 +37,9 @@ JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 #: head gets the same, ``launchers/embedded_ray.py``). A named cluster's nodes keep their own setting
 #: (``RAY_num_workers_soft_limit`` where they start)
 WORKER_SOFT_LIMIT = 64
+#: how long a job started beside the embedded Ray's start waits for it: past the launcher's own wait
+#: (``embedded_ray.START_TIMEOUT_S``), after which the launcher has stopped the job anyway
+READY_TIMEOUT_S = 180.0
 
 
 def ray_init_kwargs(address: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
@@ -101,12 +106,26 @@ def worker_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
     return runtime_env
 
 
+def wait_for_embedded_ray(environ: Mapping[str, str], timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Return once the embedded Ray this job was started beside is up (the launcher creates the file
+    ``EMBEDDED_RAY_READY_ENV`` names); at once when the job was started on a Ray that was up."""
+    ready = environ.get(EMBEDDED_RAY_READY_ENV)
+    if not ready:
+        return
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(ready):
+        if time.monotonic() > deadline:
+            raise JobError(f"the embedded Ray this job was started beside was not up after {timeout_s:g}s ({ready})")
+        time.sleep(0.05)
+
+
 def init_ray(job: JobFile) -> None:
     """Start (or attach to) Ray; S3 credentials reach the workers from this process's environment
     (:func:`worker_runtime_env`), never a file or the job's metadata."""
     import ray
     import ray.data
 
+    wait_for_embedded_ray(os.environ)
     init_kwargs = ray_init_kwargs(job.ray_address, os.environ)
     runtime_env = worker_runtime_env(os.environ)
     if runtime_env:

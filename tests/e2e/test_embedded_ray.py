@@ -87,7 +87,7 @@ def test_a_state_dir_of_another_user_is_passed_over_for_a_private_one(tmp_path, 
     warnings: list[str] = []
     acquired: list[tuple[Path, bool]] = []
 
-    def acquire(directory, idle_s, ray_version, environ, log):
+    def acquire(directory, idle_s, ray_version, environ, log, while_starting=None):
         acquired.append((directory, _lock_held(directory)))
         return embedded_ray.EmbeddedRay(
             address="127.0.0.1:9",  # nothing listens there: the job below fails before it would attach
@@ -211,6 +211,19 @@ def test_the_launcher_tells_the_runtime_its_pid(tmp_path):
 
 
 # --- a real embedded Ray ------------------------------------------------------------------------------
+def test_a_job_started_beside_a_ray_that_does_not_come_up_is_stopped_and_leaves_no_lease(ray_dir, monkeypatch):
+    """The job starts while its Ray starts (its checks need none); a start that fails stops it."""
+    monkeypatch.setenv(embedded_ray.START_HOOK_ENV, "no_such_module.hook")  # `ray start` exits at once
+    launcher = LocalLauncher()
+    env = launcher.environment()
+    job = [sys.executable, "-c", "import os, time; print(os.environ['BATCHINFER_EMBEDDED_RAY_READY']); time.sleep(120)"]
+    with pytest.raises(LaunchError, match=r"the embedded Ray did not start \(exit 1\); its log "):
+        launcher._start_embedded(job, env, LOG)
+    assert launcher._proc is not None and launcher._proc.poll() is not None  # it was started, and stopped
+    assert env["BATCHINFER_EMBEDDED_RAY_READY"].endswith("/batchinfer-ready")
+    assert not list((ray_dir / "leases").iterdir()) and embedded_ray.read_state(ray_dir) is None
+
+
 def test_stale_states_are_replaced(ray_dir, monkeypatch):
     # a state whose processes and port are long gone (a reboot, a killed worker): replaced, its temp dir removed
     leftover = Path(state_dirs.make_ray_temp_dir(ray_dir))
