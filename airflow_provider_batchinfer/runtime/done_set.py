@@ -65,8 +65,11 @@ class DoneSet:
         self.close()
 
     def close(self) -> None:
+        import pyarrow as pa
+
         self._finish()
         self._tmp.cleanup()
+        pa.default_memory_pool().release_unused()  # Arrow keeps freed pages for reuse; the pipeline comes next
 
     def _finish(self) -> None:
         if self._writer is not None:

@@ -65,11 +65,13 @@ def hashes_repeat(
     """(null ids, whether two ids share a hash) over ``file_count`` files, whose ids (Arrow arrays)
     ``read_file(i)`` yields batch by batch; with nulls the repeat is not looked for (``False``).
 
-    Equal ids have equal hashes, so no repeated hash proves the ids unique. Over ``partitions``
-    partitions the hashes are spilled under ``spill_dir`` by their low 32 bits, about ``budget``
-    each, then each partition is checked alone. Files are hashed, and partitions checked,
-    on as many threads as there are cores: reading Parquet, numpy's arithmetic and pandas' hash
-    tables run outside the GIL. A failing read fails with the first such file in input order."""
+    Equal ids have equal hashes, so no repeated hash proves the ids unique. With more than one
+    partition (``partitions`` of about ``budget`` ids), the hashes are spilled under ``spill_dir``
+    by their low 32 bits and each partition is checked alone. Files are hashed, and partitions
+    checked, on as many threads as there are cores (reading Parquet, numpy's arithmetic and
+    pandas' hash tables run outside the GIL), each into partitions ``threads`` times smaller, so
+    the threads together hold about ``budget`` hashes. A failing read fails with the first such
+    file in input order."""
     import numpy as np
 
     if partitions == 1:
@@ -81,6 +83,7 @@ def hashes_repeat(
         return spill.nulls, not spill.nulls and _repeats(held)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = max(1, min(file_count, cores))  # the cores this process may run on
+    partitions *= threads  # each thread holds one partition at a time: ``budget`` hashes in all
     with tempfile.TemporaryDirectory(prefix="batchinfer-ids-", dir=spill_dir) as tmp:
         nulls = _spill_hashes(file_count, read_file, partitions, budget, tmp, threads)
         if nulls:
@@ -90,12 +93,16 @@ def hashes_repeat(
 
 
 def _read_hashes(tmp: str, partition: int) -> Any:
-    """Every hash spilled to ``partition``, by any thread."""
+    """Every hash spilled to ``partition``, by any thread, read into one array."""
     import numpy as np
 
-    names = sorted(n for n in os.listdir(tmp) if n.startswith(f"{partition}-"))
-    chunks = [np.fromfile(os.path.join(tmp, name), dtype=np.uint64) for name in names]
-    return np.concatenate(chunks) if chunks else np.zeros(0, np.uint64)
+    paths = [os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith(f"{partition}-")]
+    hashes = np.empty(sum(os.path.getsize(p) for p in paths) // 8, dtype=np.uint64)
+    filled = 0
+    for path in paths:
+        with open(path, "rb") as f:
+            filled += f.readinto(hashes[filled:].data) // 8
+    return hashes[:filled]
 
 
 def _repeats(hashes: Any) -> bool:
