@@ -211,8 +211,8 @@ class LocalLauncher(Launcher):
             env.update(ray.driver_env())
             if starting:
                 env[EMBEDDED_RAY_READY_ENV] = str(embedded_ray.ready_file(ray))
-            where = "starting" if starting else "at"
-            log.info("Launching batch inference job: %s (embedded Ray %s %s)", " ".join(cmd), where, ray.address)
+            when = ", starting beside the job" if starting else ""
+            log.info("Launching batch inference job: %s (embedded Ray at %s%s)", " ".join(cmd), ray.address, when)
             proc = self._spawn(cmd, env)
             embedded_ray.add_lease(directory, proc.pid)
             self._lease = (directory, proc.pid)
