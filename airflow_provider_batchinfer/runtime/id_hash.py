@@ -53,6 +53,10 @@ def _scaled(hashes: Any, bits: str, n: int, scratch: Any) -> Any:
 #: hashes looked up at once for a repeat: a hash table of this many stays in a core's cache, where
 #: sorting or hashing a whole partition runs from main memory at several times the cost per id
 CHECK_BUCKET = 1 << 14
+#: threads hashing files and checking partitions: each splits the budget further, so more threads
+#: mean smaller partitions, more spill files and smaller appends to each; two already keep the
+#: check well under a job's scoring time
+MAX_THREADS = 4
 
 
 def hashes_repeat(
@@ -82,21 +86,22 @@ def hashes_repeat(
         held = np.concatenate(spill.waiting) if spill.waiting else np.zeros(0, np.uint64)
         return spill.nulls, not spill.nulls and _repeats(held)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = max(1, min(file_count, cores))  # the cores this process may run on
+    threads = max(1, min(file_count, cores, MAX_THREADS))  # the cores this process may run on
     partitions *= threads  # each thread holds one partition at a time: ``budget`` hashes in all
     with tempfile.TemporaryDirectory(prefix="batchinfer-ids-", dir=spill_dir) as tmp:
         nulls = _spill_hashes(file_count, read_file, partitions, budget, tmp, threads)
         if nulls:
             return nulls, False
         with ThreadPoolExecutor(threads, thread_name_prefix="batchinfer-ids") as pool:
-            return 0, any(pool.map(lambda p: _repeats(_read_hashes(tmp, p)), range(partitions)))
+            return 0, any(pool.map(lambda p: _repeats(_read_hashes(tmp, p, threads)), range(partitions)))
 
 
-def _read_hashes(tmp: str, partition: int) -> Any:
-    """Every hash spilled to ``partition``, by any thread, read into one array."""
+def _read_hashes(tmp: str, partition: int, threads: int) -> Any:
+    """Every hash spilled to ``partition``, by any of the ``threads``, read into one array."""
     import numpy as np
 
-    paths = [os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith(f"{partition}-")]
+    named = (os.path.join(tmp, f"{partition}-{thread}.u64") for thread in range(threads))
+    paths = [path for path in named if os.path.exists(path)]
     hashes = np.empty(sum(os.path.getsize(p) for p in paths) // 8, dtype=np.uint64)
     filled = 0
     for path in paths:

@@ -133,7 +133,9 @@ def test_spill_files_are_removed_afterwards(tmp_path, monkeypatch, where):
     message = _message(files, BUDGET, spill_dir=str(spill))
     assert (message is None) == (where == "unique")
     partitions = math.ceil(ROWS / BUDGET)
-    hashed = partitions * min(4, len(os.sched_getaffinity(0)))  # a thread per core, each in smaller partitions
+    hashed = partitions * min(
+        4, len(os.sched_getaffinity(0)), id_hash.MAX_THREADS
+    )  # a thread per core, smaller partitions
     if where == "unique":
         assert len(read["hashes"]) == hashed and read["ids"] == []
     elif where == "duplicate":  # the hash pass stops at the partition with the repeat
