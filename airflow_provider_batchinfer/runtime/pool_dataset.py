@@ -31,9 +31,10 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
     job, spec, plan, storage = checked.job, checked.job.job_spec, checked.plan, checked.storage
     input_spec, model = job.input_spec, job.model
     io = {"num_cpus": pool["io_cpus"]}
+    replica = replica_remote_args(pool)
     # RESUME: the rest; incremental: copies with each row's key and earlier place (reuse_match.py)
     files, columns = reuse.keyed_input(checked.reuse, checked.read_files, plan["read"])
-    ds = _read(files, columns, storage, io, pool)
+    ds, fused = _read(files, columns, storage, (io, replica), pool, reads_in_replicas(checked, pool))
     ds = reuse.with_keys(ds, checked.reuse, io)  # row keys + where an earlier run has them
     if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
         ds = cut_into_parts(ds, spec.rows_per_part, io)  # at the io share, not Ray's 1 CPU (part_rows.py)
@@ -52,22 +53,72 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
             spec,
             counter,
         )
+    if fused:
+        unthrottle(ds)
     return ds.map_batches(
         reuse.replica_class(checked.reuse, storage, base=usage.MeteredReplica),  # + reuse, timed
-        fn_constructor_kwargs=replica_kwargs(checked, pool, counter),
-        batch_size=checked.batch_rows,
+        fn_constructor_kwargs={
+            **replica_kwargs(checked, pool, counter),
+            **({"slice_rows": checked.batch_rows} if fused else {}),  # a whole block: cut here (usage.py)
+        },
+        batch_size=None if fused else checked.batch_rows,  # fused: each read task's block, whole
         batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(min_size=pool["min_replicas"], max_size=pool["replicas"]),
-        num_cpus=pool["num_cpus"],
-        num_gpus=pool["num_gpus"] or None,
-        memory=pool["memory"],  # JobSpec.memory, or the token that keeps each node to its share
+        compute=ray.data.ActorPoolStrategy(
+            min_size=pool["min_replicas"],
+            max_size=pool["replicas"],
+            # fused: one call reads its block while another scores (the model still runs one call at a
+            # time: Ray Data serializes a callable class's calls unless told otherwise)
+            max_concurrent_calls_per_actor=2 if fused else None,
+        ),
+        **replica,
     )
 
 
+def replica_remote_args(pool: ActorPool) -> dict[str, Any]:
+    """What each replica asks Ray for: its CPUs, GPUs and memory (``JobSpec.memory``, or the token
+    that keeps each node to its share)."""
+    args: dict[str, Any] = {"num_cpus": pool["num_cpus"], "memory": pool["memory"]}
+    if pool["num_gpus"]:
+        args["num_gpus"] = pool["num_gpus"]
+    return args
+
+
+def reads_in_replicas(checked: CheckedJob, pool: ActorPool) -> bool:
+    """Whether the replicas read their own input: a CPU job whose replicas take the read tasks'
+    blocks as they come. Ray Data then fuses the read into the replica's actor (it fuses a task
+    operator into the actor operator after it when both ask for the same resources and the actor
+    takes whole blocks), so the rows go from the Parquet file to the model in one process, without
+    a read task's worker, the object store's copy and the executor's scheduling of each block in
+    between: on a small machine those took the CPU the model needed. A GPU job keeps its reads
+    in CPU tasks beside the replicas, so the GPU never waits for Parquet; incremental reuse and
+    ``rows_per_part`` put their own stages between the read and the model."""
+    spec = checked.job.job_spec
+    return not pool["num_gpus"] and checked.engine != "vllm" and checked.reuse is None and not spec.rows_per_part
+
+
+def unthrottle(ds: Dataset) -> None:
+    """Turn off Ray Data's per-operator budgets for this dataset (its own context: the process's is
+    left alone). Inside the job's placement group Ray Data budgets object store memory with the
+    group's bundles, which name none, so every operator's budget is zero and each replica gets one
+    task at a time: it waited between blocks for the executor to hand it the next one. With the
+    reads in the replicas nothing runs ahead of them: each replica runs two calls at once and holds
+    at most Ray Data's tasks in flight per actor (small: a file's row groups to read), and the
+    write tasks, capped at ``io_tasks``, take the scored blocks as they come."""
+    ds.context.op_resource_reservation_enabled = False
+
+
 def _read(
-    files: list[str], columns: list[str], storage: dict[str, Any] | None, io: dict[str, Any], pool: ActorPool
-) -> Dataset:
-    """A small input as one block read here (``small_input.py``), else ``read_parquet`` on the cluster."""
+    files: list[str],
+    columns: list[str],
+    storage: dict[str, Any] | None,
+    remote_args: tuple[dict[str, Any], dict[str, Any]],
+    pool: ActorPool,
+    fuse: bool,
+) -> tuple[Dataset, bool]:
+    """A small input as one block read here (``small_input.py``), else ``read_parquet`` on the cluster:
+    in read tasks of their own (``remote_args[0]``), or, with ``fuse``, in the replicas (asking for
+    ``remote_args[1]``, theirs), as many at once as there are replicas. Also says whether the read
+    went to the replicas: a small input's one block is split into batches for them instead."""
     import ray.data
 
     small = read_small_input(files, columns, storage)
@@ -77,10 +128,12 @@ def _read(
             f"{len(files)} file(s), one block (no listing task, footer reader or read task on the cluster)",
             flush=True,
         )
-        return ray.data.from_blocks([small])  # metadata computed here: from_arrow asks a task for it
+        return ray.data.from_blocks([small]), False  # metadata computed here: from_arrow asks a task for it
     filesystem = Stage.open(files[0], storage).fs if storage else None
     # no more read workers than the replicas can keep up with, footer readers sized to the files
-    return read_input(files, columns, filesystem, io, concurrency=io_tasks(pool))
+    if fuse:
+        return read_input(files, columns, filesystem, remote_args[1], concurrency=pool["replicas"]), True
+    return read_input(files, columns, filesystem, remote_args[0], concurrency=io_tasks(pool)), False
 
 
 def replica_kwargs(checked: CheckedJob, pool: ActorPool, counter: Any) -> dict[str, Any]:

@@ -146,9 +146,27 @@ def batch_tokens(out: pa.Table) -> tuple[int, int] | None:
 
 class MeteredReplica(ModelReplica):
     """:class:`~airflow_provider_batchinfer.runtime.replica.ModelReplica`, timing each batch (model
-    call, input checks and dead-letter isolation included) for the usage's p50/p95 latency."""
+    call, input checks and dead-letter isolation included) for the usage's p50/p95 latency.
+
+    ``slice_rows``: a replica that reads its own input (``pool_dataset.reads_in_replicas``) gets each
+    read task's block whole, and scores it in batches of at most this many rows, as Ray Data's
+    ``batch_size`` would have cut it: the same batches, latencies and progress reports as a
+    replica fed by read tasks."""
+
+    def __init__(self, *args: Any, slice_rows: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slice_rows = slice_rows
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        rows = self.slice_rows
+        if not rows or batch.num_rows <= rows:
+            return self._timed(batch)
+        import pyarrow as pa
+
+        parts = [self._timed(batch.slice(start, rows)) for start in range(0, batch.num_rows, rows)]
+        return pa.concat_tables(parts, promote_options="default")  # dead-lettered rows hold fewer columns
+
+    def _timed(self, batch: pa.Table) -> pa.Table:
         started = time.perf_counter()
         out = super().__call__(batch)
         if self.counter is not None and batch.num_rows:

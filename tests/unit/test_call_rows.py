@@ -158,3 +158,45 @@ def test_the_kinds_own_rows_per_call_parameter_counts_when_max_batch_rows_is_uns
     assert call_rows("sentence_transformers", "cpu", 16, {"batch_size": 64}) == 16
     assert call_rows("sentence_transformers", "cpu", None, {}) == 32
     assert call_rows("torchscript", "cpu", None, {"batch_size": 64}) == 4096
+
+
+class _Reports:
+    """Stands in for the usage board: each report a replica sends, by method name."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, list[tuple]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return SimpleNamespace(remote=lambda *args: self.sent.setdefault(name, []).append(args))
+
+
+def test_a_replica_that_reads_its_own_blocks_scores_them_in_the_jobs_batches(
+    tmp_path, registry, rows_in_call_model, monkeypatch
+) -> None:
+    """A read fused into the replica hands it each read task's block whole; it still scores and
+    reports batches of at most the job's batch rows, and gives back every row in order."""
+    import torch
+
+    from airflow_provider_batchinfer.runtime.driver import check_before_ray
+    from airflow_provider_batchinfer.runtime.pool_dataset import replica_kwargs
+    from airflow_provider_batchinfer.runtime.usage import MeteredReplica
+    from tests.models import job_file
+
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, "1")
+    threads = torch.get_num_threads()
+    table = pa.table({"id": np.arange(ROWS), "a": np.ones(ROWS, np.float32), "b": np.arange(ROWS, dtype=np.float32)})
+    (tmp_path / "in").mkdir()
+    pq.write_table(table, tmp_path / "in" / "part-0.parquet")
+    (tmp_path / "out").mkdir()
+    checked = check_before_ray(job_file(tmp_path / "out", rows_in_call_model, registry.root, [tmp_path / "in"]))
+    pool: Any = {"device": "cpu", "threads": 1, "num_gpus": 0.0}
+    reports = _Reports()
+    try:
+        replica = MeteredReplica(**replica_kwargs(checked, pool, reports), slice_rows=3_000)
+        out = replica(table)
+    finally:
+        torch.set_num_threads(threads)
+    assert out.column("id").to_pylist() == list(range(ROWS))
+    assert max(out.column("rows_in_call").to_pylist()) <= 3_000
+    assert [sent[0] for sent in reports.sent["batch"]] == [3_000] * (ROWS // 3_000) + [ROWS % 3_000] * bool(ROWS % 3_000)
