@@ -376,6 +376,7 @@ def test_concurrent_runs_share_one_warm_ray_which_stops_once_idle(ray_dir, text_
     assert len(_starts(ray_dir)) == 1, history
     assert "log_monitor.py" in head and "gcs_server" in head, head  # what a job uses (workers' lines) runs
     assert "ray.util.client.server" not in head and "autoscaler/_private/monitor.py" not in head, head
+    assert "dashboard/dashboard.py" not in head, head  # nor the API server
     assert len(nodes) == 2 and len(set(nodes)) == 1, nodes  # both pools on the one Ray's node (a new id per start)
     assert state.idle_s == IDLE_S, history
     assert not list((ray_dir / "leases").iterdir())  # both jobs gave their lease back

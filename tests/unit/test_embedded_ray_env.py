@@ -16,16 +16,24 @@ def test_an_operators_own_worker_soft_limit_wins():
     assert head_env({WORKER_SOFT_LIMIT_ENV: "4"}, "token", "/t")[WORKER_SOFT_LIMIT_ENV] == "4"
 
 
-def test_the_head_starts_without_the_ray_client_server_and_the_autoscalers_monitor():
+def test_the_head_starts_without_the_ray_client_server_the_autoscalers_monitor_and_the_api_server():
     from ray._private.parameter import RayParams
 
     from airflow_provider_batchinfer.launchers.ray_head_hook import HOOK, trim_head
 
     assert head_env({}, "token", "/t")[START_HOOK_ENV] == HOOK
     assert head_env({START_HOOK_ENV: "theirs.hook"}, "token", "/t")[START_HOOK_ENV] == "theirs.hook"
+    from ray._private import node
+
+    ray_own = node.Node.start_api_server
     params = RayParams(ray_client_server_port=10001)  # what `ray start --head` passes its hook
-    trim_head(params, head=True)
-    assert params.ray_client_server_port is None and params.no_monitor is True
     worker = RayParams(ray_client_server_port=10001)
-    trim_head(worker, head=False)  # a worker node's start is left as it is
-    assert worker.ray_client_server_port == 10001 and worker.no_monitor is False
+    try:
+        trim_head(worker, head=False)  # a worker node's start is left as it is
+        assert worker.ray_client_server_port == 10001 and worker.no_monitor is False
+        assert node.Node.start_api_server is ray_own
+        trim_head(params, head=True)
+        assert params.ray_client_server_port is None and params.no_monitor is True
+        assert node.Node.start_api_server is not ray_own  # no API server: ray start's own process is patched
+    finally:
+        node.Node.start_api_server = ray_own
