@@ -84,6 +84,8 @@ class CheckedJob:
     reuse: ReusePlan | None = None
     # seconds the check that InputSpec.id_column is unique took (None: no id column)
     id_check_s: float | None = None
+    # uncompressed bytes a row of the columns read holds, from the first file's footer (sizes reads)
+    row_bytes: float = 0.0
 
     @property
     def todo_rows(self) -> int:
@@ -201,6 +203,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
         call_rows=rows_per_call,
         reuse=reuse_plan,
         id_check_s=id_check_s,
+        row_bytes=read_bytes,
     )
 
 

@@ -43,14 +43,21 @@ def footer_actors(files: int) -> int:
     return max(1, min(32, -(-files // FILES_PER_FOOTER_ACTOR)))
 
 
-def read_env(files: int) -> dict[str, str]:
+def read_env(files: int, task_bytes: int | None = None) -> dict[str, str]:
     """The variables Ray Data reads when ``read_parquet`` plans the read of ``files`` input files: its
-    footer readers sized to the files, its read tasks to ``Tuning.read_task_bytes`` (above)."""
-    return {FOOTER_ACTORS_ENV: str(footer_actors(files)), READ_TASK_BYTES_ENV: str(TUNING.read_task_bytes)}
+    footer readers sized to the files, its read tasks to ``task_bytes`` (default
+    ``Tuning.read_task_bytes``, above)."""
+    task_bytes = task_bytes or TUNING.read_task_bytes
+    return {FOOTER_ACTORS_ENV: str(footer_actors(files)), READ_TASK_BYTES_ENV: str(task_bytes)}
 
 
 def read_input(
-    files: list[str], columns: list[str], filesystem: Any, remote_args: dict[str, Any], concurrency: int
+    files: list[str],
+    columns: list[str],
+    filesystem: Any,
+    remote_args: dict[str, Any],
+    concurrency: int,
+    task_bytes: int | None = None,
 ) -> Any:
     """``ray.data.read_parquet`` of the job's input, planned with :func:`read_env`. The variables are
     read when ``read_parquet`` is called, so they are set only around that call; an operator's own
@@ -59,8 +66,9 @@ def read_input(
 
     import ray.data
 
-    own = {name: os.environ.get(name) for name in read_env(len(files))}
-    os.environ.update({name: value for name, value in read_env(len(files)).items() if own[name] is None})
+    planned = read_env(len(files), task_bytes)
+    own = {name: os.environ.get(name) for name in planned}
+    os.environ.update({name: value for name, value in planned.items() if own[name] is None})
     try:
         return ray.data.read_parquet(
             files, columns=columns, filesystem=filesystem, ray_remote_args=remote_args, concurrency=concurrency

@@ -14,6 +14,7 @@ from airflow_provider_batchinfer.runtime.io import read_input
 from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts
 from airflow_provider_batchinfer.runtime.plan import ActorPool, io_tasks
 from airflow_provider_batchinfer.runtime.small_input import read_small_input
+from airflow_provider_batchinfer.runtime.tuning import TUNING
 from airflow_provider_batchinfer.stage import Stage
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
     replica = replica_remote_args(pool)
     # RESUME: the rest; incremental: copies with each row's key and earlier place (reuse_match.py)
     files, columns = reuse.keyed_input(checked.reuse, checked.read_files, plan["read"])
-    ds, fused = _read(files, columns, storage, (io, replica), pool, reads_in_replicas(checked, pool))
+    fuse, input_bytes = reads_in_replicas(checked, pool), checked.todo_rows * checked.row_bytes
+    ds, fused = _read(files, columns, storage, (io, replica), pool, fuse, input_bytes)
     ds = reuse.with_keys(ds, checked.reuse, io)  # row keys + where an earlier run has them
     if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
         ds = cut_into_parts(ds, spec.rows_per_part, io)  # at the io share, not Ray's 1 CPU (part_rows.py)
@@ -107,6 +109,14 @@ def unthrottle(ds: Dataset) -> None:
     ds.context.op_resource_reservation_enabled = False
 
 
+def replica_read_bytes(input_bytes: float, replicas: int) -> int:
+    """Input bytes per read task when the replicas read their own input: ``Tuning.replica_read_task_bytes``,
+    or less for an input that would give fewer than two read tasks per replica (never below
+    ``Tuning.read_task_bytes``)."""
+    share = int(input_bytes / (2 * max(1, replicas)))
+    return max(TUNING.read_task_bytes, min(TUNING.replica_read_task_bytes, share))
+
+
 def _read(
     files: list[str],
     columns: list[str],
@@ -114,6 +124,7 @@ def _read(
     remote_args: tuple[dict[str, Any], dict[str, Any]],
     pool: ActorPool,
     fuse: bool,
+    input_bytes: float = 0.0,
 ) -> tuple[Dataset, bool]:
     """A small input as one block read here (``small_input.py``), else ``read_parquet`` on the cluster:
     in read tasks of their own (``remote_args[0]``), or, with ``fuse``, in the replicas (asking for
@@ -132,7 +143,8 @@ def _read(
     filesystem = Stage.open(files[0], storage).fs if storage else None
     # no more read workers than the replicas can keep up with, footer readers sized to the files
     if fuse:
-        return read_input(files, columns, filesystem, remote_args[1], concurrency=pool["replicas"]), True
+        task_bytes = replica_read_bytes(input_bytes, pool["replicas"])
+        return read_input(files, columns, filesystem, remote_args[1], pool["replicas"], task_bytes), True
     return read_input(files, columns, filesystem, remote_args[0], concurrency=io_tasks(pool)), False
 
 

@@ -54,6 +54,13 @@ class Tuning:
     # files of 1M rows and more filled 128 MiB read tasks, and the job's peak grew with its input.
     # Each read task's rows go to one part, so this also sizes the parts (a few MiB of Parquet each)
     read_task_bytes: int = 16 << 20
+    # input bytes one read task takes, at most, when the replicas read their own input (a CPU job:
+    # runtime/pool_dataset.py): the block then stays in the replica's heap, two at a time, and only
+    # the scored rows go through the object store, so a larger block costs no worker a larger
+    # footprint, and Ray's scheduling, the write tasks and the parts' files (one per read task) are
+    # paid a quarter as often. An input with less than two such blocks per replica is cut smaller,
+    # down to read_task_bytes, so every replica gets work
+    replica_read_task_bytes: int = 64 << 20
     # an actor-pool input of at most this many files and bytes (uncompressed, its footers' row groups)
     # is read in the runtime's driver and handed to Ray Data as one in-memory block
     # (runtime/small_input.py): on a cold cluster the file path's listing task, footer-reading actor

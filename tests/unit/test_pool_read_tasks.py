@@ -24,3 +24,15 @@ def test_ray_data_still_reads_the_read_task_size_from_that_variable():
     from ray.data._internal.datasource_v2.formats.parquet.parquet_datasource_v2 import ParquetDatasourceV2
 
     assert READ_TASK_BYTES_ENV in inspect.getsource(ParquetDatasourceV2.get_file_partitioner)
+
+
+def test_replicas_that_read_their_own_input_take_larger_blocks_but_never_fewer_than_two_each():
+    from airflow_provider_batchinfer.runtime.pool_dataset import replica_read_bytes
+
+    mib = 1 << 20
+    assert TUNING.replica_read_task_bytes == 64 * mib
+    assert replica_read_bytes(2_560 * mib, replicas=1) == 64 * mib  # 10M rows of 64 float32 features
+    assert replica_read_bytes(200 * mib, replicas=2) == 50 * mib  # two read tasks per replica
+    assert replica_read_bytes(100 * mib, replicas=4) == 16 * mib  # never below the pool's own size
+    assert replica_read_bytes(0, replicas=1) == 16 * mib
+    assert read_env(40, 64 * mib)[READ_TASK_BYTES_ENV] == str(64 * mib)
