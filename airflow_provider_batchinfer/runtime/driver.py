@@ -39,7 +39,7 @@ from airflow_provider_batchinfer.runtime.attach import cluster_can_grow, init_ra
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
 from airflow_provider_batchinfer.runtime.flavors import call_rows, flavor, transfer_rows
-from airflow_provider_batchinfer.runtime.io import make_datasink, replicas_per_node, row_bytes
+from airflow_provider_batchinfer.runtime.io import make_datasink, replicas_per_node, row_bytes, write_here
 from airflow_provider_batchinfer.runtime.plan import (
     ActorPool,
     ColumnPlan,
@@ -260,7 +260,7 @@ def _stream_counted(checked: CheckedJob, pool: ActorPool, counter: Any) -> _Stre
     progress = ProgressLog(
         lambda: ray.get(counter.get.remote(), timeout=10), checked.todo_rows, checked.job.job_spec.progress_interval_s
     )
-    ds = build_dataset(checked, pool, counter)
+    ds, read_here = build_dataset(checked, pool, counter)
     sink = (reuse.make_keyed_datasink if checked.reuse else make_datasink)(  # + key files
         checked.run_dir.location,
         checked.job.attempt,
@@ -274,7 +274,10 @@ def _stream_counted(checked: CheckedJob, pool: ActorPool, counter: Any) -> _Stre
     meter = usage.Meter(checked.job, pool, counter, checked.todo_rows)  # time held, and the budget
     try:
         with meter.guard(ds):  # Ray Data's execution loop stops the write at max_cost's deadline
-            ds.write_datasink(sink, ray_remote_args={"num_cpus": pool["io_cpus"]}, concurrency=io_tasks(pool))
+            if read_here:  # a small input's few blocks: no write task to start
+                write_here(ds, sink)
+            else:
+                ds.write_datasink(sink, ray_remote_args={"num_cpus": pool["io_cpus"]}, concurrency=io_tasks(pool))
     except Exception as exc:  # a replica that could not start says why in text only: restore our error
         replica_error = replica_init_error(exc)
         if replica_error is None:

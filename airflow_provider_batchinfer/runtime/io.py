@@ -308,6 +308,22 @@ class PartsDatasink:
         self.error_parts = sorted((e for e in entries if e.name.startswith(ERRORS_DIR + "/")), key=lambda e: e.name)
 
 
+def write_here(ds: Any, sink: Any) -> None:
+    """Write ``ds``'s scored blocks from this process through ``sink``, a part per block named as
+    Ray's write tasks name theirs (``part-<index>-<attempt>``), then record them as Ray's write does.
+    For an input read in the runtime's driver (``small_input.py``): its blocks are few and small,
+    and on a cold cluster a write task is one more Ray worker process to start after the replica's,
+    on the job's critical path."""
+    from types import SimpleNamespace
+
+    import ray
+
+    returns = []
+    for index, bundle in enumerate(ds.iter_internal_ref_bundles()):
+        returns.append(sink.write(ray.get(list(bundle.block_refs)), SimpleNamespace(task_idx=index)))
+    sink.on_write_complete(SimpleNamespace(write_returns=returns))
+
+
 def make_datasink(
     run_dir: str,
     attempt: str,

@@ -6,7 +6,7 @@ writes it through the parts datasink (``io.py``)."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV
 from airflow_provider_batchinfer.runtime import llm, reuse, usage
@@ -23,7 +23,15 @@ if TYPE_CHECKING:
     from airflow_provider_batchinfer.runtime.driver import CheckedJob
 
 
-def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset:
+class PoolDataset(NamedTuple):
+    """The pipeline up to the model, and whether its input was read here, in the runtime's driver
+    (``small_input.py``): such a job's few scored blocks are written here too (``io.write_here``)."""
+
+    dataset: Dataset
+    read_here: bool
+
+
+def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> PoolDataset:
     """``read_parquet`` (RESUME: of the rows left, ``resume.py``) -> (``rows_per_part``) -> the model.
     Reads, cuts and writes ask for ``pool["io_cpus"]`` each: they run beside the replicas in the job's
     reservation (``resources.py``)."""
@@ -36,7 +44,8 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
     # RESUME: the rest; incremental: copies with each row's key and earlier place (reuse_match.py)
     files, columns = reuse.keyed_input(checked.reuse, checked.read_files, plan["read"])
     fuse, input_bytes = reads_in_replicas(checked, pool), checked.todo_rows * checked.row_bytes
-    ds, fused = _read(files, columns, storage, (io, replica), pool, fuse, input_bytes)
+    ds, read_by = _read(files, columns, storage, (io, replica), pool, fuse, input_bytes)
+    fused = read_by == "replicas"
     ds = reuse.with_keys(ds, checked.reuse, io)  # row keys + where an earlier run has them
     if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
         ds = cut_into_parts(ds, spec.rows_per_part, io)  # at the io share, not Ray's 1 CPU (part_rows.py)
@@ -46,7 +55,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
             f"{llm.gpus_per_replica(spec)} GPU(s)",
             flush=True,
         )
-        return llm.build_pipeline(
+        pipeline = llm.build_pipeline(
             ds,
             llm.model_source(checked.registry, model),
             dict(model.signature or {}),
@@ -55,9 +64,10 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
             spec,
             counter,
         )
+        return PoolDataset(pipeline, read_here=False)
     if fused:
         unthrottle(ds)
-    return ds.map_batches(
+    scored = ds.map_batches(
         reuse.replica_class(checked.reuse, storage, base=usage.MeteredReplica),  # + reuse, timed
         fn_constructor_kwargs={
             **replica_kwargs(checked, pool, counter),
@@ -74,6 +84,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> Dataset
         ),
         **replica,
     )
+    return PoolDataset(scored, read_here=read_by == "here" and checked.reuse is None)
 
 
 def replica_remote_args(pool: ActorPool) -> dict[str, Any]:
@@ -125,11 +136,11 @@ def _read(
     pool: ActorPool,
     fuse: bool,
     input_bytes: float = 0.0,
-) -> tuple[Dataset, bool]:
+) -> tuple[Dataset, str]:
     """A small input as one block read here (``small_input.py``), else ``read_parquet`` on the cluster:
     in read tasks of their own (``remote_args[0]``), or, with ``fuse``, in the replicas (asking for
-    ``remote_args[1]``, theirs), as many at once as there are replicas. Also says whether the read
-    went to the replicas: a small input's one block is split into batches for them instead."""
+    ``remote_args[1]``, theirs), as many at once as there are replicas. Also says who read it:
+    "here", "replicas" or "tasks" (a small input's one block is split into batches for the replicas)."""
     import ray.data
 
     small = read_small_input(files, columns, storage)
@@ -139,13 +150,13 @@ def _read(
             f"{len(files)} file(s), one block (no listing task, footer reader or read task on the cluster)",
             flush=True,
         )
-        return ray.data.from_blocks([small]), False  # metadata computed here: from_arrow asks a task for it
+        return ray.data.from_blocks([small]), "here"  # metadata computed here: from_arrow asks a task for it
     filesystem = Stage.open(files[0], storage).fs if storage else None
     # no more read workers than the replicas can keep up with, footer readers sized to the files
     if fuse:
         task_bytes = replica_read_bytes(input_bytes, pool["replicas"])
-        return read_input(files, columns, filesystem, remote_args[1], pool["replicas"], task_bytes), True
-    return read_input(files, columns, filesystem, remote_args[0], concurrency=io_tasks(pool)), False
+        return read_input(files, columns, filesystem, remote_args[1], pool["replicas"], task_bytes), "replicas"
+    return read_input(files, columns, filesystem, remote_args[0], concurrency=io_tasks(pool)), "tasks"
 
 
 def replica_kwargs(checked: CheckedJob, pool: ActorPool, counter: Any) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """A job on the actor pool starts no Ray worker process beyond its replicas and its write tasks.
 
 A small input (``runtime/small_input.py``) is read in the driver and handed to Ray Data as one block:
-no listing task, footer-reading actor or read task starts for it. A larger one is read with
+no listing task, footer-reading actor, read task or write task starts for it. A larger one is read with
 ``ray.data.read_parquet``, whose footer readers are sized to its files (``runtime/io.py``), in the
 replicas themselves (``runtime/pool_dataset.py``). The
 replicas report to the cluster's one usage board (``runtime/usage_board.py``) instead of a counter
@@ -113,6 +113,9 @@ def test_a_small_input_starts_no_read_task_and_a_larger_one_one_footer_reader_an
     fused = "MapWorker(ReadFilesParquetV2->MapBatches(MeteredReplica))"
     assert [a for a in actors if a not in ONCE_PER_CLUSTER] == ["FooterReader", fused]
     assert not any("ListFiles" in t or "ReadFiles" in t or "ReadParquet" in t for t in small_tasks), small_tasks
+    # nor a write task: the driver that read the small input writes its parts (io.write_here)
+    assert not any(t.startswith("Write") for t in small_tasks), small_tasks
+    assert any(t.startswith("Write") for t in tasks), tasks
     assert not any(t.startswith(("ReadFiles", "ReadParquet")) for t in tasks), tasks
     assert any(t.startswith(fused) for t in tasks), tasks
     assert all(after["actors"].count(a) <= 1 for a in ONCE_PER_CLUSTER) and "UsageBoard" in after["actors"]
