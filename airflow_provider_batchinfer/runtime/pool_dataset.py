@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 
 class PoolDataset(NamedTuple):
-    """The pipeline up to the model, and whether its input was read here, in the runtime's driver
-    (``small_input.py``): such a job's few scored blocks are written here too (``io.write_here``)."""
+    """The pipeline up to the model, and whether its scored blocks are written here (``io.write_here``):
+    an input read in the runtime's driver (``small_input.py``) on a one-node pool."""
 
     dataset: Dataset
     read_here: bool
@@ -84,7 +84,10 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> PoolDat
         ),
         **replica,
     )
-    return PoolDataset(scored, read_here=read_by == "here" and checked.reuse is None)
+    # on one node the write task would run beside the replicas anyway; over several nodes the job keeps
+    # its write tasks, which also leave a replica still loading its model the time to report its node
+    one_node = pool["num_workers"] == 1
+    return PoolDataset(scored, read_here=read_by == "here" and checked.reuse is None and one_node)
 
 
 def replica_remote_args(pool: ActorPool) -> dict[str, Any]:
