@@ -6,7 +6,7 @@ writes it through the parts datasink (``io.py``)."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV
 from airflow_provider_batchinfer.runtime import llm, reuse, usage
@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from ray.data import Dataset
 
     from airflow_provider_batchinfer.runtime.driver import CheckedJob
+
+
+#: who read a pool job's input: the runtime's driver, the replicas themselves, or read tasks of their own
+ReadBy = Literal["here", "replicas", "tasks"]
 
 
 class PoolDataset(NamedTuple):
@@ -139,7 +143,7 @@ def _read(
     pool: ActorPool,
     fuse: bool,
     input_bytes: float = 0.0,
-) -> tuple[Dataset, str]:
+) -> tuple[Dataset, ReadBy]:
     """A small input as one block read here (``small_input.py``), else ``read_parquet`` on the cluster:
     in read tasks of their own (``remote_args[0]``), or, with ``fuse``, in the replicas (asking for
     ``remote_args[1]``, theirs), as many at once as there are replicas. Also says who read it:
