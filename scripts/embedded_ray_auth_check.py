@@ -1,7 +1,7 @@
 """Check that the embedded Ray refuses callers without its token: its GCS answers an unauthenticated
-gRPC call with UNAUTHENTICATED and one with the token with OK; the port of its Ray Client server
-(which the embedded Ray starts without, ``launchers/ray_head_hook.py``) refuses the call, or, where an
-operator's own ``RAY_START_HOOK`` started the server, answers it with UNAUTHENTICATED.
+gRPC call with UNAUTHENTICATED and one with the token with OK; a Ray Client server (which the
+embedded Ray starts without, ``launchers/ray_head.py``, unless an operator's own ``RAY_START_HOOK``
+asks for one) answers it with UNAUTHENTICATED.
 
 Why a raw gRPC call: a driver without the token does not fail, it retries until its own timeout
 (a minute and more), which says nothing certain; the server's status code does.
@@ -25,6 +25,7 @@ from pathlib import Path
 import grpc
 
 from airflow_provider_batchinfer.launchers import embedded_ray
+from airflow_provider_batchinfer.launchers.procs import group_cmdlines
 
 
 def _call(address: str, token: str | None, client: bool) -> str:
@@ -47,8 +48,8 @@ def _call(address: str, token: str | None, client: bool) -> str:
 
 def probe(state: embedded_ray.EmbeddedRay) -> list[str]:
     """What is wrong with the recorded Ray's authentication (nothing: an empty list)."""
-    cmdline = Path(f"/proc/{state.head_pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    client_port = re.search(r"--ray-client-server-port=(\d+)", cmdline)
+    client = [line for line in group_cmdlines(state.head_pid) if "ray.util.client.server" in line]
+    client_port = re.search(r"--port=(\d+)", client[0]) if client else None
     token = Path(state.token_path).read_text().strip() if state.token_path else None
     checks = [("GCS without the token", state.address, None, False, {"UNAUTHENTICATED"})]
     checks.append(("GCS with the token", state.address, token, False, {"OK"}))
@@ -56,7 +57,7 @@ def probe(state: embedded_ray.EmbeddedRay) -> list[str]:
         address = f"127.0.0.1:{client_port[1]}"
         checks.append(("Ray Client server without the token", address, None, True, {"UNAVAILABLE", "UNAUTHENTICATED"}))
     else:
-        print("  no --ray-client-server-port in the head's command line: nothing to probe there")
+        print("  no Ray Client server among the head's processes: nothing to probe there")
     wrong = []
     if state.auth_mode != "token":
         wrong.append(f"state.json records auth {state.auth_mode!r}")

@@ -2,14 +2,14 @@
 
 Starting Ray takes about half of a small job's wall time, and every job starting its own Ray makes
 concurrent jobs each believe they own every CPU. So the ``local`` launcher, when no Ray address is
-configured, asks this module for *the* embedded Ray: the first job starts it (``ray start --head
---block`` in its own session, loopback only, every port picked free, its own short temp dir), later
+configured, asks this module for *the* embedded Ray: the first job starts it (``ray_head.py``: Ray's
+own head node, as ``ray start --head --block`` starts it, in its own session, loopback only, every port picked free, its own short temp dir), later
 and concurrent jobs attach to it, and a small keeper process stops it after an idle timeout.
 
 It always runs with Ray's token authentication (Ray 2.52 or later; an older Ray is refused): its
 ports listen on loopback, where any local user could otherwise connect and run code as this worker's
-user, reading the jobs' credentials from ``/proc``. It starts without the Ray Client server and the
-autoscaler's monitor, which no job on it uses (``ray_head_hook.py``).
+user, reading the jobs' credentials from ``/proc``. It starts without the Ray Client server, the
+autoscaler's monitor and the API server, which no job on it uses (``ray_head.py``).
 
 Everything lives in a private state directory (``launchers/state_dirs.py``: ``BATCHINFER_RAY_DIR``,
 default ``/tmp/batchinfer-ray-<uid>``, created 0700; one that is not private is never used)::
@@ -27,7 +27,7 @@ the lock, so a job never gets an address that is being stopped; it stops Ray by 
 never with ``ray stop`` (which stops every Ray on the machine). A state whose keeper or head is gone,
 or whose GCS port is closed, is stale: its leftovers are stopped and a new Ray is started.
 
-Imports neither Airflow nor Ray: Ray is only ever run as a command.
+Imports neither Airflow nor Ray: Ray runs only in processes of its own (the head is ``ray_head.py``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from airflow_provider_batchinfer.launchers.procs import (
     proc_alive,
     proc_start_time,
 )
-from airflow_provider_batchinfer.launchers.ray_head_hook import HOOK
+from airflow_provider_batchinfer.launchers.ray_head import PORTS, READY_LINE
 from airflow_provider_batchinfer.launchers.state_dirs import (
     DIR_ENV,
     add_lease,
@@ -92,7 +92,8 @@ __all__ = [
 IDLE_ENV = "BATCHINFER_RAY_IDLE_S"
 DEFAULT_IDLE_S = 600.0
 START_TIMEOUT_S = 120.0
-_READY_LINE = "Ray runtime started"
+#: the head's program, run with this Python
+HEAD_MODULE = "airflow_provider_batchinfer.launchers.ray_head"
 READY_FILE = "batchinfer-ready"
 #: the first Ray release with token authentication (RAY_AUTH_MODE=token)
 TOKEN_AUTH_SINCE = (2, 52)
@@ -102,8 +103,6 @@ _NOT_INHERITED = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "BATCH
 #: this, by default its CPUs: a pool job's actors exceed two, so each read and write task started a fresh
 #: Python process. A job's workers still exit with its driver; an operator's own setting wins
 WORKER_SOFT_LIMIT_ENV, WORKER_SOFT_LIMIT = "RAY_num_workers_soft_limit", 64
-#: ``ray start`` calls the function this names with its parameters before starting anything
-START_HOOK_ENV = "RAY_START_HOOK"
 
 
 def installed_ray_version() -> str | None:
@@ -151,7 +150,7 @@ class EmbeddedRay:
     """A running embedded Ray, as ``state.json`` records it."""
 
     address: str  # GCS host:port
-    head_pid: int  # `ray start --block`, leader of the process group that holds every Ray process
+    head_pid: int  # the head (ray_head.py), leader of the process group that holds every Ray process
     head_started: int  # its start time (clock ticks since boot): guards against a reused pid
     keeper_pid: int
     temp_dir: str
@@ -214,7 +213,7 @@ def _stop(directory: Path, state: EmbeddedRay, why: str, grace_s: float = 5.0) -
     """Stop the recorded Ray by its process group (SIGTERM, then SIGKILL) and forget it. The group is
     signalled only while it is provably ours (the head itself, or a member whose command line names
     our temp dir), never a later process group that reuses the pid. The grace is short: SIGTERM
-    reaches every process of the group at once (raylet, GCS, workers), and `ray start --block` then
+    reaches every process of the group at once (raylet, GCS, workers), and the head then
     only waits out its drain timeout (30 s) for processes that are already gone."""
     _note(directory, "stop", state, why)
     if _ours(state):
@@ -237,14 +236,6 @@ def _ours(state: EmbeddedRay) -> bool:
     return any(state.temp_dir in cmdline for cmdline in group_cmdlines(state.head_pid))
 
 
-def _ray_command() -> str:
-    beside = Path(sys.executable).parent / "ray"
-    found = str(beside) if beside.exists() else shutil.which("ray")
-    if not found:
-        raise LaunchError("the `ray` command is not installed beside this Python; install ray[data,default]")
-    return found
-
-
 def _auth(directory: Path) -> tuple[str, str]:
     """Token auth, whatever the environment says; the token is this Ray's own file, so another
     `ray start` on the machine regenerating ``~/.ray/auth_token`` cannot lock our drivers out."""
@@ -259,14 +250,12 @@ def _auth(directory: Path) -> tuple[str, str]:
 
 
 def head_env(environ: Mapping[str, str], auth_mode: str, token_path: str) -> dict[str, str]:
-    """The environment of ``ray start --head``: this process's, less another cluster's address and
-    token, with token auth, no usage stats, idle task workers kept (``WORKER_SOFT_LIMIT``), and the
-    head's unused processes left out (``ray_head_hook``; an operator's own hook wins)."""
+    """The environment of the head (``ray_head.py``): this process's, less another cluster's address
+    and token, with token auth, no usage stats and idle task workers kept (``WORKER_SOFT_LIMIT``)."""
     env = {k: v for k, v in environ.items() if k not in _NOT_INHERITED}
     env.update(RAY_AUTH_MODE=auth_mode, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env["RAY_AUTH_TOKEN_PATH"] = token_path
     env.setdefault(WORKER_SOFT_LIMIT_ENV, str(WORKER_SOFT_LIMIT))
-    env.setdefault(START_HOOK_ENV, HOOK)
     return env
 
 
@@ -283,15 +272,12 @@ def _start(
     log: TaskLog,
     while_starting: Callable[[EmbeddedRay], None] | None = None,
 ) -> EmbeddedRay:
-    ports = ["ray-client-server", "dashboard", "dashboard-agent-listen", "dashboard-agent-grpc", "metrics-export"]
-    ports += ["runtime-env-agent", "node-manager", "object-manager"]
-    port, *picked = free_ports(1 + len(ports))  # distinct: Ray refuses to start when two components share one
+    port, *picked = free_ports(1 + len(PORTS))  # distinct: Ray refuses to start when two components share one
     temp_dir = make_ray_temp_dir(directory)
     auth_mode, token_path = _auth(directory)
     env = head_env(environ, auth_mode, token_path)
-    cmd = [_ray_command(), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1"]
-    cmd += [f"--temp-dir={temp_dir}", "--include-dashboard=false", "--disable-usage-stats"]
-    cmd += [f"--{name}-port={p}" for name, p in zip(ports, picked, strict=True)]  # never collide with another Ray here
+    cmd = [sys.executable, "-m", HEAD_MODULE, f"--port={port}", f"--temp-dir={temp_dir}"]
+    cmd += [f"--{name}-port={p}" for name, p in zip(PORTS, picked, strict=True)]  # never collide with another Ray here
     log.info("Starting the embedded Ray (state in %s, idle timeout %gs): %s", directory, idle_s, " ".join(cmd))
     with open(directory / "head.log", "w") as out:
         head = subprocess.Popen(
@@ -335,7 +321,7 @@ def _wait_ready(directory: Path, state: EmbeddedRay, head: subprocess.Popen[byte
     port = int(state.address.rpartition(":")[2])
     deadline = time.monotonic() + START_TIMEOUT_S
     log_path = directory / "head.log"
-    while not (port_open("127.0.0.1", port) and _READY_LINE in log_path.read_text(errors="replace")):
+    while not (port_open("127.0.0.1", port) and READY_LINE in log_path.read_text(errors="replace")):
         if head.poll() is not None or time.monotonic() > deadline:
             tail = log_path.read_text(errors="replace")[-3000:]
             _stop(directory, state, "it did not start")

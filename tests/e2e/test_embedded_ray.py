@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_provider_batchinfer.launchers import embedded_ray, state_dirs
+from airflow_provider_batchinfer.launchers import embedded_ray, ray_head, state_dirs
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.launchers.local import PARENT_PID_ENV, LocalLauncher
 from airflow_provider_batchinfer.launchers.procs import group_cmdlines, proc_alive, proc_start_time
@@ -213,7 +213,7 @@ def test_the_launcher_tells_the_runtime_its_pid(tmp_path):
 # --- a real embedded Ray ------------------------------------------------------------------------------
 def test_a_job_started_beside_a_ray_that_does_not_come_up_is_stopped_and_leaves_no_lease(ray_dir, monkeypatch):
     """The job starts while its Ray starts (its checks need none); a start that fails stops it."""
-    monkeypatch.setenv(embedded_ray.START_HOOK_ENV, "no_such_module.hook")  # `ray start` exits at once
+    monkeypatch.setenv(ray_head.START_HOOK_ENV, "no_such_module.hook")  # the head exits at once
     launcher = LocalLauncher()
     env = launcher.environment()
     job = [sys.executable, "-c", "import os, time; print(os.environ['BATCHINFER_EMBEDDED_RAY_READY']); time.sleep(120)"]
@@ -250,7 +250,7 @@ def test_stale_states_are_replaced(ray_dir, monkeypatch):
         first = embedded_ray.acquire(ray_dir, 600.0, RAY_VERSION, {**os.environ, "RAY_AUTH_MODE": "disabled"}, LOG)
     assert first.address != "127.0.0.1:1" and not leftover.exists()
     assert "stale" in (ray_dir / "history.log").read_text()
-    # its GCS answers a call without the token with UNAUTHENTICATED, its Ray Client server's port none; probed from
+    # its GCS answers a call without the token with UNAUTHENTICATED, and it runs no Ray Client server; probed from
     # a process of its own: a probe without the token leaves Ray's auth settings in the process that
     # made it, and a later test of this worker could then not reach a cluster that takes the token
     check = [sys.executable, str(REPO / "scripts" / "embedded_ray_auth_check.py"), str(ray_dir)]
@@ -258,8 +258,8 @@ def test_stale_states_are_replaced(ray_dir, monkeypatch):
         check, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)}
     )
     assert probed.returncode == 0, probed.stdout + probed.stderr
-    assert first.auth_mode == "token" and "Ray Client server without the token (127.0.0.1:" in probed.stdout
-    assert "): UNAVAILABLE" in probed.stdout  # not started (ray_head_hook.py): nothing listens on its port
+    assert first.auth_mode == "token" and "GCS without the token" in probed.stdout
+    assert "no Ray Client server among the head's processes" in probed.stdout  # not started (ray_head.py)
     # a real Ray whose keeper died (nobody would ever stop it): its head is stopped and a new Ray is
     # started (the start itself is the one above: recorded here, not repeated)
     os.kill(first.keeper_pid, signal.SIGKILL)
@@ -355,7 +355,7 @@ def test_concurrent_runs_share_one_warm_ray_which_stops_once_idle(ray_dir, text_
     here.start()
     try:
         state = _state_while_leased(ray_dir, [other, here])
-        head = " | ".join(group_cmdlines(state.head_pid))  # the trimmed head (ray_head_hook.py)
+        head = " | ".join(group_cmdlines(state.head_pid))  # the trimmed head (ray_head.py)
         here.join(timeout=480)
         assert other.wait(timeout=480) == 0, (tmp_path / "run0.log").read_text()[-4000:]
     finally:

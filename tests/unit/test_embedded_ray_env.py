@@ -1,8 +1,18 @@
-"""The environment the embedded Ray's head starts with (``launchers/embedded_ray.head_env``)."""
+"""The environment and parameters the embedded Ray's head starts with (``launchers/embedded_ray.head_env``,
+``launchers/ray_head.py``)."""
 
 from __future__ import annotations
 
-from airflow_provider_batchinfer.launchers.embedded_ray import START_HOOK_ENV, WORKER_SOFT_LIMIT_ENV, head_env
+import sys
+
+from airflow_provider_batchinfer.launchers.embedded_ray import WORKER_SOFT_LIMIT_ENV, head_env
+from airflow_provider_batchinfer.launchers.ray_head import (
+    PORTS,
+    START_HOOK_ENV,
+    call_operator_hook,
+    head_params,
+    skip_api_server,
+)
 
 
 def test_the_head_keeps_idle_task_workers_and_never_sees_another_clusters_address():
@@ -17,23 +27,33 @@ def test_an_operators_own_worker_soft_limit_wins():
 
 
 def test_the_head_starts_without_the_ray_client_server_the_autoscalers_monitor_and_the_api_server():
-    from ray._private.parameter import RayParams
-
-    from airflow_provider_batchinfer.launchers.ray_head_hook import HOOK, trim_head
-
-    assert head_env({}, "token", "/t")[START_HOOK_ENV] == HOOK
-    assert head_env({START_HOOK_ENV: "theirs.hook"}, "token", "/t")[START_HOOK_ENV] == "theirs.hook"
     from ray._private import node
 
+    ports = {name: 20000 + n for n, name in enumerate(PORTS)}
+    params = head_params(6390, "/tmp/bir-x", ports)
+    assert (params.gcs_server_port, params.node_ip_address, params.temp_dir) == (6390, "127.0.0.1", "/tmp/bir-x")
+    assert params.ray_client_server_port is None and params.no_monitor is True and params.include_dashboard is False
+    assert (params.node_manager_port, params.metrics_agent_port, params.runtime_env_agent_port) == (
+        ports["node-manager"],
+        ports["dashboard-agent-grpc"],
+        ports["runtime-env-agent"],
+    )
     ray_own = node.Node.start_api_server
-    params = RayParams(ray_client_server_port=10001)  # what `ray start --head` passes its hook
-    worker = RayParams(ray_client_server_port=10001)
     try:
-        trim_head(worker, head=False)  # a worker node's start is left as it is
-        assert worker.ray_client_server_port == 10001 and worker.no_monitor is False
-        assert node.Node.start_api_server is ray_own
-        trim_head(params, head=True)
-        assert params.ray_client_server_port is None and params.no_monitor is True
-        assert node.Node.start_api_server is not ray_own  # no API server: ray start's own process is patched
+        skip_api_server()  # only in the head's own process, which runs nothing else
+        assert node.Node.start_api_server is not ray_own
     finally:
         node.Node.start_api_server = ray_own
+
+
+def test_an_operators_own_start_hook_is_called_after_the_heads_choices_and_wins(tmp_path, monkeypatch):
+    (tmp_path / "operator_hook.py").write_text(
+        "def hook(params, head):\n    params.ray_client_server_port = 10001 if head else None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    params = head_params(6390, "/tmp/bir-x", dict.fromkeys(PORTS, 0))
+    call_operator_hook(params, {})
+    assert params.ray_client_server_port is None
+    call_operator_hook(params, {START_HOOK_ENV: "operator_hook.hook"})
+    assert params.ray_client_server_port == 10001
+    sys.modules.pop("operator_hook", None)
