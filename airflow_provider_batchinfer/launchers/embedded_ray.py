@@ -103,6 +103,14 @@ _NOT_INHERITED = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "BATCH
 #: this, by default its CPUs: a pool job's actors exceed two, so each read and write task started a fresh
 #: Python process. A job's workers still exit with its driver; an operator's own setting wins
 WORKER_SOFT_LIMIT_ENV, WORKER_SOFT_LIMIT = "RAY_num_workers_soft_limit", 64
+#: a Ray process that finds a local socket not yet there (the raylet its object store's, a worker its
+#: raylet's) waits this long before it looks again, 1 s by default: a raylet whose store came up a
+#: moment late registered a whole second later. Ten times as many looks, ten times as often, keep
+#: Ray's own 10 s budget. An operator's own settings win
+CONNECT_RETRY_ENV = {
+    "RAY_raylet_client_connect_timeout_milliseconds": "100",
+    "RAY_raylet_client_num_connect_attempts": "100",
+}
 
 
 def installed_ray_version() -> str | None:
@@ -251,11 +259,14 @@ def _auth(directory: Path) -> tuple[str, str]:
 
 def head_env(environ: Mapping[str, str], auth_mode: str, token_path: str) -> dict[str, str]:
     """The environment of the head (``ray_head.py``): this process's, less another cluster's address
-    and token, with token auth, no usage stats and idle task workers kept (``WORKER_SOFT_LIMIT``)."""
+    and token, with token auth, no usage stats, idle task workers kept (``WORKER_SOFT_LIMIT``) and
+    local sockets looked for again sooner (``CONNECT_RETRY_ENV``)."""
     env = {k: v for k, v in environ.items() if k not in _NOT_INHERITED}
     env.update(RAY_AUTH_MODE=auth_mode, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env["RAY_AUTH_TOKEN_PATH"] = token_path
     env.setdefault(WORKER_SOFT_LIMIT_ENV, str(WORKER_SOFT_LIMIT))
+    for name, value in CONNECT_RETRY_ENV.items():
+        env.setdefault(name, value)
     return env
 
 

@@ -22,8 +22,16 @@ def test_the_head_keeps_idle_task_workers_and_never_sees_another_clusters_addres
     assert (env["RAY_AUTH_MODE"], env["RAY_AUTH_TOKEN_PATH"], env["PATH"]) == ("token", "/t", "/bin")
 
 
-def test_an_operators_own_worker_soft_limit_wins():
+def test_an_operators_own_worker_soft_limit_and_socket_retries_win():
     assert head_env({WORKER_SOFT_LIMIT_ENV: "4"}, "token", "/t")[WORKER_SOFT_LIMIT_ENV] == "4"
+    ours = head_env({}, "token", "/t")
+    assert (
+        int(ours["RAY_raylet_client_connect_timeout_milliseconds"])
+        * int(ours["RAY_raylet_client_num_connect_attempts"])
+        == 10_000
+    )  # Ray's own budget (10 looks, 1 s apart), looked at more often
+    theirs = head_env({"RAY_raylet_client_connect_timeout_milliseconds": "1000"}, "token", "/t")
+    assert theirs["RAY_raylet_client_connect_timeout_milliseconds"] == "1000"
 
 
 def test_the_head_starts_without_the_ray_client_server_the_autoscalers_monitor_and_the_api_server():
