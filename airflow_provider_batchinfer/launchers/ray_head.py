@@ -109,18 +109,20 @@ def find_registration_sooner(poll_s: float = 0.02, wait_s: float = 30.0) -> None
     def get_node(gcs_address: str, node_id: str) -> Any:
         client = GcsClient(address=gcs_address)
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and not _registered(client, node_id):
+        while time.monotonic() < deadline and _registered(client, node_id) is False:
             time.sleep(poll_s)
         return ray_get_node(gcs_address, node_id)
 
     services.get_node = get_node
 
 
-def _registered(client: Any, node_id: str) -> bool:
+def _registered(client: Any, node_id: str) -> bool | None:
+    """Whether the GCS lists the node; None when it cannot be asked (a Ray whose client differs):
+    Ray's own lookup then decides, at its own pace, and the head starts as it always did."""
     try:
         return any(node.hex() == node_id for node in client.get_all_node_info(timeout=1.0))
-    except Exception:  # the GCS not answering yet is the same as not registered yet
-        return False
+    except Exception:
+        return None
 
 
 def start_head(params: Any) -> Any:

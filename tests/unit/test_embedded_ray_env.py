@@ -65,3 +65,27 @@ def test_an_operators_own_start_hook_is_called_after_the_heads_choices_and_wins(
     call_operator_hook(params, {START_HOOK_ENV: "operator_hook.hook"})
     assert params.ray_client_server_port == 10001
     sys.modules.pop("operator_hook", None)
+
+
+def test_the_heads_registration_lookup_leaves_the_decision_to_ray_when_it_cannot_ask():
+    from airflow_provider_batchinfer.launchers.ray_head import _registered
+
+    class Node:
+        def __init__(self, hex_id: str) -> None:
+            self.hex_id = hex_id
+
+        def hex(self) -> str:
+            return self.hex_id
+
+    class Gcs:
+        def __init__(self, nodes: list[Node] | None) -> None:
+            self.nodes = nodes
+
+        def get_all_node_info(self, timeout: float) -> dict[Node, object]:
+            if self.nodes is None:
+                raise TypeError("a client of another Ray")
+            return dict.fromkeys(self.nodes)
+
+    assert _registered(Gcs([Node("ab"), Node("cd")]), "cd") is True
+    assert _registered(Gcs([Node("ab")]), "cd") is False  # not yet: look again
+    assert _registered(Gcs(None), "cd") is None  # cannot ask: Ray's own lookup decides at once
