@@ -39,7 +39,13 @@ from airflow_provider_batchinfer.runtime.attach import cluster_can_grow, init_ra
 from airflow_provider_batchinfer.runtime.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
 from airflow_provider_batchinfer.runtime.flavors import call_rows, flavor, transfer_rows
-from airflow_provider_batchinfer.runtime.io import make_datasink, replicas_per_node, row_bytes, write_here
+from airflow_provider_batchinfer.runtime.io import (
+    PartsDatasink,
+    make_datasink,
+    replicas_per_node,
+    row_bytes,
+    write_here,
+)
 from airflow_provider_batchinfer.runtime.plan import (
     ActorPool,
     ColumnPlan,
@@ -49,7 +55,7 @@ from airflow_provider_batchinfer.runtime.plan import (
     size_actor_pool,
     with_id_column,
 )
-from airflow_provider_batchinfer.runtime.pool_dataset import build_dataset
+from airflow_provider_batchinfer.runtime.pool_dataset import build_dataset, rows_per_write
 from airflow_provider_batchinfer.runtime.progress import ProgressLog
 from airflow_provider_batchinfer.runtime.replica import replica_init_error
 from airflow_provider_batchinfer.runtime.resume import KeptParts, discard_remaining, resume_state
@@ -261,13 +267,15 @@ def _stream_counted(checked: CheckedJob, pool: ActorPool, counter: Any) -> _Stre
         lambda: ray.get(counter.get.remote(), timeout=10), checked.todo_rows, checked.job.job_spec.progress_interval_s
     )
     ds, read_here = build_dataset(checked, pool, counter)
-    sink = (reuse.make_keyed_datasink if checked.reuse else make_datasink)(  # + key files
-        checked.run_dir.location,
-        checked.job.attempt,
-        checked.storage,
-        error_columns=checked.plan["passthrough"],
-        provenance=table_commit.provenance_of(checked.job),  # the run key and model version of a table's rows
-    )
+    where = (checked.run_dir.location, checked.job.attempt, checked.storage)
+    passthrough, provenance = checked.plan["passthrough"], table_commit.provenance_of(checked.job)
+    sink: PartsDatasink
+    if checked.reuse:  # + key files
+        sink = reuse.make_keyed_datasink(*where, error_columns=passthrough, provenance=provenance)
+    else:  # provenance: the run key and model version of a table's rows
+        sink = make_datasink(
+            *where, error_columns=passthrough, provenance=provenance, rows_per_write=rows_per_write(checked)
+        )
     progress.start()
     t_map = time.monotonic()
     replica_error = None

@@ -262,8 +262,10 @@ class PartsDatasink:
         counter: Any = None,
         error_columns: list[str] | None = None,
         provenance: tuple[str, str] | None = None,
+        rows_per_write: int | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.rows_per_write = rows_per_write
         self.provenance = provenance
         self.attempt = attempt
         self.storage_options = dict(storage_options) if storage_options else None
@@ -273,6 +275,11 @@ class PartsDatasink:
         self.error_parts: list[FileEntry] = []
 
     # Ray Data looks these up on the datasink class; see ray.data.Datasink.
+    @property
+    def min_rows_per_write(self) -> int | None:
+        """Rows Ray Data gathers for one write task (one part); None: a block each."""
+        return self.rows_per_write
+
     def write(self, blocks: Iterable[Any], ctx: Any) -> list[FileEntry]:
         name = part_name(ctx.task_idx, self.attempt)
         run_dir = Stage.open(self.run_dir, self.storage_options)
@@ -331,6 +338,7 @@ def make_datasink(
     counter: Any = None,
     error_columns: list[str] | None = None,
     provenance: tuple[str, str] | None = None,
+    rows_per_write: int | None = None,
 ) -> PartsDatasink:
     """A ``ray.data.Datasink`` subclass instance; built lazily so importing this module needs no Ray."""
     from ray.data import Datasink
@@ -342,4 +350,4 @@ def make_datasink(
         def get_name(self) -> str:
             return "WriteParts"
 
-    return _Sink(run_dir, attempt, storage_options, counter, error_columns, provenance)
+    return _Sink(run_dir, attempt, storage_options, counter, error_columns, provenance, rows_per_write)

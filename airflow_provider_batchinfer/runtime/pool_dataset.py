@@ -49,6 +49,7 @@ def build_dataset(checked: CheckedJob, pool: ActorPool, counter: Any) -> PoolDat
     files, columns = reuse.keyed_input(checked.reuse, checked.read_files, plan["read"])
     fuse, input_bytes = reads_in_replicas(checked, pool), checked.todo_rows * checked.row_bytes
     ds, read_by = _read(files, columns, storage, (io, replica), pool, fuse, input_bytes)
+    skip_memory_polls(ds)
     fused = read_by == "replicas"
     ds = reuse.with_keys(ds, checked.reuse, io)  # row keys + where an earlier run has them
     if spec.rows_per_part:  # commit granularity for RESUME: one part per this many rows
@@ -125,6 +126,23 @@ def unthrottle(ds: Dataset) -> None:
     at most Ray Data's tasks in flight per actor (small: a file's row groups to read), and the
     write tasks, capped at ``io_tasks``, take the scored blocks as they come."""
     ds.context.op_resource_reservation_enabled = False
+
+
+def rows_per_write(checked: CheckedJob) -> int | None:
+    """Rows one write task gathers into one part (``Tuning.write_task_bytes`` of the model's input
+    columns); None where the parts' rows are set upstream: ``JobSpec.rows_per_part`` (RESUME's unit)
+    and incremental scoring's keyed parts take a block each."""
+    if checked.job.job_spec.rows_per_part or checked.reuse is not None:
+        return None
+    return max(1, int(TUNING.write_task_bytes / max(checked.row_bytes, 1.0)))
+
+
+def skip_memory_polls(ds: Dataset) -> None:
+    """Stop Ray Data polling each map task's memory for this dataset (its own context). It asks
+    psutil for the process's unique memory once a second, a walk over every mapping of a replica
+    that holds torch and its model, for a figure only its stats show; Ray's memory monitor still
+    guards the nodes."""
+    ds.context.memory_usage_poll_interval_s = None
 
 
 def replica_read_bytes(input_bytes: float, replicas: int) -> int:

@@ -61,6 +61,14 @@ class Tuning:
     # paid a quarter as often. An input with less than two such blocks per replica is cut smaller,
     # down to read_task_bytes, so every replica gets work
     replica_read_task_bytes: int = 64 << 20
+    # input bytes whose scored rows one write task of the actor pool writes as one part, when the
+    # parts' rows are free to group (no JobSpec.rows_per_part, no incremental keys): Ray Data then
+    # hands a write task blocks until it has that many rows. A write task costs Ray and Ray Data more
+    # CPU than writing its Parquet (the 10M MLP: 77 tasks of one block each took 5 CPU-s, a quarter
+    # of a core beside the one replica), and users read fewer, larger parts. The blocks wait in the
+    # object store until their task starts, so an output much wider than the model's input columns
+    # (embeddings of short texts) holds a few times this much there
+    write_task_bytes: int = 128 << 20
     # an actor-pool input of at most this many files and bytes (uncompressed, its footers' row groups)
     # is read in the runtime's driver and handed to Ray Data as one in-memory block
     # (runtime/small_input.py): on a cold cluster the file path's listing task, footer-reading actor
