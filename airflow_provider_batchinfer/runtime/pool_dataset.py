@@ -130,11 +130,11 @@ def unthrottle(ds: Dataset) -> None:
 
 def rows_per_write(checked: CheckedJob) -> int | None:
     """Rows one write task gathers into one part (``Tuning.write_task_bytes`` of the model's input
-    columns); None where the parts' rows are set upstream: ``JobSpec.rows_per_part`` (RESUME's unit)
-    and incremental scoring's keyed parts take a block each."""
-    if checked.job.job_spec.rows_per_part or checked.reuse is not None:
+    columns); None, a part per block, where the parts' rows are set upstream (``JobSpec.rows_per_part``,
+    RESUME's unit, and incremental scoring's keyed parts) or the input's footers gave no row size."""
+    if checked.job.job_spec.rows_per_part or checked.reuse is not None or checked.row_bytes <= 0:
         return None
-    return max(1, int(TUNING.write_task_bytes / max(checked.row_bytes, 1.0)))
+    return max(1, int(TUNING.write_task_bytes / checked.row_bytes))
 
 
 def skip_memory_polls(ds: Dataset) -> None:

@@ -36,3 +36,19 @@ def test_replicas_that_read_their_own_input_take_larger_blocks_but_never_fewer_t
     assert replica_read_bytes(100 * mib, replicas=4) == 16 * mib  # never below the pool's own size
     assert replica_read_bytes(0, replicas=1) == 16 * mib
     assert read_env(40, 64 * mib)[READ_TASK_BYTES_ENV] == str(64 * mib)
+
+
+def test_a_write_task_gathers_a_fixed_share_of_input_bytes_unless_the_parts_rows_are_set_upstream():
+    from types import SimpleNamespace
+
+    from airflow_provider_batchinfer.runtime.pool_dataset import rows_per_write
+
+    def checked(row_bytes: float, rows_per_part: int | None = None, reuse: object = None) -> SimpleNamespace:
+        spec = SimpleNamespace(rows_per_part=rows_per_part)
+        return SimpleNamespace(row_bytes=row_bytes, reuse=reuse, job=SimpleNamespace(job_spec=spec))
+
+    assert TUNING.write_task_bytes == 128 << 20
+    assert rows_per_write(checked(256.0)) == 524_288  # 64 float32 features a row
+    assert rows_per_write(checked(0.0)) is None  # no row size from the footers: a part per block
+    assert rows_per_write(checked(256.0, rows_per_part=1_000)) is None  # RESUME's unit: a part per cut
+    assert rows_per_write(checked(256.0, reuse=object())) is None  # incremental keyed parts: one per block
