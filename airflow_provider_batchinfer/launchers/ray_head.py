@@ -97,10 +97,10 @@ def find_registration_sooner(poll_s: float = 0.02, wait_s: float = 30.0) -> None
     """Make this process's Ray node see its raylet register within ``poll_s`` of it happening.
 
     The node waits for its raylet through Ray's ``services.get_node``, whose native call looks for
-    the node once a second: a raylet that registers just after a look costs a whole second more,
-    which is how a head's start came to take 1.4 s one time and 2.4 s the next. Asking the GCS for
-    its nodes is cheap, so this asks every ``poll_s`` first; Ray's own call then finds the node at
-    once, and still reports what it reports when the raylet never registers."""
+    the node once a second: a raylet that registers just after a look costs a whole second more, on
+    every cold job's path. Asking the GCS for its nodes is cheap, so this asks every ``poll_s``
+    first; Ray's own call then finds the node at once, and still reports what it reports when the
+    raylet never registers."""
     from ray._private import services
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
 

@@ -64,8 +64,8 @@ class Tuning:
     # input bytes whose scored rows one write task of the actor pool writes as one part, when the
     # parts' rows are free to group (no JobSpec.rows_per_part, no incremental keys): Ray Data then
     # hands a write task blocks until it has that many rows. A write task costs Ray and Ray Data more
-    # CPU than writing its Parquet (the 10M MLP: 77 tasks of one block each took 5 CPU-s, a quarter
-    # of a core beside the one replica), and users read fewer, larger parts. The blocks wait in the
+    # CPU than writing its Parquet, CPU the replicas beside it lose (docs/performance.md, the actor
+    # pool), and users read fewer, larger parts. The blocks wait in the
     # object store until their task starts, so an output much wider than the model's input columns
     # (embeddings of short texts) holds a few times this much there
     write_task_bytes: int = 128 << 20

@@ -211,6 +211,39 @@ def test_the_launcher_tells_the_runtime_its_pid(tmp_path):
 
 
 # --- a real embedded Ray ------------------------------------------------------------------------------
+def test_a_head_whose_raylet_dies_stops_every_other_process_of_its_ray(ray_dir):
+    """The head watches its node's processes as ``ray start --block`` did: one killed, it stops the
+    rest and exits, and the next job finds a stale state and starts a new Ray."""
+    with embedded_ray.locked(ray_dir):
+        state = embedded_ray.acquire(ray_dir, 600.0, RAY_VERSION, dict(os.environ), LOG)
+    try:
+        raylets = [line for line in _group_pids(state.head_pid) if "raylet/raylet" in line[1]]
+        assert raylets, group_cmdlines(state.head_pid)
+        os.kill(raylets[0][0], signal.SIGKILL)
+        assert _gone(state.head_pid, state.head_started, 30), "the head outlived its raylet"
+        deadline = time.monotonic() + 30
+        while _group_pids(state.head_pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _group_pids(state.head_pid), group_cmdlines(state.head_pid)  # the GCS and agents too
+        assert "Ray processes ended: [('raylet', -9)" in (ray_dir / "head.log").read_text()
+    finally:
+        embedded_ray.shutdown(ray_dir)
+
+
+def _group_pids(group: int) -> list[tuple[int, str]]:
+    """The live (not zombie) processes of a process group: pid and command line."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            if entry.name.isdigit() and int(fields[2]) == group and fields[0] != "Z":
+                found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
 def test_a_job_started_beside_a_ray_that_does_not_come_up_is_stopped_and_leaves_no_lease(ray_dir, monkeypatch):
     """The job starts while its Ray starts (its checks need none); a start that fails stops it."""
     monkeypatch.setenv(ray_head.START_HOOK_ENV, "no_such_module.hook")  # the head exits at once
