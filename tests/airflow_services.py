@@ -152,6 +152,12 @@ class AirflowServices:
                 message = str(exc).lower()
                 if start != first and "no runs to create" in message:  # the partial one took the last date
                     return
+                if "already a running backfill" in message and attempt < attempts - 1:
+                    # seen on a loaded fresh clone right after the one before was closed: the create
+                    # still counted it; this attempt took no run, so it is made again once none is open
+                    self.wait_for_backfills(dag_id, timeout=900)
+                    time.sleep(2 * (attempt + 1))
+                    continue
                 if "database is locked" not in message or attempt == attempts - 1:
                     raise
             backfills = self.api("GET", "/backfills", params={"dag_id": dag_id})["backfills"]
