@@ -3,8 +3,9 @@
 Starting Ray takes about half of a small job's wall time, and every job starting its own Ray makes
 concurrent jobs each believe they own every CPU. So the ``local`` launcher, when no Ray address is
 configured, asks this module for *the* embedded Ray: the first job starts it (``ray_head.py``: Ray's
-own head node, as ``ray start --head --block`` starts it, in its own session, loopback only, every port picked free, its own short temp dir), later
-and concurrent jobs attach to it, and a small keeper process stops it after an idle timeout.
+own head node, as ``ray start --head --block`` starts it, in its own session, loopback only, every
+port picked free, its own short temp dir), later and concurrent jobs attach to it, and a small
+keeper process stops it after an idle timeout.
 
 It always runs with Ray's token authentication (Ray 2.52 or later; an older Ray is refused): its
 ports listen on loopback, where any local user could otherwise connect and run code as this worker's

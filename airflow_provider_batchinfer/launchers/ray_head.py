@@ -47,8 +47,6 @@ PORTS = {
     "node-manager": "node_manager_port",
     "object-manager": "object_manager_port",
 }
-#: how a node's process may end without it being a failure: SIGTERM, as ``ray start --block`` counts it
-_STOPPED_CODES = (0, 15, -15, 128 + 15)
 
 
 def head_params(port: int, temp_dir: str, ports: dict[str, int]) -> Any:
@@ -139,14 +137,17 @@ def start_head(params: Any) -> Any:
 
 
 def watch(head: Any, poll_s: float = 1.0) -> int:
-    """Wait while every process of the node runs; when one ends, stop the rest and return 1. A
-    SIGTERM to this process stops them all through the handler Ray's ``Node`` installed."""
+    """Wait while every process of the node runs; when one ends, stop the rest and return 1. Unlike
+    ``ray start --block``, which goes on when one ends as SIGTERM ends it, any end stops the node: a
+    node without its GCS, raylet or log monitor serves no job, and the next job that finds it stale
+    starts a new one. A SIGTERM to this process stops them all through the handler Ray's ``Node``
+    installed."""
     while True:
         time.sleep(poll_s)
         dead = head.dead_processes()
         if dead:
-            failed = [(kind, proc.returncode) for kind, proc in dead if proc.returncode not in _STOPPED_CODES]
-            print(f"Ray processes ended: {failed or dead}; stopping the rest", flush=True)
+            ended = [(kind, proc.returncode) for kind, proc in dead]
+            print(f"Ray processes ended: {ended}; stopping the rest", flush=True)
             head.kill_all_processes(check_alive=False, allow_graceful=False)
             return 1
 

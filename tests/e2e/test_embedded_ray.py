@@ -225,7 +225,7 @@ def test_a_head_whose_raylet_dies_stops_every_other_process_of_its_ray(ray_dir):
         while _group_pids(state.head_pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not _group_pids(state.head_pid), group_cmdlines(state.head_pid)  # the GCS and agents too
-        assert "Ray processes ended: [('raylet', -9)" in (ray_dir / "head.log").read_text()
+        assert "('raylet', -9)" in (ray_dir / "head.log").read_text()  # which process ended, and how
     finally:
         embedded_ray.shutdown(ray_dir)
 
