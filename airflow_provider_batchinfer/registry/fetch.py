@@ -6,7 +6,9 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,40 +52,42 @@ def fetch_version(
     cache_dir: str | None = None,
     verify: bool = True,
 ) -> tuple[Path, dict[str, Any] | None]:
-    """The local directory of the model version at ``uri`` (and, with ``verify``, its re-hashed manifest).
+    """The node-local directory of the model version at ``uri`` (and, with ``verify``, its re-hashed manifest).
 
-    A local registry is used in place. An object-store one is downloaded into this node's cache
-    under the pinned ``sha256`` and its location (:func:`cached_copy`): this runs in every Ray
-    actor, so each node of a multi-node cluster fetches the model for itself, once, whichever node
-    the job's driver is on. Concurrent replicas on one node each download into a private directory
-    and publish it with one atomic rename; the loser of the race discards its copy. A cached copy that fails verification (a disk fault, a
-    hand edit) is dropped and downloaded again once; if the fresh copy fails too, the registry
-    itself holds a changed model and the error says so.
+    Every registry, local or object-store, is copied into this node's private cache under the pinned
+    ``sha256`` and its location (:func:`cached_copy`), and the copy is hashed there: what a loader
+    reads is then the bytes that were hashed, never a registry path that a writer could change
+    between the hash and the load. This runs in every Ray actor (and in every node-side stage of the
+    vLLM engine, ``runtime/llm.py``), so each node of a multi-node cluster fetches the model for
+    itself, once, whichever node the job's driver is on. Concurrent replicas on one node each copy
+    into a private directory and publish it with one atomic rename; the loser of the race discards
+    its copy. A cached copy that fails verification (a disk fault, a hand edit) is dropped and
+    copied again once; if the fresh copy fails too, the registry itself holds a changed model and
+    the error says so.
     """
     import pyarrow.fs as pafs
 
     source = Stage.open(uri, storage_options)
+    local = isinstance(source.fs, pafs.LocalFileSystem)
     name, version = source.location.rstrip("/").rsplit("/", 2)[-2:]  # <registry>/<name>/<version>
-    if isinstance(source.fs, pafs.LocalFileSystem):
-        path = Path(source.path)
-        return path, (verify_local_copy(path, sha256, name=name, version=version) if verify else None)
     cache = cached_copy(model_cache_dir(cache_dir), source.location, sha256)
-    for fresh in (False, True):
-        _check_cached(cache)
-        if fresh or not (cache / MODEL_MANIFEST).exists():
-            _download(source, cache, replace=fresh)
-            _check_cached(cache)
-        if not verify:
-            return cache, None
+
+    def check(copy: Path) -> dict[str, Any] | None:
+        return verify_local_copy(copy, sha256, name=name, version=version) if verify else None
+
+    _check_cached(cache)
+    if (cache / MODEL_MANIFEST).exists():
         try:
-            return cache, verify_local_copy(cache, sha256, name=name, version=version)
-        except TamperedModelError as exc:
-            if fresh:
-                raise TamperedModelError(
-                    f"{exc} (downloaded just now from {source.location}: the registry's copy "
-                    "changed after it was logged)"
-                ) from exc
-    raise AssertionError("unreachable")
+            return cache, check(cache)
+        except TamperedModelError:  # a disk fault or a hand edit of the cached copy: copied again
+            _discard(cache)
+    try:
+        return _download(source, cache, check)
+    except TamperedModelError as exc:
+        raise TamperedModelError(
+            f"{exc} ({'copied' if local else 'downloaded'} just now from {source.location}: the registry's "
+            "copy changed after it was logged)"
+        ) from exc
 
 
 def _check_cached(cache: Path) -> None:
@@ -94,32 +98,68 @@ def _check_cached(cache: Path) -> None:
             check_own_dir(level, "cached model directory")
 
 
-def _download(source: Stage, cache: Path, replace: bool) -> None:
+def _discard(cache: Path) -> None:
+    stale = cache.with_name(f".{cache.name}-stale-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        os.replace(cache, stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    except FileNotFoundError:
+        pass
+
+
+def _download(
+    source: Stage, cache: Path, check: Callable[[Path], dict[str, Any] | None]
+) -> tuple[Path, dict[str, Any] | None]:
+    """Copy the version into a private directory beside ``cache``, ``check`` it there, and only then
+    publish it at ``cache`` with one rename: a copy that fails its check is never where a loader looks."""
     import pyarrow.fs as pafs
 
     cache.parent.mkdir(parents=True, exist_ok=True)
+    _check_cached(cache)
     tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}-", dir=cache.parent))
     try:
-        with source._io("download"):
-            pafs.copy_files(
-                source.path, str(tmp), source_filesystem=source.fs, destination_filesystem=pafs.LocalFileSystem()
-            )
+        if isinstance(source.fs, pafs.LocalFileSystem):
+            _copy_local(Path(source.path), tmp)
+        else:
+            with source._io("download"):
+                pafs.copy_files(
+                    source.path, str(tmp), source_filesystem=source.fs, destination_filesystem=pafs.LocalFileSystem()
+                )
         if not (tmp / MODEL_MANIFEST).exists():
             raise RegistryError(f"{source.location} holds no {MODEL_MANIFEST}; it is not a logged model version")
-        if replace and cache.exists():
-            stale = cache.with_name(f".{cache.name}-stale-{os.getpid()}-{tmp.name}")
-            try:
-                os.replace(cache, stale)
-                shutil.rmtree(stale, ignore_errors=True)
-            except FileNotFoundError:
-                pass
+        manifest = check(tmp)
         try:
             os.replace(tmp, cache)
-        except OSError:  # another replica on this node published the same content first
+        except OSError:  # another replica on this node published the same content first: check that one
             if not (cache / MODEL_MANIFEST).exists():
                 raise
+            _check_cached(cache)
+            manifest = check(cache)
+        return cache, manifest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _copy_local(root: Path, dest: Path) -> None:
+    """Copy a local registry's version into ``dest`` as regular files; a link is refused, never
+    followed (what it points to can change after the copy is hashed, and a version holds none)."""
+    if not root.is_dir() or root.is_symlink():
+        raise RegistryError(f"{root} is not a model version directory; check the registry root and the version name")
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        target = dest / here.relative_to(root)
+        target.mkdir(exist_ok=True)
+        for entry in sorted([*dirnames, *filenames]):
+            path = here / entry
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise TamperedModelError(
+                    f"model file {path} is a symbolic link; a model version holds regular files only, never links"
+                )
+            if stat.S_ISREG(mode):
+                shutil.copyfile(path, target / entry, follow_symlinks=False)
+            elif not stat.S_ISDIR(mode):
+                raise TamperedModelError(f"model file {path} is not a regular file")
 
 
 def verify_local_copy(

@@ -309,10 +309,14 @@ class ModelRegistry:
         return isinstance(Stage.open(self.root, self.storage_options).fs, pafs.LocalFileSystem)
 
     def local_copy(self, name: str, version: str, cache_dir: str | None = None) -> Path:
-        """A local directory holding the version's files: the registry itself when it is local, else
-        a node-local cache keyed by content hash and location (see :func:`fetch_version`). Not verified."""
+        """A local directory holding the version's files, for checks and inspection: the registry
+        itself when it is local, else a node-local cache keyed by content hash and location (see
+        :func:`fetch_version`). Not verified, and never what a loader reads: loaders take
+        :func:`fetch_version`'s verified private copy."""
         check_name(name, "name")
         check_name(version, "version")
+        if self.is_local:
+            return Path(self._stage(name, version).path)
         sha256 = self.read_manifest(name, version)["sha256"]
         return fetch_version(join(self.root, name, version), sha256, self.storage_options, cache_dir, verify=False)[0]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow_provider_batchinfer.chat import finish_reason, response, response_types, sampling_params
 from airflow_provider_batchinfer.contract.placement import LLM_FLAVOR, chosen_engine
@@ -94,29 +94,104 @@ def is_multimodal(model_dir: Path) -> bool:
     return _multimodal(json.loads(config_path.read_text()) if config_path.exists() else {})
 
 
-def model_source(registry: Any, model: Any) -> tuple[str, bool]:
-    """Where every node's vLLM engine reads the model, and whether it is multimodal.
+class VerifiedSource(NamedTuple):
+    """The one path every ``ray.data.llm`` stage loads the model from, and how each node makes it.
 
-    A local registry is its directory (on a multi-node cluster, a path every node mounts). An
-    object-store registry is the version's own URI (``s3://.../<name>/<version>``): ``ray.data.llm``
-    downloads a remote ``model_source`` on each node that runs an engine, so no node depends on a
-    copy that only the driver has (the driver's node may hold no GPU, and no copy at all). Only the
-    small ``config.json`` is read here."""
-    if registry.is_local:
-        path = registry.local_copy(model.name, model.version)
-        return str(path), is_multimodal(path)
-    from airflow_provider_batchinfer.stage import Stage
+    ``path`` is a node-local copy in the private model cache (``registry/fetch.py``), keyed by the
+    pinned ``sha256`` and the registry location under ``cache_root``: the same string on every node,
+    so one ``model_source`` serves the whole cluster. ``uri`` (the registry location) is never handed
+    to an engine; each stage's actor makes and re-hashes its node's copy from it first
+    (:func:`guard_stages`)."""
 
-    try:
-        config = json.loads(Stage.open(model.uri, registry.storage_options).child("config.json").read_bytes())
-    except FileNotFoundError:
-        config = {}
-    return model.uri, _multimodal(config)
+    path: str
+    uri: str
+    sha256: str
+    cache_root: str
+    storage_options: dict[str, Any] | None
+    multimodal: bool
+
+
+def model_source(registry: Any, model: Any, cache_dir: str | None = None) -> VerifiedSource:
+    """The verified node-local copy the vLLM engine is given, made and re-hashed here first.
+
+    ``ray.data.llm`` reads the model in this (the driver's) process too: it reads ``config.json``
+    (importing the model's own code with ``trust_remote_code``) while it builds the processor. So
+    the driver holds a verified copy as well, at the same path the stages use; a file swapped in the
+    registry since the model was logged (same size or not) is refused here, before anything reads it.
+    """
+    from airflow_provider_batchinfer.registry.fetch import fetch_version, model_cache_dir
+
+    root = model_cache_dir(cache_dir)
+    storage = dict(registry.storage_options) if registry.storage_options else None
+    path, _ = fetch_version(model.uri, model.sha256, storage, cache_dir=str(root))
+    return VerifiedSource(str(path), model.uri, model.sha256, str(root), storage, is_multimodal(path))
+
+
+def ensure_on_node(source: VerifiedSource) -> Path:
+    """This node's verified copy at ``source.path``: fetched when missing, re-hashed every time.
+    Runs in each stage's actor before the stage's constructor reads the model."""
+    from airflow_provider_batchinfer.registry.fetch import fetch_version
+
+    path, _ = fetch_version(source.uri, source.sha256, source.storage_options, cache_dir=source.cache_root)
+    if str(path) != source.path:
+        raise LLMEngineError(
+            f"the model's verified copy on this node is {path}, not {source.path} as the engine was told; "
+            "check that BATCHINFER_MODEL_CACHE names a directory every node can create"
+        )
+    return path
+
+
+def _stage_models(stage: Any) -> list[str]:
+    """The model locations a ``ray.data.llm`` stage's constructor will read."""
+    kwargs = dict(stage.fn_constructor_kwargs)
+    found = [kwargs["model"]] if kwargs.get("model") is not None else []
+    nested = kwargs.get("model_config_kwargs") or {}
+    if nested.get("model") is not None:  # the multimodal stage
+        found.append(nested["model"])
+    return [str(m) for m in found]
+
+
+def verified_stage_class(fn: type, source: VerifiedSource) -> type:
+    """``fn`` (a ``ray.data.llm`` stage's UDF class) whose constructor first makes and re-hashes
+    this node's copy of the model (:func:`ensure_on_node`): the stage's actor loads only bytes that
+    were hashed on its own node, and a copy that does not match the pinned sha256 fails the actor
+    before ``fn``'s own constructor (the vLLM engine's included) reads anything."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        ensure_on_node(source)
+        fn.__init__(self, *args, **kwargs)
+
+    # the UDF's own name: Ray Data names the stage's operator after it
+    return type(fn.__name__, (fn,), {"__init__": __init__, "__module__": __name__, "__doc__": fn.__doc__})
+
+
+def guard_stages(processor: Any, source: VerifiedSource) -> list[str]:
+    """Wrap every stage of ``processor`` that reads a model in :func:`verified_stage_class`; refuse a
+    stage that would read the model from anywhere but ``source.path``. Returns the guarded stages' names."""
+    guarded = []
+    for name, stage in processor.stages.items():
+        models = _stage_models(stage)
+        if not models:
+            continue
+        elsewhere = [m for m in models if m != source.path]
+        if elsewhere:
+            raise LLMEngineError(
+                f"ray.data.llm stage {name} would read the model from {elsewhere[0]}, not the verified copy "
+                f"{source.path}; this Ray version builds its stages differently from what the provider supports"
+            )
+        stage.fn = verified_stage_class(stage.fn, source)
+        guarded.append(name)
+    return guarded
 
 
 def processor_config(model_dir: Path | str, job: Any, multimodal: bool | None = None) -> dict[str, Any]:
-    """Keyword arguments of ``ray.data.llm.vLLMEngineProcessorConfig`` for this job (pure); ``model_dir``
-    is a local directory or a remote URI (see :func:`model_source`)."""
+    """Keyword arguments of ``ray.data.llm.vLLMEngineProcessorConfig`` for this job (pure);
+    ``model_dir`` is the verified node-local copy (:func:`model_source`), never a registry URI."""
+    if "://" in str(model_dir):
+        raise LLMEngineError(
+            f"the vLLM engine is given only a verified node-local copy of the model, not {model_dir}: "
+            "pass llm.model_source(...).path"
+        )
     engine_kwargs = dict(job.engine_kwargs)
     engine_kwargs.setdefault("tensor_parallel_size", max(1, int(job.num_gpus)))
     return {
@@ -221,9 +296,35 @@ def to_response_table(batch: Any, passthrough: list[str], counter: Any = None) -
     return pa.table(columns)
 
 
+def vllm_processor(
+    source: VerifiedSource,
+    job: Any,
+    message_col: str,
+    passthrough: list[str],
+    params: dict[str, Any],
+    dereference: dict[str, Any] | None,
+) -> Any:
+    """``ray.data.llm``'s vLLM processor for this job, every stage that reads the model guarded
+    (:func:`guard_stages`)."""
+    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+
+    processor = build_processor(
+        vLLMEngineProcessorConfig(**processor_config(source.path, job, multimodal=source.multimodal)),
+        preprocess=Preprocess(message_col, passthrough, params, dereference),
+        postprocess=Postprocess(passthrough),
+    )
+    guarded = guard_stages(processor, source)
+    print(
+        f"[batchinfer] vLLM stages {', '.join(guarded)} load the model from {source.path}, "
+        f"re-hashed against sha256 {source.sha256[:12]}… on each stage's node first",
+        flush=True,
+    )
+    return processor
+
+
 def build_pipeline(
     ds: Any,
-    source: tuple[str, bool],
+    source: VerifiedSource,
     manifest_signature: dict[str, Any],
     plan: dict[str, Any],
     params: dict[str, Any],
@@ -232,20 +333,14 @@ def build_pipeline(
 ) -> Any:
     """``ds`` through the vLLM engine processor, ending in passthrough + ``choices`` + ``usage``;
     ``source`` is :func:`model_source`'s answer."""
-    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
-
     inputs = manifest_signature.get("inputs", {})
     message_col = next((m for m, t in inputs.items() if t == "messages"), "messages")
     names = dict(zip(plan["model_inputs"], plan["sources"], strict=False))
-    source = names.get(message_col, message_col)
+    column = names.get(message_col, message_col)
     passthrough = list(plan["passthrough"])
-    if source != message_col or names.get("sampling_params", "sampling_params") != "sampling_params":
+    if column != message_col or names.get("sampling_params", "sampling_params") != "sampling_params":
         ds = ds.rename_columns({s: m for m, s in names.items() if s != m})
-    processor = build_processor(
-        vLLMEngineProcessorConfig(**processor_config(source[0], job, multimodal=source[1])),
-        preprocess=Preprocess(message_col, passthrough, params, plan.get("dereference")),
-        postprocess=Postprocess(passthrough),
-    )
+    processor = vllm_processor(source, job, message_col, passthrough, params, plan.get("dereference"))
     return processor(ds).map_batches(
         to_response_table, batch_format="pyarrow", fn_kwargs={"passthrough": passthrough, "counter": counter}
     )

@@ -120,12 +120,13 @@ def test_a_gpu_that_cuda_cannot_see_fails_the_job_before_the_model_is_loaded(two
             assert "gpu_length/v1" not in _cached(node["cache"])
 
 
-def test_the_vllm_engine_reads_the_model_from_the_registry_location_never_the_drivers_copy(
+def test_the_vllm_engine_reads_a_verified_node_local_copy_never_the_registry_location(
     s3_registry, tmp_path, monkeypatch
 ):
     """vLLM itself needs a GPU (not here): what can be checked is the source every node's engine is
-    given. An S3 registry's version is passed as its ``s3://`` URI (``ray.data.llm`` downloads it on
-    each engine's node) and the driver fetches nothing; a local registry is its directory."""
+    given. An S3 or local registry's version is copied into the node's private model cache and
+    re-hashed there; the engine gets that copy's path, never the registry's location
+    (tests/component/test_vllm_verified_source.py swaps files under it)."""
     from airflow_provider_batchinfer.contract import ModelRef
     from airflow_provider_batchinfer.runtime import llm
 
@@ -133,18 +134,18 @@ def test_the_vllm_engine_reads_the_model_from_the_registry_location_never_the_dr
     model = ModelRef.from_dict(
         s3_registry.log_model("text_length", "v1", "python", python_class=TextLength, signature=SIGNATURE).to_dict()
     )
-    source, multimodal = llm.model_source(s3_registry, model)
-    assert source == model.uri and source.startswith(f"{s3_registry.root}/text_length/") and multimodal is False
-    assert not (tmp_path / "driver-cache").exists()  # nothing was downloaded on the driver's node
-    config = llm.processor_config(source, JobSpec(num_gpus=1), multimodal=True)
-    assert config["model_source"] == source and config["prepare_multimodal_stage"] is True
+    source = llm.model_source(s3_registry, model)
+    assert Path(source.path).is_relative_to(tmp_path / "driver-cache") and source.multimodal is False
+    assert source.uri == model.uri and Path(source.path, "MODEL.json").exists()
+    config = llm.processor_config(source.path, JobSpec(num_gpus=1), multimodal=True)
+    assert config["model_source"] == source.path and config["prepare_multimodal_stage"] is True
 
     local = ModelRegistry(str(tmp_path / "registry"))
     model = ModelRef.from_dict(
         local.log_model("text_length", "v1", "python", python_class=TextLength, signature=SIGNATURE).to_dict()
     )
-    source, multimodal = llm.model_source(local, model)
-    assert Path(source) == local.local_copy("text_length", "v1") and Path(source, "MODEL.json").exists()
+    source = llm.model_source(local, model)
+    assert Path(source.path) != local.local_copy("text_length", "v1") and Path(source.path, "MODEL.json").exists()
 
 
 def test_an_iceberg_inputs_read_tasks_run_on_both_nodes(two_node_cluster, tmp_path, monkeypatch, capsys):

@@ -188,10 +188,12 @@ def test_a_version_logged_in_the_files_only_format_still_resolves_and_loads(regi
     path, manifest = fetch_version(mv.uri, mv.sha256)
     predict = load_predictor(path, manifest, "cpu", 1)
     assert list(predict(pa.table({"text": ["ab", "abcd"]}), {})["length"]) == [2, 4]
-    # its files are still verified as before
+    # its files are still verified as before: the private copy already made keeps serving the pinned
+    # bytes, and a node that copies the changed registry now refuses it
     (target / "code" / "models.py").write_text("# changed\n")
+    assert fetch_version(mv.uri, mv.sha256)[0] == path
     with pytest.raises(TamperedModelError, match="code/models.py does not match its recorded sha256"):
-        fetch_version(mv.uri, mv.sha256)
+        fetch_version(mv.uri, mv.sha256, cache_dir=str(Path(registry.root).parent / "another-node"))
 
 
 def test_a_downgrade_to_the_files_only_format_does_not_match_the_pin(registry, text_length_model):
