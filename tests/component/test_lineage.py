@@ -105,3 +105,72 @@ def test_an_unknown_model_version_still_names_the_task_datasets(text_length_mode
     assert [(d.namespace, d.name) for d in lineage.inputs] == [("file", str(tickets[0]))]
     assert [(d.namespace, d.name, d.facets) for d in lineage.outputs] == [("file", str(tmp_path / "out"), {})]
     assert lineage.run_facets[RUN_FACET].model == {"name": "text_length", "version": "v9"}
+
+
+# a catalog URI with a password, a bare token and secret query parameters; each catalog listens nowhere
+_SECRETS = ("lineage-user-7c1d", "pw-7c1d-secret", "tok-7c1d-secret", "qtok-7c1d-secret")
+
+
+def _catalogs(port: int) -> dict[str, tuple[dict[str, str], str]]:
+    """{kind: (catalog properties, the namespace lineage may name the catalog by)}."""
+    return {
+        "sql": (
+            {"type": "sql", "uri": f"postgresql://lineage-user-7c1d:pw-7c1d-secret@127.0.0.1:{port}/lake"},
+            f"postgresql://127.0.0.1:{port}/lake",
+        ),
+        "rest": (
+            {"type": "rest", "uri": f"http://tok-7c1d-secret@127.0.0.1:{port}/catalog?token=qtok-7c1d-secret&x=1"},
+            f"http://127.0.0.1:{port}/catalog",
+        ),
+    }
+
+
+@pytest.mark.parametrize("kind", ["sql", "rest"])
+def test_a_table_named_by_its_catalog_carries_no_credential_of_the_catalog_uri(
+    kind, text_length_model, tickets, tmp_path, monkeypatch
+):
+    """Before the table exists (the START event of a new output table), and whenever the catalog
+    cannot be reached, a table has no location and lineage names it by its catalog: by the URI's
+    scheme, host, port and path only, in the dataset's namespace and in its symlink, for an output
+    table and for an input table, on START and on FAIL."""
+    from openlineage.client.serde import Serde
+
+    from airflow_provider_batchinfer import BatchInferenceOperator, InputSpec, OutputSpec
+    from tests.conftest import _free_port
+    from tests.task_context import TaskInstanceStandIn
+
+    props, namespace = _catalogs(_free_port())[kind]
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps({"conn_type": "batchinfer", "extra": {"iceberg_catalog": props}})
+    )
+    writes = BatchInferenceOperator(
+        task_id="infer",
+        model="text_length",
+        version="v1",
+        input=str(tickets[0]),
+        input_spec=InputSpec(columns=["ticket_id", "text"]),
+        output_spec=OutputSpec(table="lake.scores"),
+    )
+    reads = BatchInferenceOperator(
+        task_id="infer_table",
+        model="text_length",
+        version="v1",
+        input="iceberg://lake.tickets",
+        input_spec=InputSpec(columns=["ticket_id", "text"]),
+        output_spec=OutputSpec(stage_location=str(tmp_path / "out")),
+    )
+    events = {
+        "start": writes.get_openlineage_facets_on_start(),
+        "fail": writes.get_openlineage_facets_on_failure(TaskInstanceStandIn()),
+        "input": reads.get_openlineage_facets_on_start(),
+    }
+    (table_out,) = events["start"].outputs
+    assert (table_out.namespace, table_out.name) == (namespace, "lake.scores")
+    assert [(i.namespace, i.name) for i in table_out.facets["symlinks"].identifiers] == [(namespace, "lake.scores")]
+    assert [(d.namespace, d.name) for d in events["fail"].outputs] == [(namespace, "lake.scores")]
+    assert (events["input"].inputs[0].namespace, events["input"].inputs[0].name) == (namespace, "lake.tickets")
+    for what, lineage in events.items():
+        text = " ".join(Serde.to_json(d) for d in [*lineage.inputs, *lineage.outputs])
+        for secret in _SECRETS:
+            assert secret not in text, f"{secret} is in the {what} lineage"
+        assert "***" not in text and "@" not in text
