@@ -27,8 +27,17 @@ attempt deletes its own marker with ``If-Match: <its ETag>`` (never anybody else
 marker found at the key is replaced (``If-Match`` on its ETag) only by the attempt that holds the
 claim, after checking that it still does: it can only be a zombie's. S3 writes are per key, so
 there is a window no conditional write can close: between a zombie's write and its own re-check,
-its marker is visible beside the newer attempt's claim; readers that must not see it compare the
-marker's ``job.attempt`` with ``_job.json``'s.
+its marker is visible beside the newer attempt's claim, or beside no claim at all (a newer
+attempt's revoke deletes ``_job.json``). The marker therefore records the claim it was committed
+under (the claim's ETag, as the object's ``x-amz-meta-batchinfer-claim``), and readers check that
+this very claim is still there (``markers.check_claim``).
+
+All of this holds only on a store that honours the conditions: before its first marker a process
+asks the store (``s3_objects.ignored_conditions``, once per endpoint and bucket) and refuses to
+commit on one that ignores any of them (:class:`ConditionalWritesUnsupported`). A withdrawal that
+fails is never swallowed (:class:`WithdrawalFailed`): the only refusal that counts as withdrawn is
+the store saying the marker at the key is no longer this attempt's version (the claim's holder
+replaced it, or a newer claim or clean-up removed it), checked by reading the key's ETag again.
 
 Any other filesystem (:class:`ClaimStore` itself): check, then write, with no atomicity; see
 ``docs/commit-protocol.md``.
@@ -38,7 +47,6 @@ Storage layer: imports neither Airflow nor Ray.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 from dataclasses import dataclass
@@ -48,10 +56,14 @@ from airflow_provider_batchinfer.stage import Stage, StageError
 
 __all__ = [
     "CLAIMS_DIR",
+    "CLAIM_METADATA",
     "PAUSE_ENV",
+    "PROBE_DIR",
     "ClaimLost",
     "ClaimStore",
+    "ConditionalWritesUnsupported",
     "Hold",
+    "WithdrawalFailed",
     "claims_for",
     "pause_for_test",
 ]
@@ -61,11 +73,28 @@ CLAIMS_DIR = "_claims"
 #: test-only: the name of a point at which the process stops itself (SIGSTOP); see pause_for_test
 PAUSE_ENV = "BATCHINFER_TEST_PAUSE_AT"
 _MARKER_ROUNDS = 5
+#: where in a run directory the conditional-write probe puts (and removes) its objects
+PROBE_DIR = "_probe"
+#: the S3 marker's user metadata naming the ETag of the claim it was committed under
+CLAIM_METADATA = "batchinfer-claim"
 
 
 class ClaimLost(StageError):
     """The conditional step found that the claim no longer names this attempt; nothing of it is
     committed."""
+
+
+class ConditionalWritesUnsupported(StageError):
+    """The store ignores a conditional request the commit relies on, so it cannot keep a zombie's
+    marker from replacing a newer attempt's: nothing is committed there, and no retry changes that."""
+
+    permanent = True
+
+
+class WithdrawalFailed(StageError):
+    """An attempt whose claim moved while it wrote its marker could not delete that marker: it
+    stays visible until the claim's holder commits (and replaces it) or a retry's claim removes it.
+    Readers refuse it meanwhile (its claim is not there, or names another attempt)."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +181,7 @@ class S3Claims(ClaimStore):
         s3_objects.delete(self.job_file)
 
     def write_marker(self, hold: Hold, data: bytes) -> None:
-
+        self.require_conditional_writes(hold.attempt)
         pause_for_test("marker:checked")
         etag = self._put(hold, data)
         pause_for_test("marker:written")
@@ -165,20 +194,54 @@ class S3Claims(ClaimStore):
         self._withdraw(etag)
         raise ClaimLost("the claim moved while the marker was written; this attempt's marker was withdrawn")
 
-    def _withdraw(self, etag: str) -> None:
-        """Delete this attempt's own marker, and only that version of it."""
+    def require_conditional_writes(self, attempt: str) -> None:
+        """ConditionalWritesUnsupported unless the store honours the conditions the commit relies on
+        (asked once per process and bucket, with a probe object under ``_probe/`` in this run
+        directory: the one prefix the attempt is sure to be allowed to write, removed again)."""
         from airflow_provider_batchinfer import s3_objects
 
-        with contextlib.suppress(s3_objects.PreconditionFailed, StageError):  # replaced by the owner: theirs now
-            s3_objects.delete(self.marker, if_match=etag)
+        ignored = s3_objects.ignored_conditions(self.run_dir.child(PROBE_DIR), attempt)
+        if ignored:
+            raise ConditionalWritesUnsupported(
+                f"not committing {self.marker.location}: {s3_objects.store_name(self.run_dir)} ignores "
+                f"{', '.join(ignored)} (a conditional request was applied as a plain one), so a stopped attempt "
+                "that goes on later could replace or delete a newer attempt's committed marker. Write the output "
+                "to a store that honours S3 conditional writes (AWS S3 general purpose buckets, MinIO), or to "
+                "local/POSIX storage"
+            )
+
+    def _withdraw(self, etag: str) -> None:
+        """Delete this attempt's own marker, and only that version of it. A refusal counts as
+        withdrawn only when the key no longer holds that version (the claim's holder replaced it,
+        or a newer claim or clean-up removed it); anything else fails loudly (WithdrawalFailed)."""
+        from airflow_provider_batchinfer import s3_objects
+
+        try:
+            for _ in range(_MARKER_ROUNDS):
+                try:
+                    s3_objects.delete(self.marker, if_match=etag)
+                    return
+                except s3_objects.PreconditionFailed:
+                    if s3_objects.head_etag(self.marker) != etag:
+                        return  # not ours any more: the owner's, or gone
+                    # still ours: a concurrent request on the key won (409); ask again
+            raise StageError(f"{self.marker.location} kept being changed by concurrent requests")
+        except StageError as exc:
+            raise WithdrawalFailed(
+                f"the claim on {self.run_dir.location} moved while this attempt wrote {self.marker.location}, "
+                f"and its marker (ETag {etag}) could not be withdrawn: {exc}. Until a newer attempt commits or a "
+                "retry of the task claims the directory, the marker stays, and readers refuse it (its claim is "
+                "gone or names another attempt). Check that the task's credentials may delete objects there"
+            ) from exc
 
     def _put(self, hold: Hold, data: bytes) -> str:
         """Create the marker; a marker already there is replaced only by the claim's holder."""
         from airflow_provider_batchinfer import s3_objects
 
+        claim = {CLAIM_METADATA: hold.token}  # what readers check the marker's claim against
         for _ in range(_MARKER_ROUNDS):
             try:
-                return s3_objects.put(self.marker, data, if_none_match=True)
+                return s3_objects.put(self.marker, data, if_none_match=True, metadata=claim)
             except s3_objects.PreconditionFailed:
                 pass
             found = s3_objects.get(self.marker)
@@ -189,7 +252,7 @@ class S3Claims(ClaimStore):
             if not self.held(hold):  # never replace a marker without the claim: it may be the owner's
                 raise ClaimLost("a marker is there already and the claim moved")
             try:
-                return s3_objects.put(self.marker, data, if_match=found.etag)
+                return s3_objects.put(self.marker, data, if_match=found.etag, metadata=claim)
             except s3_objects.PreconditionFailed:
                 continue
         raise StageError(f"{self.marker.location} kept changing while it was written; not committed")

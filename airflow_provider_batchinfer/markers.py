@@ -155,9 +155,12 @@ def validate_manifest(
     verify_checksums: bool = False,
     read_footers: bool = True,
     listing: Listing | None = None,
+    claim_token: str | None = None,
 ) -> None:
     """Check that a manifest describes the files beside it: its schema (``Manifest.from_dict``), its
-    counts, the attempt that committed it against the directory's claim, and for every listed file
+    counts, the attempt that committed it against the directory's claim (``claim_token``: the
+    claim's ETag an S3 marker records it was committed under, which must then be there unchanged:
+    :func:`check_claim`), and for every listed file
     (outputs and dead letters) its name, size and Parquet footer (row count); with
     ``verify_checksums`` also each file's sha256, from the same read of the file. Names and sizes
     come from one listing (``listing``, when the caller took it already) and are checked for every
@@ -178,8 +181,15 @@ def validate_manifest(
     if verify_checksums and manifest.format == _FORMAT_1:
         raise _no_checksums(where, manifest)
     present = _list_run_dir(run_dir) if listing is None else listing
-    if JOB_SPEC_FILE in present:
-        _check_claim(run_dir, manifest, where)
+    if manifest.table is None:  # a table run's claim is in its claim directory (tables.read)
+        check_claim(
+            run_dir,
+            manifest.job.attempt,
+            where,
+            expected=claim_token is not None,
+            version=claim_token,
+            present=JOB_SPEC_FILE in present,
+        )
     entries = manifest.files + manifest.error_files
     for entry in entries:
         _check_listed(run_dir, entry, present)
@@ -207,20 +217,64 @@ def _list_run_dir(run_dir: Stage) -> dict[str, tuple[int, int | None]]:
     }
 
 
-def _check_claim(run_dir: Stage, manifest: Manifest, where: str) -> None:
-    """The marker was committed by the attempt the directory's claim names. On S3 a zombie's marker
-    can be visible for the moment between its conditional write and its withdrawal
-    (``docs/commit-protocol.md``); a newer claim beside it means the marker is not this run's."""
-    claim = run_dir.child(JOB_SPEC_FILE)
-    try:
-        attempt = json.loads(claim.read_bytes()).get("attempt")
-    except (ValueError, AttributeError) as exc:
-        raise ManifestError(f"{where}: the run directory's {JOB_SPEC_FILE} cannot be read ({exc})") from exc
-    if attempt != manifest.job.attempt:
+def check_claim(
+    claim_dir: Stage,
+    attempt: str,
+    where: str,
+    *,
+    expected: bool = False,
+    version: str | None = None,
+    present: bool | None = None,
+) -> None:
+    """The attempt that committed (``attempt``) against the claim in ``claim_dir`` (its
+    ``_job.json``). On S3 a zombie's marker can be visible for the moment between its conditional
+    write and its withdrawal (``docs/commit-protocol.md``), beside a newer claim or beside none (a
+    newer attempt's revoke deletes the claim first); an Iceberg snapshot that landed as the claim
+    moved is visible until it is rolled back. Neither is the run's commit.
+
+    ``expected``: the commit says it was made under a claim (an S3 marker records the claim's ETag,
+    ``version``; every Iceberg run has its claim directory), so a missing claim fails. Otherwise a
+    missing claim is not a finding: on local disk the protocol never leaves a marker without its
+    claim (a revoke there removes only tokens, and a clean-up removes the marker before the claim),
+    and an S3 marker committed before markers recorded their claim cannot tell. ``version``, when
+    given, must also be the claim's ETag now. ``present``: whether the caller's listing shows the
+    claim (None: read it to find out)."""
+    claim = claim_dir.child(JOB_SPEC_FILE)
+    found = None if present is False else _read_claim(claim, with_version=version is not None)
+    if found is None:
+        if not expected:
+            return
         raise ManifestError(
-            f"{where} was committed by attempt {manifest.job.attempt}, but the run directory is claimed by attempt "
-            f"{attempt}: a newer try owns it and has not committed. Wait for that try, or re-run the task"
+            f"{where} was committed by attempt {attempt} under the claim {claim.location}, which is gone: a newer "
+            "try is claiming or clearing the run, or this is a stopped attempt's commit that was never withdrawn. "
+            "Wait for the newer try to commit, or re-run the task"
         )
+    data, now = found
+    try:
+        claimed = json.loads(data).get("attempt")
+    except (ValueError, AttributeError) as exc:
+        raise ManifestError(f"{where}: the run's claim {claim.location} cannot be read ({exc})") from exc
+    if claimed != attempt:
+        raise ManifestError(
+            f"{where} was committed by attempt {attempt}, but the run directory is claimed by attempt "
+            f"{claimed}: a newer try owns it and has not committed. Wait for that try, or re-run the task"
+        )
+    if version is not None and now is not None and now != version:
+        raise ManifestError(
+            f"{where} was committed under version {version} of the claim {claim.location}, but it is {now} now: "
+            "the claim was written again after the commit. Re-run the task that writes this run"
+        )
+
+
+def _read_claim(claim: Stage, with_version: bool) -> tuple[bytes, str | None] | None:
+    """The claim's bytes (and on S3, when asked, its ETag, from the same request); None when there is none."""
+    if with_version and claim.fs.type_name == "s3":
+        from airflow_provider_batchinfer import s3_objects
+
+        found = s3_objects.get(claim)
+        return None if found is None else (found.body, found.etag)
+    data = _read_marker(claim)
+    return None if data is None else (data, None)
 
 
 def _seal(manifest: Manifest, listing: Listing) -> str:
@@ -236,6 +290,20 @@ def _read_marker(marker: Stage) -> bytes | None:
         return marker.read_bytes()
     except (FileNotFoundError, NotADirectoryError):
         return None
+
+
+def _read_committed_marker(marker: Stage) -> tuple[bytes, str | None] | None:
+    """The marker's bytes and the claim it records it was committed under (S3: its
+    ``x-amz-meta-batchinfer-claim``, read with the bytes in one request; None elsewhere, or for
+    a marker from before it was recorded); None while there is no marker."""
+    if marker.fs.type_name != "s3":
+        data = _read_marker(marker)
+        return None if data is None else (data, None)
+    from airflow_provider_batchinfer import s3_objects
+    from airflow_provider_batchinfer.fence import CLAIM_METADATA
+
+    found = s3_objects.get(marker)
+    return None if found is None else (found.body, found.metadata.get(CLAIM_METADATA))
 
 
 def read_valid_manifest(
@@ -254,12 +322,13 @@ def read_valid_manifest(
         return _read_table_manifest(location, storage_options, verify_checksums, verdicts)
     run_dir = Stage.open(location, storage_options)
     marker = run_dir.child(SUCCESS_MARKER)
-    data = _read_marker(marker)
-    if data is None:
+    found = _read_committed_marker(marker)
+    if found is None:
         return None
+    data, token = found
     manifest = Manifest.from_json(data, marker.location)
     if verdicts is None:
-        validate_manifest(run_dir, manifest, verify_checksums=verify_checksums)
+        validate_manifest(run_dir, manifest, verify_checksums=verify_checksums, claim_token=token)
         return manifest
     key = verdicts.key(location, data, storage_options, verify_checksums=verify_checksums)
     hashed = verdicts.key(location, data, storage_options, verify_checksums=True)  # also vouches for footers
@@ -268,7 +337,12 @@ def read_valid_manifest(
         seal = _seal(manifest, listing)
         known = verdicts.holds(key, seal) or verdicts.holds(hashed, seal)
         validate_manifest(
-            run_dir, manifest, verify_checksums=verify_checksums and not known, read_footers=not known, listing=listing
+            run_dir,
+            manifest,
+            verify_checksums=verify_checksums and not known,
+            read_footers=not known,
+            listing=listing,
+            claim_token=token,
         )
         if not known:
             verdicts.add(key, seal)

@@ -10,11 +10,13 @@ both sides: imports neither Airflow nor Ray.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.s3 import (
@@ -27,7 +29,17 @@ from airflow_provider_batchinfer.s3 import (
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.stage import Stage
 
-__all__ = ["PreconditionFailed", "S3Object", "delete", "get", "head_etag", "list_versions", "put"]
+__all__ = [
+    "PreconditionFailed",
+    "S3Object",
+    "delete",
+    "get",
+    "head_etag",
+    "ignored_conditions",
+    "list_versions",
+    "put",
+    "store_name",
+]
 
 # a client holds temporary keys when it assumed a role: rebuild it well before they expire
 _CLIENT_TTL_S = 1800
@@ -36,6 +48,10 @@ _LOCK = threading.Lock()
 # 412: the condition does not hold; 404 on If-Match: the key is gone; 409: a concurrent request on
 # the same key won (S3 answers ConditionalRequestConflict): all mean "not the version you read"
 _REFUSED = {"PreconditionFailed", "NoSuchKey", "404", "ConditionalRequestConflict", "409"}
+# what each store answered to the probe, by (endpoint, bucket): the conditions it ignores
+_PROBED: dict[tuple[str, str], tuple[str, ...]] = {}
+# an ETag no object has (the MD5 of nothing is d41d8...; no content hashes to all zeros in practice)
+_NO_VERSION = '"00000000000000000000000000000000"'
 
 
 class PreconditionFailed(Exception):
@@ -44,8 +60,11 @@ class PreconditionFailed(Exception):
 
 @dataclass(frozen=True)
 class S3Object:
+    """An object's bytes, its ETag and its user metadata (``x-amz-meta-*``, without the prefix)."""
+
     body: bytes
     etag: str
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 def _settings(fs: Any) -> dict[str, Any]:
@@ -160,7 +179,7 @@ def get(stage: Stage) -> S3Object | None:
             body = response["Body"].read()
     except PreconditionFailed:  # NoSuchKey
         return None
-    return S3Object(body, str(response["ETag"]))
+    return S3Object(body, str(response["ETag"]), dict(response.get("Metadata") or {}))
 
 
 def head_etag(stage: Stage) -> str | None:
@@ -173,17 +192,26 @@ def head_etag(stage: Stage) -> str | None:
         return None
 
 
-def put(stage: Stage, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
-    """Write the whole object; with ``if_none_match`` only when there is none, with ``if_match``
-    only over that version. Its new ETag; PreconditionFailed when the store refused."""
+def put(
+    stage: Stage,
+    data: bytes,
+    *,
+    if_none_match: bool = False,
+    if_match: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> str:
+    """Write the whole object (with ``metadata`` as its user metadata); with ``if_none_match`` only
+    when there is none, with ``if_match`` only over that version. Its new ETag; PreconditionFailed
+    when the store refused."""
     bucket, key = _bucket_key(stage)
-    conditions: dict[str, str] = {}
+    conditions: dict[str, Any] = {}
     if if_none_match:
         conditions["IfNoneMatch"] = "*"
     if if_match is not None:
         conditions["IfMatch"] = if_match
+    extra = {"Metadata": dict(metadata)} if metadata else {}
     with _requests(stage, "conditional write" if conditions else "write"):
-        return str(_client(stage).put_object(Bucket=bucket, Key=key, Body=data, **conditions)["ETag"])
+        return str(_client(stage).put_object(Bucket=bucket, Key=key, Body=data, **conditions, **extra)["ETag"])
 
 
 def delete(stage: Stage, *, if_match: str | None = None) -> None:
@@ -213,3 +241,64 @@ def list_versions(stage: Stage) -> list[tuple[str, int, str]]:
                 elif name.startswith(prefix + "/") or not prefix:
                     found.append((name[len(prefix) :].lstrip("/"), int(item["Size"]), str(item["ETag"])))
     return found
+
+
+def store_name(stage: Stage) -> str:
+    """The store and bucket ``stage`` is on, as a user would recognize them in a message."""
+    cfg = _settings(stage.fs)
+    if cfg.get("endpoint_override"):
+        where = f"the S3-compatible store at {cfg.get('scheme') or 'https'}://{cfg['endpoint_override']}"
+    else:
+        where = f"AWS S3 (region {cfg.get('region') or 'from the environment'})"
+    return f"bucket {_bucket_key(stage)[0]!r} on {where}"
+
+
+def _store_key(stage: Stage) -> tuple[str, str]:
+    cfg = _settings(stage.fs)
+    endpoint = f"{cfg.get('scheme') or 'https'}://{cfg.get('endpoint_override') or ''}|{cfg.get('region') or ''}"
+    return endpoint, _bucket_key(stage)[0]
+
+
+def ignored_conditions(probe_dir: Stage, prefix: str) -> tuple[str, ...]:
+    """The conditional requests the commit relies on that the store under ``probe_dir`` ignores
+    (empty: it honours them all). Asked once per process, endpoint and bucket, with objects of
+    the caller's own below ``probe_dir`` (``<prefix>-<random>``), each removed again.
+
+    A store that honours a condition can only refuse; one that ignores it applies the request. A
+    "honours" is therefore certain, while an "ignores" could also be a concurrent clean-up that
+    removed the probe object between two requests: the store is asked once more, on a new object,
+    before that answer is kept."""
+    store = _store_key(probe_dir)
+    with _LOCK:
+        known = _PROBED.get(store)
+    if known is not None:
+        return known
+    ignored = _probe(probe_dir.child(f"{prefix}-{uuid.uuid4().hex[:16]}"))
+    if ignored:
+        ignored = _probe(probe_dir.child(f"{prefix}-{uuid.uuid4().hex[:16]}"))
+    with _LOCK:
+        _PROBED[store] = ignored
+    return ignored
+
+
+def _probe(key: Stage) -> tuple[str, ...]:
+    """Create ``key``, send it the three conditions that must be refused, remove it."""
+    ignored: list[str] = []
+    put(key, b"batchinfer conditional-write probe", if_none_match=True)
+    try:
+        for condition, request in (
+            ("If-None-Match on PutObject", lambda: put(key, b"second", if_none_match=True)),
+            ("If-Match on PutObject", lambda: put(key, b"third", if_match=_NO_VERSION)),
+            ("If-Match on DeleteObject", lambda: delete(key, if_match=_NO_VERSION)),
+        ):
+            try:
+                request()
+            except PreconditionFailed:
+                continue
+            ignored.append(condition)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the probe's own error is the one to report
+            delete(key)
+        raise
+    delete(key)
+    return tuple(ignored)

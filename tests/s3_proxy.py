@@ -9,11 +9,15 @@ some of them itself:
   (throttling, access denied, ...) for the first ``times`` matching requests (``null``: all);
 - ``{"match": "PUT .*/part-", "action": "die", "after": 1}``: the process exits at once, mid-request,
   on the matching request after the first ``after`` ones (a store that crashes mid-write); the
-  test starts a new proxy on the same port, and moto still holds what was written before.
+  test starts a new proxy on the same port, and moto still holds what was written before;
+- ``{"match": "^(PUT|DELETE) ", "action": "strip"}``: the request is forwarded without its
+  conditional headers (``If-None-Match``, ``If-Match``; ``"headers"`` names others), as a store
+  that ignores S3's conditional writes applies them: as plain ones.
 
 ``match`` is a regular expression searched in ``"<METHOD> <path>?<query>"``. Every request is logged
 as one JSON line (``method``, ``target``, ``status``, ``injected``) to ``--log``, so a test can assert
-which faults the clients actually met. Standard library only: it starts in a fraction of a second.
+which faults the clients actually met. Standard library only: it starts in a fraction of a second
+(:class:`FaultProxy`, the tests' handle on one, imports the test helpers when it is used).
 
     python -m tests.s3_proxy --port 9100 --upstream http://127.0.0.1:9000 --rules '[...]' --log proxy.log
 """
@@ -28,7 +32,12 @@ import re
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from tests.conftest import BackgroundServer
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connection", "te", "upgrade"}
 _ERROR_BODY = (
@@ -46,6 +55,7 @@ class Rule:
         self.message = spec.get("message", "injected by the batchinfer test proxy")
         self.times = spec.get("times")
         self.after = int(spec.get("after", 0))
+        self.headers = {h.lower() for h in spec.get("headers", ("If-None-Match", "If-Match"))}
         self.seen = 0
         self.fired = 0
 
@@ -109,6 +119,9 @@ class Handler(BaseHTTPRequestHandler):
             self.server.record(method=self.command, target=self.path, status=None, injected="die")
             os._exit(17)  # mid-request: the client gets a reset connection and no answer, like a crash
         body = self._body()
+        stripped: set[str] = set()
+        if rule is not None and rule.action == "strip":
+            stripped, rule = rule.headers, None
         if rule is not None:
             payload = (
                 b""
@@ -128,7 +141,11 @@ class Handler(BaseHTTPRequestHandler):
         try:
             conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
             for name, value in self.headers.items():
-                if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
+                if (
+                    name.lower() not in _HOP_BY_HOP
+                    and name.lower() != "content-length"
+                    and name.lower() not in stripped
+                ):
                     conn.putheader(name, value)
             conn.putheader("Content-Length", str(len(body)))
             conn.endheaders(body)
@@ -136,7 +153,10 @@ class Handler(BaseHTTPRequestHandler):
             data = response.read()
         finally:
             conn.close()
-        self.server.record(method=self.command, target=self.path, status=response.status, injected=None)
+        dropped = sorted(h for h in self.headers if h.lower() in stripped)
+        self.server.record(
+            method=self.command, target=self.path, status=response.status, injected="strip" if dropped else None
+        )
         self.send_response(response.status, response.reason)
         for name, value in response.getheaders():
             if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
@@ -149,6 +169,53 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+
+class FaultProxy:
+    """``tests/s3_proxy.py`` on one fixed port for a test; ``start`` again after it died (or to change
+    the rules) serves the same endpoint, so the connection never changes."""
+
+    def __init__(self, upstream: str, log: Path) -> None:
+        from tests.conftest import _free_port
+
+        self.upstream, self.log, self.port = upstream, log, _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.server: BackgroundServer | None = None
+
+    def start(self, *rules: dict) -> FaultProxy:
+        from tests.conftest import BackgroundServer
+
+        self.stop()
+        self.server = BackgroundServer(
+            f"s3-proxy-{self.port}",
+            [
+                sys.executable,
+                "-m",
+                "tests.s3_proxy",
+                "--port",
+                str(self.port),
+                "--upstream",
+                self.upstream,
+                "--rules",
+                json.dumps(list(rules)),
+                "--log",
+                str(self.log),
+            ],
+            ports=[self.port],
+            timeout=30,
+        )
+        return self
+
+    def alive(self) -> bool:
+        return self.server is not None and self.server.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(timeout=10)
+            self.server = None
+
+    def requests(self, since: int = 0) -> list[dict]:
+        return read_log(str(self.log))[since:]
 
 
 def read_log(path: str) -> list[dict]:

@@ -3,8 +3,10 @@
 
 A run is committed when the table's history (the current snapshot and its ancestors) holds a
 snapshot whose summary names its run key; that snapshot points at the run's manifest, which is
-checked against the data files it lists (names, sizes, Parquet footers; checksums when asked) and
-against the snapshot (files and rows added). Storage layer: imports neither Airflow nor Ray.
+checked against the data files it lists (names, sizes, Parquet footers; checksums when asked),
+against the snapshot (files and rows added, the attempt) and against the run's claim (``_job.json``
+in its claim directory must be there and name the snapshot's attempt: a snapshot that landed as a
+newer try claimed the run is rolled back, and is not the run's commit meanwhile). Storage layer: imports neither Airflow nor Ray.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def read_table_manifest(
 ) -> Manifest | None:
     """The validated manifest of a committed run (``iceberg://<table>/<run key>``), with the
     snapshot that committed it; None while the table or the run's snapshot does not exist."""
-    from airflow_provider_batchinfer.markers import validate_manifest
+    from airflow_provider_batchinfer.markers import check_claim, validate_manifest
 
     identifier, run_key = parse_run_location(location)
     catalog_props, storage = split_options(options)
@@ -108,6 +110,9 @@ def read_table_manifest(
     if manifest.table is None or (manifest.table.identifier, manifest.table.run_key) != (identifier, run_key):
         raise ManifestError(f"{where}: {manifest_location} is not the manifest of this table and run key")
     _check_against_snapshot(manifest, snapshot, where)
+    # the snapshot's attempt (checked equal to the manifest's) against the claim the provider keeps
+    # for the run: a snapshot that landed as a newer try claimed the run is not the run's commit
+    check_claim(Stage.open(manifest.table.claim_dir, storage), manifest.job.attempt, where, expected=True)
     validate_manifest(Stage.open(manifest.run_dir, storage), manifest, verify_checksums=verify_checksums)
     return dataclasses.replace(manifest, table=manifest.table.with_snapshot(snapshot.snapshot_id))
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -28,53 +26,9 @@ from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.registry.fetch import cached_copy
 from airflow_provider_batchinfer.s3 import S3StageError
 from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, Stage
-from tests.conftest import BackgroundServer, _free_port
-from tests.s3_proxy import read_log
+from tests.s3_proxy import FaultProxy
 
 KEY_ID, SECRET = "AKIDFAULTTEST", "fault-secret"
-
-
-class FaultProxy:
-    """``tests/s3_proxy.py`` on one fixed port for a test; ``start`` again after it died (or to change
-    the rules) serves the same endpoint, so the connection never changes."""
-
-    def __init__(self, upstream: str, log: Path) -> None:
-        self.upstream, self.log, self.port = upstream, log, _free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.server: BackgroundServer | None = None
-
-    def start(self, *rules: dict) -> FaultProxy:
-        self.stop()
-        self.server = BackgroundServer(
-            f"s3-proxy-{self.port}",
-            [
-                sys.executable,
-                "-m",
-                "tests.s3_proxy",
-                "--port",
-                str(self.port),
-                "--upstream",
-                self.upstream,
-                "--rules",
-                json.dumps(list(rules)),
-                "--log",
-                str(self.log),
-            ],
-            ports=[self.port],
-            timeout=30,
-        )
-        return self
-
-    def alive(self) -> bool:
-        return self.server is not None and self.server.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop(timeout=10)
-            self.server = None
-
-    def requests(self, since: int = 0) -> list[dict]:
-        return read_log(str(self.log))[since:]
 
 
 @pytest.fixture

@@ -1,0 +1,156 @@
+"""The S3 commit checks its store and its withdrawals, and a reader checks the claim a marker was
+committed under.
+
+Every request of the attempt under test goes through ``tests/s3_proxy.py`` in front of the S3 server:
+forwarded as it is (moto honours S3's conditional requests), with its conditional headers stripped
+(a store that ignores them), or answered with an error (a withdrawal the store refuses). Setting up
+and inspecting goes to the S3 server directly, around the proxy.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_batchinfer import rundir
+from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, Manifest, ManifestError
+from airflow_provider_batchinfer.fence import PROBE_DIR, claims_for
+from airflow_provider_batchinfer.markers import read_valid_manifest
+from airflow_provider_batchinfer.stage import Stage, StageError
+from airflow_provider_batchinfer.verdicts import Verdicts
+from tests.component.test_commit_race import NEWER_OWNER, contents, write_attempt
+from tests.s3_proxy import FaultProxy
+
+KEY_ID, SECRET = "AKIDCONDTEST", "cond-secret"
+CONDITIONS = "If-None-Match on PutObject, If-Match on PutObject, If-Match on DeleteObject"
+
+
+def options(endpoint: str) -> dict:
+    return {"endpoint_url": endpoint, "region": "us-east-1", "access_key": KEY_ID, "secret_key": SECRET}
+
+
+@pytest.fixture
+def proxy(s3_server, tmp_path):
+    fault_proxy = FaultProxy(s3_server, tmp_path / "proxy.log")
+    yield fault_proxy
+    fault_proxy.stop()
+
+
+@pytest.fixture
+def run(s3_server, s3_bucket) -> Stage:
+    """A run directory on the S3 server, opened around the proxy."""
+    return Stage.open(f"s3://{s3_bucket}/out/run1", options(s3_server))
+
+
+def through(proxy: FaultProxy, stage: Stage) -> Stage:
+    """``stage`` as the attempt under test opens it: through the proxy."""
+    return Stage.open(stage.location, {**options(proxy.endpoint), "max_attempts": 1})
+
+
+def probes(proxy: FaultProxy, since: int = 0) -> list[tuple[str, int | None]]:
+    return [(r["method"], r["status"]) for r in proxy.requests(since) if f"/{PROBE_DIR}/" in r["target"]]
+
+
+# --- the store is asked before the first marker -----------------------------------------------------------
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_and_nothing_is_committed(run, proxy, s3_bucket):
+    from airflow_provider_batchinfer.runtime.reporting import is_permanent
+
+    manifest = write_attempt(run, "t01aaaa", [1, 2, 3, 4])
+    proxy.start({"match": "^(PUT|DELETE) ", "action": "strip"})
+    before = contents(run)
+    with pytest.raises(StageError, match="not committing") as info:
+        rundir.commit(through(proxy, run), manifest)
+    message = str(info.value)
+    assert f"bucket '{s3_bucket}' on the S3-compatible store at {proxy.endpoint} ignores {CONDITIONS}" in message
+    assert "honours S3 conditional writes" in message
+    assert type(info.value).__name__ == "ConditionalWritesUnsupported" and is_permanent(info.value)
+    assert contents(run) == before and SUCCESS_MARKER not in before  # no marker, no probe left, parts kept
+    assert any(r["injected"] == "strip" for r in proxy.requests())
+    assert read_valid_manifest(run.location, options(proxy.endpoint)) is None
+
+
+def test_a_store_that_honours_them_is_asked_once_per_process_and_the_probe_is_removed(run, proxy, s3_server, s3_bucket):
+    proxy.start()
+    first = write_attempt(run, "t01aaaa", [1, 2])
+    rundir.commit(through(proxy, run), first)
+    # created, then refused three times (412), then removed; asked again on a fresh key only after a "no"
+    assert probes(proxy) == [("PUT", 200), ("PUT", 412), ("PUT", 412), ("DELETE", 412), ("DELETE", 204)]
+    assert not [name for name, _ in run.list_files() if name.startswith(PROBE_DIR)]
+    seen = len(proxy.requests())
+    other = Stage.open(f"s3://{s3_bucket}/out/run2", options(s3_server))
+    rundir.commit(through(proxy, other), write_attempt(other, "t01bbbb", [3]))
+    assert probes(proxy, seen) == []  # the same endpoint and bucket: known
+    assert read_valid_manifest(other.location, options(proxy.endpoint)).job.attempt == "t01bbbb"
+
+
+# --- a withdrawal is never swallowed ------------------------------------------------------------------------
+
+
+def test_a_withdrawal_the_store_refuses_fails_the_attempt_loudly(run, proxy, s3_bucket):
+    """A zombie wrote its marker as a newer try claimed the run; deleting it is refused (403): the
+    attempt fails saying so, and readers refuse the marker it could not withdraw."""
+    late = write_attempt(run, "t01zombie", [1, 2, 3])
+    zombie = rundir.hold(run, "t01zombie")
+    write_attempt(run, "t02newer", [4, 5], owner=NEWER_OWNER)
+    proxy.start({"match": f"^DELETE /{s3_bucket}/out/run1/{SUCCESS_MARKER}", "status": 403, "code": "AccessDenied"})
+    with pytest.raises(StageError, match="could not be withdrawn") as info:
+        claims_for(through(proxy, run)).write_marker(zombie, late.to_json().encode())
+    message = str(info.value)
+    assert type(info.value).__name__ == "WithdrawalFailed"
+    assert f"{run.location}/{SUCCESS_MARKER}" in message and "AccessDenied" in message
+    assert Manifest.from_json(run.child(SUCCESS_MARKER).read_bytes()).job.attempt == "t01zombie"  # it is there
+    with pytest.raises(
+        ManifestError, match="committed by attempt t01zombie, but the run directory is claimed by attempt t02newer"
+    ):
+        read_valid_manifest(run.location, options(proxy.endpoint))
+
+
+def test_a_marker_the_owner_replaced_counts_as_withdrawn(run, proxy):
+    """The one refusal that is not a failure: the key no longer holds the zombie's version (the
+    claim's holder replaced it), so the zombie is fenced and the holder's marker stays."""
+    late = write_attempt(run, "t01zombie", [1, 2])
+    zombie = rundir.hold(run, "t01zombie")
+    newer = write_attempt(run, "t02newer", [3, 4], owner=NEWER_OWNER)
+    store = claims_for(through(proxy.start(), run))
+    etag = store._put(zombie, late.to_json().encode())  # the zombie's write, then the holder's commit
+    rundir.commit(run, newer)
+    store._withdraw(etag)
+    assert Manifest.from_json(run.child(SUCCESS_MARKER).read_bytes()) == newer
+
+
+# --- readers check the claim a marker was committed under ---------------------------------------------------
+
+
+def test_a_committed_marker_whose_claim_is_gone_does_not_pass(run, proxy):
+    """A newer try's revoke deletes the claim before anything else; a marker that stands without it
+    (a zombie's in its window, a withdrawal that failed, a clean-up that stopped half-way) is
+    refused, also by a reader that already checked this very marker's files."""
+    rundir.commit(through(proxy.start(), run), write_attempt(run, "t01aaaa", [1, 2, 3]))
+    verdicts = Verdicts()
+    read = lambda: read_valid_manifest(run.location, options(proxy.endpoint), verdicts=verdicts)  # noqa: E731
+    assert read().job.attempt == "t01aaaa"
+    claims_for(run).revoke()  # what a newer try's clean-up does first
+    assert run.child(SUCCESS_MARKER).exists() and not run.child(JOB_SPEC_FILE).exists()
+    with pytest.raises(ManifestError, match=r"committed by attempt t01aaaa under the claim .*_job.json, which is gone"):
+        read()
+    with pytest.raises(ManifestError, match="which is gone"):
+        read_valid_manifest(run.location, options(proxy.endpoint), verify_checksums=True)
+
+
+def test_a_claim_written_again_after_the_commit_does_not_pass(run, proxy):
+    manifest = write_attempt(run, "t01aaaa", [1, 2])
+    rundir.commit(through(proxy.start(), run), manifest)
+    job = run.child(JOB_SPEC_FILE)
+    job.write_bytes(job.read_bytes() + b"\n")  # same attempt, another version
+    with pytest.raises(ManifestError, match="the claim was written again after the commit"):
+        read_valid_manifest(run.location, options(proxy.endpoint))
+
+
+def test_a_marker_that_records_no_claim_is_checked_as_before(run, s3_server):
+    """Markers committed before S3 markers recorded their claim (and markers put by hand) cannot
+    say whether a claim is expected: without one they pass on their files, as they did."""
+    manifest = write_attempt(run, "t01aaaa", [1, 2])
+    run.child(SUCCESS_MARKER).write_bytes(manifest.to_json().encode())  # no metadata
+    run.child(JOB_SPEC_FILE).delete()
+    assert read_valid_manifest(run.location, options(s3_server)) == manifest
