@@ -6,8 +6,10 @@ unit-tested on a local directory without Ray or Airflow. It imports neither: the
 -> ``AirflowFailException``, else ``AirflowException``); the runtime calls :func:`check_fence`
 and :func:`commit`.
 
-- :func:`prepare` runs before any work: RESUME keeps the parts of an earlier attempt of the very
-  same result; otherwise ``SaveMode.ERROR`` refuses a non-empty directory (except the uncommitted
+- :func:`prepare` runs before any work: RESUME keeps the parts of the earlier attempts of the very
+  same result, the ones the claim lists as resumable (``JobFile.resumable``: a lineage of attempts
+  whose result identity matched, which a new attempt inherits only when its own matches too);
+  otherwise ``SaveMode.ERROR`` refuses a non-empty directory (except the uncommitted
   leftovers of an earlier try of this task instance), ``OVERWRITE`` removes ``_SUCCESS`` first and
   then the rest, and a directory another dag/task owns, or files no batchinfer task wrote, are
   never touched.
@@ -32,6 +34,7 @@ from airflow_provider_batchinfer.contract import (
     Manifest,
     ManifestError,
     RunOwner,
+    attempt_of,
 )
 from airflow_provider_batchinfer.fence import ClaimLost, Hold, claims_for
 from airflow_provider_batchinfer.identity import describe_fields, materialized_digest, result_differences
@@ -93,12 +96,19 @@ class Preparation:
     """What :func:`prepare` did. ``resume``: RESUME keeps the earlier parts (the marker is already
     removed). ``messages``: what was done, for the task log. ``input_digest``: for a kept query
     input, the digest of the result the kept parts were scored from (see
-    :func:`confirm_requeried_input`); None otherwise."""
+    :func:`confirm_requeried_input`); None otherwise. ``kept_attempts``: the earlier attempts
+    whose parts are kept, oldest first (the runtime deletes every other attempt's)."""
 
     resume: bool
     removed_files: int
     messages: tuple[str, ...] = ()
     input_digest: str | None = None
+    kept_attempts: tuple[str, ...] = ()
+
+    def lineage(self, attempt: str) -> tuple[str, ...]:
+        """What the new attempt's claim lists as resumable (``JobFile.resumable``): the earlier
+        attempts whose parts are kept, then ``attempt``; only ``attempt`` when nothing is kept."""
+        return (*self.kept_attempts, attempt) if self.resume else (attempt,)
 
 
 # --- the claim and the fence -----------------------------------------------------------------------
@@ -231,26 +241,30 @@ def prepare(
     ``SaveMode.RESUME`` keeps earlier parts only when they were written for this very result: the
     same task instance and the same result identity (``result``, ``identity.result_identity``),
     compared field by field with the one the claim records; otherwise the directory is handled as
-    with OVERWRITE and the log names what differed. ``materialized_input``: the input is
+    with OVERWRITE and the log names what differed. Only the parts of the attempts the claim lists
+    as resumable are kept (:attr:`Preparation.kept_attempts`; the new attempt's claim lists them
+    and itself: :meth:`Preparation.lineage`), so a late part of an attempt of another result (a
+    zombie's) is never kept. ``materialized_input``: the input is
     materialized under ``_input/`` by each attempt (removed here); ``requeried_input``: it is a
     query whose result may have changed, so its old result's digest is kept for
     :func:`confirm_requeried_input`. Raises ForeignRunDirectoryError or RunDirectoryNotEmptyError
     (both permanent) and changes nothing then.
     """
     messages: list[str] = []
-    if mode is SaveMode.RESUME and _resume_allowed(run_dir, owner, result, messages):
-        return _clear_for_resume(run_dir, materialized_input, requeried_input, messages)
+    recorded = _resumable_claim(run_dir, owner, result, messages) if mode is SaveMode.RESUME else None
+    if recorded is not None:
+        return _clear_for_resume(run_dir, recorded, materialized_input, requeried_input, messages)
     return _apply_save_mode(run_dir, owner, mode, messages)
 
 
-def _resume_allowed(run_dir: Stage, owner: RunOwner, result: Mapping[str, str], messages: list[str]) -> bool:
-    """Whether the claim's attempt computed this very result; when not, the reason is logged."""
+def _resumable_claim(run_dir: Stage, owner: RunOwner, result: Mapping[str, str], messages: list[str]) -> JobFile | None:
+    """The claim, when its attempt computed this very result; else None, and the reason is logged."""
     try:
         recorded = read_claim(run_dir)
     except ContractError:
-        return False
+        return None
     if recorded is None:
-        return False
+        return None
     where = f"SaveMode.RESUME: the earlier attempt in {run_dir.location}"
     if not recorded.airflow.same_task_instance(owner):
         differs = ["task and run"]
@@ -259,39 +273,74 @@ def _resume_allowed(run_dir: Stage, owner: RunOwner, result: Mapping[str, str], 
             f"{where} recorded no result identity in its {JOB_SPEC_FILE} (an older version of the provider wrote "
             "it), so what its parts were scored from is unknown; starting over as with OVERWRITE"
         )
-        return False
+        return None
     else:
         differs = result_differences(recorded.result, result)
     if differs:
         messages.append(f"{where} differs in {describe_fields(differs)}; starting over as with OVERWRITE")
-        return False
-    return True
+        return None
+    return recorded
 
 
 def _clear_for_resume(
-    run_dir: Stage, materialized_input: bool, requeried_input: bool, messages: list[str]
+    run_dir: Stage, recorded: JobFile, materialized_input: bool, requeried_input: bool, messages: list[str]
 ) -> Preparation:
-    """Keep the parts (the runtime decides which are complete); remove the marker first, so a stale
-    one never sits beside new parts, and a materialized input, which is written again (a query's
-    old result is digested first: see :func:`confirm_requeried_input`)."""
+    """Keep the parts of the attempts the claim lists as resumable (the runtime deletes any other
+    attempt's, and decides which are complete); remove the marker first, so a stale one never sits
+    beside new parts, and a materialized input, which is written again (for a query, after finding
+    the digest of the result the kept parts came from: :func:`_kept_result`)."""
     removed = 0
     marker = run_dir.child(SUCCESS_MARKER)
     if marker.exists():
         marker.delete()
         removed += 1
     digest = None
+    lineage = recorded.resumable_attempts
     if materialized_input:
         inputs = run_dir.child(INPUT_DIR)
-        if requeried_input:  # the result the earlier attempt read, in its own _input/<attempt>/
-            recorded = read_claim(run_dir)
-            digest = materialized_digest(inputs.child(recorded.attempt)) if recorded is not None else None
+        if requeried_input:
+            digest, lineage = _kept_result(run_dir, recorded, messages)
         removed += len(inputs.list_files())
         inputs.delete()
     messages.append(
-        f"SaveMode.RESUME: keeping the parts of earlier attempts in {run_dir.location}; only the "
-        "remaining rows will be scored"
+        f"SaveMode.RESUME: keeping the parts of earlier attempts in {run_dir.location} (of {', '.join(lineage)}, "
+        "which computed the same result; any other attempt's parts are deleted); only the remaining rows will be "
+        "scored"
     )
-    return Preparation(resume=True, removed_files=removed, messages=tuple(messages), input_digest=digest)
+    return Preparation(
+        resume=True, removed_files=removed, messages=tuple(messages), input_digest=digest, kept_attempts=lineage
+    )
+
+
+def _kept_result(run_dir: Stage, recorded: JobFile, messages: list[str]) -> tuple[str, tuple[str, ...]]:
+    """For a query input: the digest of the result the kept parts were scored from, and the
+    attempts whose parts are kept.
+
+    The claim carries that digest (``SqlInput.kept_digest``) from one resumed attempt to the next.
+    Its attempt's own ``_input/<attempt>/`` is digested only where it is known to be what the kept
+    parts came from: when the attempt started afresh (every part it kept is its own), or when it
+    wrote parts (it writes them only after its whole result was read and compared with the claim's
+    digest: :func:`confirm_requeried_input`). An attempt killed while it re-ran the query, or
+    before it compared the result, leaves an ``_input/`` no kept part was scored from: the claim's
+    digest stands. When the attempt found the result changed, it removed the parts it had kept
+    and scored from the new result: only its own parts are kept from then on."""
+    own = recorded.attempt
+    lineage = recorded.resumable_attempts
+    before = recorded.sql_input.kept_digest if recorded.sql_input is not None else None
+    if before is not None and not _wrote_parts(run_dir, own):
+        return before, lineage
+    digest = materialized_digest(run_dir.child(INPUT_DIR, own))
+    if before is not None and digest != before:
+        messages.append(
+            f"SaveMode.RESUME: attempt {own} in {run_dir.location} found the query's result changed and scored "
+            "from the new one; only its own parts are kept"
+        )
+        return digest, (own,)
+    return digest, lineage
+
+
+def _wrote_parts(run_dir: Stage, attempt: str) -> bool:
+    return any(attempt_of(name) == attempt for name, _ in run_dir.list_files())
 
 
 def confirm_requeried_input(run_dir: Stage, inputs: Stage, before: str) -> tuple[str, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,24 @@ class JobFile:
     # what decided this attempt's rows, field by field (``identity.result_identity``): a RESUME keeps
     # the parts only when a retry's is the same; None (older job files): never resumed
     result: Mapping[str, str] | None = None
+    # the attempts whose parts a RESUME may keep, oldest first, this one last: the attempts of one
+    # unbroken lineage of the same result identity (``rundir.prepare``); empty (older job files, a
+    # fresh start): only this attempt's own
+    resumable: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        bad = [a for a in self.resumable if not _ATTEMPT.match(a)]
+        if bad:
+            raise ContractError(
+                f"{JOB_SPEC_FILE}.resumable holds {bad[0]!r}, which is not an attempt id (letters and digits only); "
+                "this provider did not write that claim: run the task with SaveMode.OVERWRITE to start over"
+            )
+
+    @property
+    def resumable_attempts(self) -> tuple[str, ...]:
+        """The attempts whose parts a RESUME of this attempt keeps, oldest first and this attempt
+        last: where two of their parts hold the same row, the later attempt's is kept."""
+        return (*(a for a in self.resumable if a != self.attempt), self.attempt)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +107,7 @@ class JobFile:
             **({"table_input": self.table_input.to_dict()} if self.table_input else {}),
             **({"sql_input": self.sql_input.to_dict()} if self.sql_input else {}),
             **({"result": dict(self.result)} if self.result is not None else {}),
+            **({"resumable": list(self.resumable)} if self.resumable else {}),
         }
 
     def to_json(self) -> str:
@@ -136,6 +156,7 @@ class JobFile:
             table_input=_table(data, "table_input", TableInput, where),
             sql_input=_table(data, "sql_input", SqlInput, where),
             result=_result(data, where),
+            resumable=_strings(_opt(data, "resumable", list, where, err, []), f"{where}.resumable", err),
         )
 
     @classmethod
@@ -145,6 +166,9 @@ class JobFile:
         except (ValueError, UnicodeDecodeError) as exc:
             raise ContractError(f"{where} is not valid JSON: {exc}") from exc
         return cls.from_dict(data, where)
+
+
+_ATTEMPT = re.compile(r"^[A-Za-z0-9]+$")  # what a part name carries (contract/layout.py)
 
 
 def _result(data: Mapping[str, Any], where: str) -> dict[str, str] | None:

@@ -330,7 +330,8 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
             prep.resume,
             identity,
         )
-        job = dataclasses.replace(job, result=result)  # what decided these rows: a RESUME compares it
+        # what decided these rows (a RESUME compares it) and whose parts a RESUME may keep
+        job = dataclasses.replace(job, result=result, resumable=prep.lineage(job.attempt))
         job = tables.bind(job, run_dir, pinned)  # table input snapshot, table output
         job = self._bind_sql(job, prep.input_digest)
         # claimed before anything else is written into it (so a retry recognizes whatever this

@@ -2,9 +2,11 @@
 
 A preempted attempt leaves complete parts (each one a whole Parquet file with its footer, written
 by one Ray write task) and perhaps one part cut off mid-write (no footer). The next attempt of the
-same run keeps every complete part, deletes the cut-off ones, finds which input rows the kept parts
-hold (by ``InputSpec.id_column``) and reads only the others, so each row ends up in exactly one
-listed file of the final manifest. The operator decides whether resuming is allowed (the same
+same run keeps the complete parts of the attempts its claim lists as resumable (one lineage of the
+same result; part names carry their attempt), deletes every other attempt's (part writes are not
+fenced: a zombie's late part may sit here) and the cut-off ones, finds which input rows the kept
+parts hold (by ``InputSpec.id_column``; the newest attempt's part wins where two overlap) and
+reads only the others, so each row ends up in exactly one listed file of the final manifest. The operator decides whether resuming is allowed (the same
 task instance and result identity: input content, model, params, engine, columns, output schema
 and part boundaries; see ``rundir.prepare``); this module only reads and filters.
 
@@ -30,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from airflow_provider_batchinfer.contract import ERRORS_DIR, FileEntry
+from airflow_provider_batchinfer.contract import ERRORS_DIR, FileEntry, attempt_of
 from airflow_provider_batchinfer.runtime.done_set import BATCH_ROWS, DoneSet
 from airflow_provider_batchinfer.stage import Stage
 
@@ -102,20 +104,25 @@ def _read_part(part: Stage, id_column: str) -> tuple[pa.ChunkedArray, str, int]:
     return pf.read(columns=[id_column]).column(id_column), hashlib.sha256(data).hexdigest(), len(data)
 
 
-def collect_committed(run_dir: Stage, id_column: str, done: DoneSet | None = None) -> KeptParts:
-    """The complete parts already in ``run_dir``, with their checksums; their ids go into ``done``.
+def collect_committed(
+    run_dir: Stage, id_column: str, done: DoneSet | None = None, *, attempts: Sequence[str]
+) -> KeptParts:
+    """The complete parts in ``run_dir`` of the resumable ``attempts`` (the claim's lineage, oldest
+    first: ``JobFile.resumable_attempts``), with their checksums; their ids go into ``done``.
 
-    Each part is read once (hashed and parsed from the same bytes). A part without a readable
-    footer was cut off mid-write: it is deleted (its rows are scored again). A part whose ids overlap
-    an earlier kept part is deleted too, so no row is ever listed twice; given a ``done`` set, that
-    check is the caller's (:func:`drop_shared`, which ``resume_state`` runs only when needed)."""
+    A part of any other attempt is deleted: it was scored for another result, or it is the late
+    write of a zombie that lost its claim, and either way its rows are not this result's. Each part
+    kept is read once (hashed and parsed from the same bytes). A part without a readable footer was
+    cut off mid-write: it is deleted (its rows are scored again). The parts are numbered newest
+    attempt first, so where two hold the same id the newer attempt's is kept and the other deleted;
+    given a ``done`` set, that check is the caller's (:func:`drop_shared`, which ``resume_state``
+    runs only when needed)."""
     kept = nothing_kept()
     own = done is None
     store = DoneSet() if done is None else done
+    rank = {attempt: n for n, attempt in enumerate(attempts)}
     try:
-        for rel, size in run_dir.list_files():
-            if not _PART.match(rel):
-                continue
+        for rel, size in _lineage_parts(run_dir, rank, kept):
             part = run_dir.child(*rel.split("/"))
             try:
                 ids, sha256, size = _read_part(part, id_column)
@@ -143,14 +150,35 @@ def collect_committed(run_dir: Stage, id_column: str, done: DoneSet | None = Non
     return kept
 
 
+def _lineage_parts(run_dir: Stage, rank: dict[str, int], kept: KeptParts) -> list[tuple[str, int]]:
+    """The parts of the ranked attempts, newest attempt first; every other part is deleted."""
+    parts = []
+    for rel, size in run_dir.list_files():
+        if not _PART.match(rel):
+            continue
+        attempt = attempt_of(rel)
+        if attempt in rank:
+            parts.append((rel, size))
+            continue
+        run_dir.child(*rel.split("/")).delete()
+        kept["removed"].append(rel)
+        print(
+            f"[batchinfer] resume: removed {rel}: attempt {attempt or '(none)'} is not one the claim lists as "
+            "resumable (it computed another result, or wrote after it lost its claim); its rows are scored again",
+            flush=True,
+        )
+    return sorted(parts, key=lambda item: (-rank[attempt_of(item[0]) or ""], item[0]))
+
+
 def _recount(kept: KeptParts) -> None:
     kept["rows"] = sum(f.rows for f in kept["files"])
     kept["error_rows"] = sum(f.rows for f in kept["error_files"])
 
 
 def drop_shared(run_dir: Stage, kept: KeptParts, done: DoneSet) -> None:
-    """Delete each kept part that holds an id of an earlier kept part (in listing order), and
-    forget its ids: its rows are scored again."""
+    """Delete each kept part that holds an id of a part numbered before it (newer attempts are
+    numbered first: :func:`collect_committed`, so the newest attempt's part wins), and forget its
+    ids: its rows are scored again."""
     earlier: dict[int, set[int]] = {}
     for later, first in done.shared():
         earlier.setdefault(later, set()).add(first)
@@ -165,7 +193,7 @@ def drop_shared(run_dir: Stage, kept: KeptParts, done: DoneSet) -> None:
             run_dir.child(*rel.split("/")).delete()
             kept["removed"].append(rel)
             del kept["numbers"][rel]
-            print(f"[batchinfer] resume: removed {rel}: it repeats rows of an earlier part", flush=True)
+            print(f"[batchinfer] resume: removed {rel}: it repeats rows of a newer attempt's part", flush=True)
     kept["files"] = [f for f in kept["files"] if f.name in kept["numbers"]]
     kept["error_files"] = [f for f in kept["error_files"] if f.name in kept["numbers"]]
     _recount(kept)
@@ -202,7 +230,7 @@ def resume_state(
         leftovers.delete()
     storage = dict(job.storage_options) or None
     with DoneSet() as done:
-        kept = collect_committed(run_dir, id_column, done)
+        kept = collect_committed(run_dir, id_column, done, attempts=job.resumable_attempts)
         input_rows = sum(sum(groups) for groups in file_groups)
         per_file = done.match(list(files), id_column, storage, input_rows) if files and done.rows else {}
         if sum(per_file.values()) != done.rows:  # input ids are unique: only shared ids miss the count

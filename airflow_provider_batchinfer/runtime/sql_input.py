@@ -18,7 +18,9 @@ everything after (row count, schema, id uniqueness, RESUME, both engines' reads)
 
 Each attempt runs the query once, so all of an attempt's rows come from one result. A
 ``SaveMode.RESUME`` attempt compares its result with the one its kept parts were scored from
-(``SqlInput.kept_digest``) and drops them when it differs (``rundir.confirm_requeried_input``).
+(``SqlInput.kept_digest``: carried in the claim from one resumed attempt to the next, never taken
+from whichever attempt wrote ``_input/`` last; see ``rundir.prepare``) and drops them when it
+differs (``rundir.confirm_requeried_input``), before it writes any part of its own.
 Imports no Airflow.
 """
 
@@ -34,6 +36,7 @@ from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import placement
 from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV
 from airflow_provider_batchinfer.inputs import InputError
+from airflow_provider_batchinfer.redact import clip
 from airflow_provider_batchinfer.runtime import table_input
 from airflow_provider_batchinfer.runtime.errors import JobError
 from airflow_provider_batchinfer.stage import Stage
@@ -114,7 +117,7 @@ def _shards(job: JobFile, ref: SqlInput) -> int:
     except Exception as exc:  # the driver's own error type: named in the log, then the unsharded read
         print(
             f"[batchinfer] input: the database cannot shard the query by {shard} ({type(exc).__name__}: "
-            f"{str(exc)[:200]}); the driver streams it instead",
+            f"{clip(str(exc), 200)}); the driver streams it instead",
             flush=True,
         )
         return 0

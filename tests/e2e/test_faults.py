@@ -743,7 +743,7 @@ def test_task_killed_mid_job_then_retried_with_overwrite_and_with_resume(
 
 def test_resume_refuses_parts_that_repeat_rows_and_recounts_them(tmp_path):
     """Two complete parts holding the same row (a retried write under another attempt id) must not
-    both be listed: the later one is dropped and its rows are scored again."""
+    both be listed: the older attempt's (in the claim's order) is dropped and its rows are scored again."""
     from airflow_provider_batchinfer.runtime.done_set import DoneSet
     from airflow_provider_batchinfer.runtime.resume import collect_committed
 
@@ -753,16 +753,16 @@ def test_resume_refuses_parts_that_repeat_rows_and_recounts_them(tmp_path):
     pq.write_table(
         pa.table({"ticket_id": [9], "error": ["ValueError: x"]}), tmp_path / "_errors" / "part-00000-t01a.parquet"
     )
-    kept = collect_committed(Stage.open(str(tmp_path)), "ticket_id")
-    assert [f.name for f in kept["files"]] == ["part-00000-t01a.parquet"]
-    assert kept["error_rows"] == 1 and kept["removed"] == ["part-00001-t02b.parquet"]
+    kept = collect_committed(Stage.open(str(tmp_path)), "ticket_id", attempts=("t01a", "t02b"))
+    assert [f.name for f in kept["files"]] == ["part-00001-t02b.parquet"]
+    assert kept["error_rows"] == 1 and kept["removed"] == ["part-00000-t01a.parquet"]
     source = tmp_path / "input" / "in.parquet"
     source.parent.mkdir()
     pq.write_table(_table(list("wxyz"), ids=[1, 2, 3, 9]), source)
-    with DoneSet() as done:  # only the rows of the parts kept are done: id 3 is scored again
-        collect_committed(Stage.open(str(tmp_path)), "ticket_id", done)
+    with DoneSet() as done:  # only the rows of the parts kept are done: id 1 is scored again
+        collect_committed(Stage.open(str(tmp_path)), "ticket_id", done, attempts=("t01a", "t02b"))
         assert done.match([str(source)], "ticket_id", None, 4) == {0: 3}
-        assert [r for _, rows in done.done_rows([0]) for r in rows.tolist()] == [0, 1, 3]
+        assert [r for _, rows in done.done_rows([0]) for r in rows.tolist()] == [1, 2, 3]
 
 
 # --- file columns (InputSpec.column_handling): traversal and unreadable references, per row --------------

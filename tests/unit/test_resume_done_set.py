@@ -29,9 +29,14 @@ def _input(tmp_path, ids: np.ndarray, files: int) -> tuple[list[str], list[list[
     return locations, groups
 
 
-def _resumed(tmp_path, locations: list[str]):
+def _resumed(tmp_path, locations: list[str], earlier: tuple[str, ...] = ("t01aaaa",)):
+    """A resumed attempt whose claim lists the ``earlier`` attempts' parts as resumable."""
     run_dir = Stage.open(str(tmp_path / "run"))
-    job = dataclasses.replace(job_file(tmp_path / "run", attempt="t02bbbb", inputs=tuple(locations)), resume=True)
+    job = dataclasses.replace(
+        job_file(tmp_path / "run", attempt="t02bbbb", inputs=tuple(locations)),
+        resume=True,
+        resumable=(*earlier, "t02bbbb"),
+    )
     claim(run_dir, job)
     return job, run_dir
 
@@ -75,22 +80,23 @@ def test_the_rows_left_are_exact_with_a_done_set_larger_than_the_memory_budget(t
     assert not (tmp_path / "run" / REMAINING_DIR / "t02bbbb").exists()
 
 
-def test_a_part_repeating_rows_of_an_earlier_one_is_removed_and_its_rows_are_read_again(tmp_path):
-    """The kept ids outnumber the input rows they match: the later of two parts sharing ids is
-    deleted, and only the first part's rows count as done. Every row done: one empty file is read."""
+def test_a_part_repeating_rows_of_a_newer_one_is_removed_and_its_rows_are_read_again(tmp_path):
+    """The kept ids outnumber the input rows they match: of two parts sharing ids, the one of the
+    older attempt (in the claim's order) is deleted, and only the newer part's rows count as done.
+    Every row done: one empty file is read."""
     locations, groups = _input(tmp_path, np.arange(10, dtype=np.int64), files=2)
-    job, run_dir = _resumed(tmp_path, locations)
+    job, run_dir = _resumed(tmp_path, locations, earlier=("t01a", "t01b", "t02c"))
     pq.write_table(pa.table({"id": pa.array([0, 1, 2, 7], pa.int64())}), tmp_path / "run" / "part-00000-t01a.parquet")
     pq.write_table(pa.table({"id": pa.array([2, 3], pa.int64())}), tmp_path / "run" / "part-00001-t01b.parquet")
 
     kept = resume_state(job, run_dir, locations, groups, ["id", "x"])
 
-    assert kept["removed"] == ["part-00001-t01b.parquet"] and kept["rows"] == 4
-    assert not (tmp_path / "run" / "part-00001-t01b.parquet").exists()
-    assert sorted(_ids_read(kept).tolist()) == [3, 4, 5, 6, 8, 9]
+    assert kept["removed"] == ["part-00000-t01a.parquet"] and kept["rows"] == 2
+    assert not (tmp_path / "run" / "part-00000-t01a.parquet").exists()
+    assert sorted(_ids_read(kept).tolist()) == [0, 1, 4, 5, 6, 7, 8, 9]
 
     pq.write_table(
-        pa.table({"id": pa.array([3, 4, 5, 6, 8, 9], pa.int64())}), tmp_path / "run" / "part-00002-t02c.parquet"
+        pa.table({"id": pa.array([0, 1, 4, 5, 6, 7, 8, 9], pa.int64())}), tmp_path / "run" / "part-00002-t02c.parquet"
     )
     kept = resume_state(job, run_dir, locations, groups, ["id", "x"])
     assert kept["rows"] == 10 and len(kept["read"].files) == 1 and len(_ids_read(kept)) == 0

@@ -191,8 +191,10 @@ def test_resume_keeps_the_parts_of_the_same_result_and_removes_the_marker_first(
     assert done.resume is True and done.removed_files == 1
     assert _files(run) == [f for f in before if f != SUCCESS_MARKER]
     assert done.messages == (
-        f"SaveMode.RESUME: keeping the parts of earlier attempts in {run}; only the remaining rows will be scored",
+        f"SaveMode.RESUME: keeping the parts of earlier attempts in {run} (of t01aaaa, which computed the same "
+        "result; any other attempt's parts are deleted); only the remaining rows will be scored",
     )
+    assert done.kept_attempts == ("t01aaaa",) and done.lineage("t02bbbb") == ("t01aaaa", "t02bbbb")
 
 
 def test_resume_re_queries_a_materialized_input(tmp_path):

@@ -93,7 +93,7 @@ def test_resume_hashes_the_parts_it_keeps_from_the_read_that_checks_them(tmp_pat
     whole = (tmp_path / "part-00000-t01a.parquet").read_bytes()
     (tmp_path / "part-00001-t01a.parquet").write_bytes(whole[: len(whole) // 2])  # cut off mid-write
     with DoneSet() as done:
-        kept = collect_committed(Stage.open(str(tmp_path)), "ticket_id", done)
+        kept = collect_committed(Stage.open(str(tmp_path)), "ticket_id", done, attempts=("t01a",))
         assert done.rows == 3  # the kept part's ids and the dead-letter file's
     assert kept["files"] == [
         FileEntry("part-00000-t01a.parquet", len(whole), 2, _sha(tmp_path / "part-00000-t01a.parquet"))
