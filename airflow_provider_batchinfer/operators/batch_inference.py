@@ -39,7 +39,13 @@ from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
 from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
 from airflow_provider_batchinfer.operators import assets, table_io
-from airflow_provider_batchinfer.operators.errors import airflow_error, check_arguments, fail_on_s3_errors
+from airflow_provider_batchinfer.operators.errors import (
+    airflow_error,
+    check_arguments,
+    fail_on_s3_errors,
+    input_error,
+    job_failed,
+)
 from airflow_provider_batchinfer.operators.finalize import committed_result
 from airflow_provider_batchinfer.operators.job_file import build_job_file
 from airflow_provider_batchinfer.operators.lineage_methods import OpenLineageMethods
@@ -207,8 +213,10 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
         locations = [self.hook.resolve_location(loc) for loc in raw]
         try:
             list_input_files(locations, self.hook.storage_options)
-        except InputError as exc:
-            raise AirflowFailException(str(exc)) from exc
+        except InputError as exc:  # an empty one may skip the task, or go on to commit 0 rows
+            error = input_error(exc, self.input_spec.on_empty)
+            if error is not None:
+                raise error from exc
         return locations
 
     # --- the flow --------------------------------------------------------------------------------------
@@ -411,7 +419,7 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
 
     def _finish(self, outcome: Outcome, location: str, attempt: str) -> dict[str, Any]:
         if not outcome.succeeded:
-            raise (AirflowFailException if outcome.permanent else AirflowException)(outcome.message)
+            raise job_failed(outcome, self.input_spec.on_empty)
         return self._finalize(location, attempt)
 
     def _finalize(self, location: str, attempt: str) -> dict[str, Any]:

@@ -8,15 +8,18 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from airflow_provider_batchinfer.contract import ContractError
+from airflow_provider_batchinfer.inputs import EmptyInputError, InputError
 from airflow_provider_batchinfer.s3 import S3StageError
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
 from airflow_provider_batchinfer.tables.names import check_table_input_argument
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
+
+    from airflow_provider_batchinfer.launchers.base import Outcome
 
 _R = TypeVar("_R")
 
@@ -39,6 +42,32 @@ def fail_on_s3_errors(execute: Callable[..., _R]) -> Callable[..., _R]:
 def airflow_error(exc: Exception, permanent: bool) -> AirflowException:
     """The Airflow exception for an error: permanent ones fail the task without retries."""
     return (AirflowFailException if permanent else AirflowException)(str(exc))
+
+
+def _skipped(message: str) -> AirflowSkipException:
+    return AirflowSkipException(
+        f'the input holds no rows, so the task is skipped (InputSpec(on_empty="skip")): {message}'
+    )
+
+
+def input_error(exc: InputError, on_empty: str) -> AirflowException | None:
+    """The Airflow exception for an input found wrong before the launch (all permanent: a retry sees
+    the same input), or None when the job goes on: an input without rows that
+    ``InputSpec(on_empty="commit")`` commits as 0 rows. ``"skip"`` skips the task."""
+    if isinstance(exc, EmptyInputError) and on_empty == "commit":
+        return None
+    if isinstance(exc, EmptyInputError) and on_empty == "skip":
+        return _skipped(str(exc))
+    return AirflowFailException(str(exc))
+
+
+def job_failed(outcome: Outcome, on_empty: str) -> AirflowException:
+    """The Airflow exception for a job that did not succeed: permanent failures fail the task
+    without retries; an input the job found without rows skips it under ``InputSpec(on_empty="skip")``
+    (a query or a table snapshot of 0 rows, or Parquet files of 0 rows: only the job reads them)."""
+    if on_empty == "skip" and outcome.failure is not None and outcome.failure.type == EmptyInputError.__name__:
+        return _skipped(outcome.failure.error)
+    return (AirflowFailException if outcome.permanent else AirflowException)(outcome.message)
 
 
 def check_arguments(

@@ -17,6 +17,7 @@ import sys
 
 from airflow_provider_batchinfer.contract import JobFailure, JobResult
 from airflow_provider_batchinfer.inputs import InputError
+from airflow_provider_batchinfer.redact import scrub, scrubbed_output, secret_values
 from airflow_provider_batchinfer.runtime.errors import JobError, ModelBatchError
 from airflow_provider_batchinfer.stage import StageError
 
@@ -28,8 +29,9 @@ _RAY_WRAPPERS = ("UserCodeException", "RayTaskError", "RayActorError", "RaySyste
 # SystemException()", which hides the Ray wrapper's ``cause`` from a plain __cause__ walk
 _EMPTY_MARKERS = ("SystemException",)
 
-# errors whose message is written for the user (what failed, where, and what to do next)
-_OURS = (StageError, ModelBatchError)
+# errors whose message is written for the user (what failed, where, and what to do next); an
+# InputError names the file or column that pyarrow's error behind it does not
+_OURS = (StageError, ModelBatchError, InputError)
 # ... and those of them that only reach the driver as text in a Ray traceback
 _OURS_BY_NAME = frozenset({ModelBatchError.__name__})
 
@@ -107,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from airflow_provider_batchinfer.delivery import apply_delivered_env
-    from airflow_provider_batchinfer.redact import install_log_scrubber, scrub, secret_values
     from airflow_provider_batchinfer.runtime.driver import run
 
     parser = argparse.ArgumentParser(prog="python -m airflow_provider_batchinfer.runtime")
@@ -120,15 +121,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         apply_delivered_env()  # a cluster job's S3 session and catalog secrets, before anything opens a store
         secrets = secret_values(os.environ)
-        install_log_scrubber(secrets)
-        manifest = run(args.spec)
-    except Exception as exc:  # the one place that turns any failure into a clear last line
-        log.debug("job failed", exc_info=True)
-        found = failure(exc)
-        print(dataclasses.replace(found, error=scrub(found.error, secrets)).to_line(), flush=True)
-        return 2 if isinstance(exc, (InputError, JobError, StageError, ValueError)) else 1
-    print(JobResult(rows=manifest.counts.output_rows, files=len(manifest.files)).to_line(), flush=True)
+    except Exception as exc:
+        print(_failure_line(exc, secrets), flush=True)
+        return _exit_code(exc)
+    with scrubbed_output(secrets):  # every line this job prints or logs, its last line included
+        try:
+            manifest = run(args.spec)
+        except Exception as exc:  # the one place that turns any failure into a clear last line
+            log.debug("job failed", exc_info=True)
+            print(_failure_line(exc, secrets), flush=True)
+            return _exit_code(exc)
+        print(JobResult(rows=manifest.counts.output_rows, files=len(manifest.files)).to_line(), flush=True)
     return 0
+
+
+def _failure_line(exc: BaseException, secrets: list[str]) -> str:
+    found = failure(exc)
+    return dataclasses.replace(found, error=scrub(found.error, secrets)).to_line()
+
+
+def _exit_code(exc: BaseException) -> int:
+    """2: the job's inputs or state are wrong; 1: anything else."""
+    return 2 if isinstance(exc, (InputError, JobError, StageError, ValueError)) else 1
 
 
 if __name__ == "__main__":

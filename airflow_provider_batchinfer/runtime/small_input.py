@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_batchinfer.inputs import reading_parquet
 from airflow_provider_batchinfer.runtime.tuning import TUNING
 from airflow_provider_batchinfer.stage import Stage
 
@@ -52,7 +53,8 @@ def read_small_input(files: list[str], columns: list[str], storage: Mapping[str,
     options = dict(storage) if storage else None
     for location in files:
         stage = Stage.open(location, options)
-        with stage._io("read"), stage.fs.open_input_file(stage.path) as source:
+        # a corrupt file's error names it (inputs.CorruptInputError); a store's becomes its StageError
+        with stage._io("read"), reading_parquet(location), stage.fs.open_input_file(stage.path) as source:
             parquet = pq.ParquetFile(source)
             meta = parquet.metadata
             planned += sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))

@@ -13,6 +13,9 @@ from airflow_provider_batchinfer.specs.common import (
     _parse_save_mode,
 )
 
+#: what ``InputSpec.on_empty`` allows: fail the task, skip it, or commit an empty ``_SUCCESS``
+ON_EMPTY = ("fail", "skip", "commit")
+
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -30,6 +33,10 @@ class InputSpec:
     ``id_column``: a column whose values are unique per row; it is checked for duplicates before any
     compute, always written next to the predictions and the dead-lettered rows, and it is what
     ``SaveMode.RESUME`` uses to skip rows an earlier attempt already scored.
+    ``on_empty``: what an input without rows (a directory with no Parquet file, or files of 0 rows)
+    does: ``"fail"`` (the default; the task fails without retries), ``"skip"`` (the task is skipped)
+    or ``"commit"`` (an empty ``_SUCCESS`` of 0 rows is committed, so downstream sensors pass). It
+    decides no row, so it is not part of the result identity: a RESUME is not refused over it.
     """
 
     columns: tuple[str, ...] | None = None
@@ -38,8 +45,14 @@ class InputSpec:
     params: dict[str, Any] = field(default_factory=dict)
     column_handling: dict[str, Any] = field(default_factory=dict)
     id_column: str | None = None
+    on_empty: str = "fail"
 
     def __post_init__(self) -> None:
+        if self.on_empty not in ON_EMPTY:
+            raise SpecError(
+                f'InputSpec.on_empty={self.on_empty!r} is not one of {list(ON_EMPTY)}: "fail" fails the task, '
+                '"skip" skips it, "commit" commits an empty _SUCCESS of 0 rows'
+            )
         object.__setattr__(self, "columns", _check_columns("InputSpec", "columns", self.columns))
         object.__setattr__(
             self, "passthrough_columns", _check_columns("InputSpec", "passthrough_columns", self.passthrough_columns)
@@ -82,6 +95,8 @@ class InputSpec:
         for key in ("columns", "passthrough_columns"):
             if d[key] is not None:
                 d[key] = list(d[key])
+        if d["on_empty"] == "fail":  # the default is left out: job files and job identities stay as they were
+            del d["on_empty"]
         return d
 
     @classmethod

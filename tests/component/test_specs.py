@@ -80,3 +80,37 @@ def test_bad_spec_fails_when_the_dag_file_is_parsed(airflow_db, tmp_path):
     bag = DagBag(dag_folder=str(tmp_path))
     (error,) = bag.import_errors.values()
     assert "exactly one of stage_location" in error
+
+
+def test_on_empty_is_checked_when_built_and_travels_in_the_job_file(tmp_path):
+    """``InputSpec(on_empty=...)``: "fail" by default, "skip" or "commit"; a bad value names the allowed
+    ones. It goes into the job file the runtime reads, and a default spec's dict is what it was before
+    (job files and job identities written without it stay the same); it decides no row, so the result
+    identity leaves it out and a RESUME is never refused over it."""
+    from airflow_provider_batchinfer.contract import JobFile
+    from airflow_provider_batchinfer.identity import result_identity
+    from tests.models import TextLength, job_file
+
+    assert InputSpec().on_empty == "fail"
+    for bad in ("ignore", "", None, "SKIP"):
+        with pytest.raises(SpecError, match=r"InputSpec.on_empty=.* is not one of \['fail', 'skip', 'commit'\]"):
+            InputSpec(on_empty=bad)
+    assert "on_empty" not in InputSpec(id_column="id").to_dict()
+    for value in ("fail", "skip", "commit"):
+        spec = InputSpec(id_column="id", on_empty=value)
+        assert InputSpec.from_dict(spec.to_dict()) == spec
+    assert InputSpec.from_dict({"id_column": "id"}).on_empty == "fail"  # a job file written before on_empty
+    with pytest.raises(SpecError, match=r"not one of \['fail', 'skip', 'commit'\]"):
+        InputSpec.from_dict({"on_empty": "drop"})
+
+    from airflow_provider_batchinfer.registry import ModelRegistry
+
+    mv = ModelRegistry(str(tmp_path / "registry")).log_model(
+        "text_length", "v1", "python", python_class=TextLength, signature={"inputs": {"text": "string"}}
+    )
+    job = job_file(tmp_path / "out", mv, str(tmp_path / "registry"), ["in"], input_spec=InputSpec(on_empty="commit"))
+    assert JobFile.from_json(job.to_json(), where="_job.json").input_spec.on_empty == "commit"
+    same = {"input_fingerprint": [], "model_sha256": "0" * 64, "job_spec": JobSpec()}
+    assert result_identity(input_spec=InputSpec(on_empty="commit"), **same) == result_identity(
+        input_spec=InputSpec(), **same
+    )

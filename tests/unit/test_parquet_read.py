@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
-from airflow_provider_batchinfer.inputs import inspect_input
+from airflow_provider_batchinfer.inputs import InputError, inspect_input
 from airflow_provider_batchinfer.runtime.parquet_read import row_group_batches
 
 
@@ -24,3 +25,73 @@ def test_the_read_returns_every_row_of_the_row_groups_once_in_order(tmp_path):
     # a batch never spans two row groups
     first = list(row_group_batches(files[0], None, ["id", "x"], range(4), rows=1000))
     assert [t.num_rows for t in first] == [300, 300, 300, 100]
+
+
+# --- corrupt files: a permanent error naming the file, on every read ---------------------------------
+
+
+def _good_and_damaged(tmp_path, how):
+    from tests.corrupt_inputs import damage
+
+    files = []
+    for f in range(3):
+        path = tmp_path / f"tickets-{f}.parquet"
+        pq.write_table(pa.table({"id": pa.array(range(f * 50, f * 50 + 50), pa.int64()), "text": ["x"] * 50}), path)
+        files.append(str(path))
+    damage(tmp_path / "tickets-1.parquet", how)
+    return files
+
+
+def _reported(exc):
+    """What the runtime's error line says of ``exc`` (its message, whether a retry can help)."""
+    from airflow_provider_batchinfer.runtime.reporting import failure
+
+    return failure(exc)
+
+
+@pytest.mark.parametrize("how", ["truncated", "bad_magic", "tiny", "bad_footer"])
+def test_a_file_whose_footer_does_not_read_fails_the_checks_permanently_naming_it(tmp_path, how):
+    files = _good_and_damaged(tmp_path, how)
+    with pytest.raises(InputError) as caught:
+        inspect_input(files, None)
+    found = _reported(caught.value)
+    assert f"input file {files[1]} is not a readable Parquet file" in found.error, found.error
+    assert "truncated or corrupt, and a retry reads the same bytes" in found.error
+    assert found.permanent, "a retry reads the same bytes: the task must fail without its retries"
+    assert found.type == "CorruptInputError"
+
+
+def test_pages_that_do_not_decode_fail_the_drivers_reads_permanently_naming_the_file(tmp_path):
+    """The footer is intact, so the checks pass; the in-driver engine's reader and the pool's read of
+    a small input in its driver each find the damage and name the file."""
+    from airflow_provider_batchinfer.runtime.small_input import read_small_input
+
+    files = _good_and_damaged(tmp_path, "bad_pages")
+    assert inspect_input(files, None)[0] == 150
+    reads = {
+        "in-driver reader": lambda: [t for f in files for t in row_group_batches(f, None, ["id", "text"], [0], 16)],
+        "small input read": lambda: read_small_input(files, ["id", "text"], None),
+    }
+    for what, read in reads.items():
+        with pytest.raises(InputError) as caught:
+            read()
+        found = _reported(caught.value)
+        assert f"input file {files[1]} is not a readable Parquet file" in found.error, (what, found.error)
+        assert found.permanent, what
+
+
+def test_a_stores_failure_is_not_taken_for_a_corrupt_file():
+    """pyarrow reports an object store's failures as OSError too: those stay retryable."""
+    import pyarrow as pa
+
+    from airflow_provider_batchinfer.inputs import is_corrupt_parquet
+
+    assert is_corrupt_parquet(pa.ArrowInvalid("Parquet magic bytes not found in footer"))
+    assert is_corrupt_parquet(OSError("Couldn't deserialize thrift: No more data to read."))
+    for transient in (
+        OSError("When reading information for key 'a.parquet' in bucket 'b': AWS Error NETWORK_CONNECTION"),
+        OSError("curlCode: 28, Timeout was reached"),
+        FileNotFoundError("tickets-1.parquet"),
+        PermissionError("tickets-1.parquet"),
+    ):
+        assert not is_corrupt_parquet(transient), transient
