@@ -13,7 +13,7 @@ import pytest
 
 from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, Manifest, ManifestError
-from airflow_provider_batchinfer.fence import PROBE_DIR, claims_for
+from airflow_provider_batchinfer.fence import claims_for
 from airflow_provider_batchinfer.markers import read_valid_manifest
 from airflow_provider_batchinfer.stage import Stage, StageError
 from airflow_provider_batchinfer.verdicts import Verdicts
@@ -21,6 +21,7 @@ from tests.component.test_commit_race import NEWER_OWNER, contents, write_attemp
 from tests.s3_proxy import FaultProxy
 
 KEY_ID, SECRET = "AKIDCONDTEST", "cond-secret"
+PROBE_DIR = "_probe"  # where the probe puts its objects in a run directory (fence.PROBE_DIR)
 CONDITIONS = "If-None-Match on PutObject, If-Match on PutObject, If-Match on DeleteObject"
 
 
