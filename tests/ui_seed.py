@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,13 +16,15 @@ from airflow_provider_batchinfer.contract import SUCCESS_MARKER, FileEntry, Mani
 from tests.runs import manifest_for, write_part
 
 
-def error_part(run_dir: Path, name: str, ids: list[int]) -> FileEntry:
+def error_part(
+    run_dir: Path, name: str, ids: list[int], message: str = "ValueError: cannot score text 'boom'"
+) -> FileEntry:
     """A dead-letter file as the runtime writes it: the rows' ids and an ``error`` message each."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     sink = io.BytesIO()
-    messages = [f"ValueError: cannot score text 'boom' (row {i})" for i in ids]
+    messages = [f"{message} (row {i})" for i in ids]
     pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "error": messages}), sink)
     data = sink.getvalue()
     (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
@@ -30,14 +32,45 @@ def error_part(run_dir: Path, name: str, ids: list[int]) -> FileEntry:
     return FileEntry(name=name, size=len(data), rows=len(ids), sha256=hashlib.sha256(data).hexdigest())
 
 
-def committed_run_with_dead_letters(run_dir: Path, rows: int = 8, dead: int = 2) -> Manifest:
-    """A committed run directory: one part of ``rows`` rows, ``dead`` dead-lettered rows, ``_SUCCESS``."""
+def committed_run_with_dead_letters(
+    run_dir: Path, rows: int = 8, dead: int = 2, message: str = "ValueError: cannot score text 'boom'"
+) -> Manifest:
+    """A committed run directory: one part of ``rows`` rows, ``dead`` dead-lettered rows (each with
+    ``message`` and its row), ``_SUCCESS``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     part = write_part(run_dir, part_name(0, "t01aaaa"), list(range(rows)))
-    errors = error_part(run_dir, part_name(0, "t01aaaa", dead_letter=True), list(range(rows, rows + dead)))
+    dead_ids = list(range(rows, rows + dead))
+    errors = error_part(run_dir, part_name(0, "t01aaaa", dead_letter=True), dead_ids, message)
     manifest = manifest_for(run_dir, (part,), (errors,))
     (run_dir / SUCCESS_MARKER).write_text(manifest.to_json())
     return manifest
+
+
+def _operator(task_id: str) -> Any:
+    from airflow_provider_batchinfer import BatchInferenceOperator, OutputSpec
+
+    return BatchInferenceOperator(
+        task_id=task_id,
+        model="text_length",
+        version="v1",
+        input="/in",
+        output_spec=OutputSpec(base_stage_location="ui"),
+    )
+
+
+def _serialize(session: Any, dag_id: str, task_id: str, make_task: Callable[[str], Any]) -> tuple[Any, str]:
+    """A DAG of one task, written as the DAG processor writes it: ``(its DAG version id, task type)``."""
+    from airflow.models.serialized_dag import SerializedDagModel
+    from airflow.sdk import DAG
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+    from sqlalchemy import select
+
+    with DAG(dag_id, schedule=None) as dag:
+        task = make_task(task_id)
+    SerializedDagModel.write_dag(LazyDeserializedDAG.from_dag(dag), bundle_name="ui_seed", session=session)
+    session.flush()
+    version = session.scalar(select(SerializedDagModel.dag_version_id).where(SerializedDagModel.dag_id == dag_id))
+    return version, task.task_type
 
 
 def seed_runs(
@@ -48,9 +81,12 @@ def seed_runs(
     start: datetime,
     every: timedelta = timedelta(minutes=1),
     states: Sequence[str] | None = None,
+    make_task: Callable[[str], Any] | None = None,
 ) -> list[str]:
     """One DAG run per result, ``every`` apart from ``start``, with the operator's task instance and,
-    where the result is not None, its XCom return value; returns the run ids."""
+    where the result is not None, its XCom return value; returns the run ids. The DAG is serialized
+    as the DAG processor writes it (a DAG version whose serialized DAG records the task's class),
+    with the task ``make_task(task_id)`` builds: by default a ``BatchInferenceOperator``."""
     from airflow.models.dag import DagModel
     from airflow.models.dagbundle import DagBundleModel
     from airflow.models.dagrun import DagRun
@@ -62,6 +98,7 @@ def seed_runs(
     session.flush()
     session.add(DagModel(dag_id=dag_id, fileloc=f"/dags/{dag_id}.py", bundle_name="ui_seed", is_stale=False))
     session.flush()
+    version_id, operator = _serialize(session, dag_id, task_id, make_task or _operator)
     run_ids = [f"scheduled__{(start + i * every).isoformat()}" for i in range(len(results))]
     states = states or ["success"] * len(results)
     session.execute(
@@ -89,7 +126,8 @@ def seed_runs(
                 "map_index": -1,
                 "try_number": 1,
                 "state": state,
-                "operator": "BatchInferenceOperator",
+                "operator": operator,
+                "dag_version_id": version_id,
                 "pool": "default_pool",
                 "pool_slots": 1,
                 "priority_weight": 1,

@@ -1,8 +1,13 @@
 """A run's manifest and its first dead-lettered rows, read for the run page.
 
-Read only where the run's XCom says the run committed (``output_location``), through the provider's
-storage layer with the connection the run used; the dead-letter sample only from the files that
-manifest lists, and only its first rows. Nothing is listed or scanned beyond that. A committed
+The run's XCom (``output_location``) and the manifest are written by the DAG's code, so neither
+decides what the api-server opens: the location must lie below the run's connection's stage or
+registry root, in a scheme that root uses (``roots.py``), and is opened from that root with the
+filesystem and credentials the connection configures. There the ``_SUCCESS`` is read and validated
+(``markers.validate_manifest``: the schema, the counts, the run directory it names must be this
+one, every listed file present with its size); the dead-letter sample comes only from the first
+``_errors/`` file that validated manifest lists, and only its first rows. Nothing is listed or
+scanned beyond the run directory. A refused location is a message on the page, never a read. A committed
 try's manifest does not change, so what was read is kept per try, in this process; a manifest
 that is gone or unreadable becomes a message for the page, and is looked at again next time.
 """
@@ -12,12 +17,16 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_provider_batchinfer.contract import SUCCESS_MARKER, Manifest
+from airflow_provider_batchinfer.contract import ERRORS_DIR, SUCCESS_MARKER, Manifest
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
-from airflow_provider_batchinfer.stage import Stage, check_relative_path
+from airflow_provider_batchinfer.stage import Stage, join
+from airflow_provider_batchinfer.ui.roots import Refused, check_local, place
 from airflow_provider_batchinfer.ui.views import RunRow, manifest_view
+
+if TYPE_CHECKING:
+    from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
 
 #: dead-lettered rows shown per run, columns shown per row, characters shown per value
 ERROR_SAMPLE_ROWS = 5
@@ -76,36 +85,71 @@ def run_detail(row: RunRow, conn_id: str | None) -> RunDetail:
     return detail
 
 
-def _options(conn_id: str | None, table: bool) -> dict[str, Any]:
-    """The storage (and, for a table, catalog) options of the run's connection."""
+def _hook(conn_id: str | None) -> ModelServiceHook:
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
 
-    hook = ModelServiceHook(conn_id) if conn_id else ModelServiceHook()
-    return hook.table_read_options() if table else hook.storage_options
+    return ModelServiceHook(conn_id) if conn_id else ModelServiceHook()
 
 
-def _read_manifest(location: str, options: dict[str, Any]) -> Manifest | None:
-    if location.startswith(TABLE_SCHEME):
-        from airflow_provider_batchinfer.tables.read import read_table_manifest
+def open_inside(location: str, hook: ModelServiceHook) -> Stage:
+    """``location`` opened from the connection's root it lies below, with the filesystem the hook
+    builds for that root (``open_stage``): never from the location's own scheme or query, never with
+    credentials the connection does not name. :class:`Refused` for any other location."""
+    config = hook.config
+    placed = place(location, [config.stage_root, config.registry_root])
+    stage = hook.open_stage(placed.root).child(*placed.parts)
+    if stage.fs.type_name == "local":
+        check_local(stage.path, placed.root)
+    return stage
 
-        return read_table_manifest(location, options)
-    marker = Stage.open(location, options).child(SUCCESS_MARKER)
+
+def _inside(run_dir: Stage, hook: ModelServiceHook, *parts: str) -> Stage:
+    """A file below an opened run directory, placed and opened like the directory itself (so a
+    local symlink in the run directory cannot lead out of the roots)."""
+    return open_inside(join(run_dir.location, *parts), hook)
+
+
+def _read_manifest(run_dir: Stage, hook: ModelServiceHook) -> Manifest | None:
+    """The run directory's ``_SUCCESS``, validated (``markers.validate_manifest``): the schema, the
+    counts, the run directory it names (this one), the claim, and every listed file's name and
+    size from one listing. None while there is no marker."""
+    from airflow_provider_batchinfer.markers import validate_manifest
+
+    marker = _inside(run_dir, hook, SUCCESS_MARKER)
     try:
         data = marker.read_bytes()
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return Manifest.from_json(data, marker.location)
+    manifest = Manifest.from_json(data, marker.location)
+    validate_manifest(run_dir, manifest, read_footers=False)
+    return manifest
+
+
+def _read_table(location: str, hook: ModelServiceHook) -> tuple[Manifest | None, Stage | None]:
+    """An Iceberg run's manifest (the connection's catalog resolves the table) and its run
+    directory, which must lie below the connection's roots like any other."""
+    from airflow_provider_batchinfer.tables.read import read_table_manifest
+
+    manifest = read_table_manifest(location, hook.table_read_options())
+    if manifest is None:
+        return None, None
+    return manifest, open_inside(manifest.run_dir, hook)
 
 
 def _read_detail(row: RunRow, conn_id: str | None) -> RunDetail:
     location = str(row.output_location)
-    table = location.startswith(TABLE_SCHEME)
     try:
-        options = _options(conn_id, table)
-        manifest = _read_manifest(location, options)
+        hook = _hook(conn_id)
+        if location.startswith(TABLE_SCHEME):
+            manifest, run_dir = _read_table(location, hook)
+        else:
+            run_dir = open_inside(location, hook)
+            manifest = _read_manifest(run_dir, hook)
+    except Refused as exc:
+        return RunDetail(problem=f"the page does not read this run's output: {exc}")
     except Exception as exc:  # any failure is the page's message, never a stack trace
         return RunDetail(problem=f"the manifest at {location} could not be read: {_one_line(exc)}")
-    if manifest is None:
+    if manifest is None or run_dir is None:
         return RunDetail(problem=f"the manifest at {location} is gone: the run's output was removed or replaced")
     notes = []
     recorded = row.attempt
@@ -114,28 +158,28 @@ def _read_detail(row: RunRow, conn_id: str | None) -> RunDetail:
             f"{location} was committed again by attempt {manifest.job.attempt} after this try's attempt "
             f"{recorded}; the manifest shown is the newer one"
         )
-    errors, errors_problem = _error_sample(manifest, _storage(options) if table else options)
+    errors, errors_problem = _error_sample(manifest, run_dir, hook)
     return RunDetail(manifest=manifest_view(manifest), errors=errors, errors_problem=errors_problem, notes=notes)
 
 
-def _storage(options: dict[str, Any]) -> dict[str, Any] | None:
-    from airflow_provider_batchinfer.tables.read import split_options
-
-    return split_options(options)[1]
-
-
-def _error_sample(manifest: Manifest, storage: dict[str, Any] | None) -> tuple[list[dict[str, str]], str | None]:
-    """The first dead-lettered rows, from the first file the manifest lists under ``_errors/``."""
+def _error_sample(
+    manifest: Manifest, run_dir: Stage, hook: ModelServiceHook
+) -> tuple[list[dict[str, str]], str | None]:
+    """The first dead-lettered rows, from the first file the validated manifest lists under
+    ``_errors/`` in the run directory that was checked."""
     if not manifest.error_files:
         return [], None
     import pyarrow.parquet as pq
 
     entry = manifest.error_files[0]
     try:
-        check_relative_path(entry.name, "dead-letter file name")
-        part = Stage.open(manifest.run_dir, storage).child(*entry.name.split("/"))
+        if not entry.name.startswith(ERRORS_DIR + "/"):
+            raise Refused(f"{entry.name} is not under {ERRORS_DIR}/, where a run keeps its dead-lettered rows")
+        part = _inside(run_dir, hook, *entry.name.split("/"))
         with part.fs.open_input_file(part.path) as f:
             batch = next(pq.ParquetFile(f).iter_batches(batch_size=ERROR_SAMPLE_ROWS), None)
+    except Refused as exc:
+        return [], f"the page does not read these dead-lettered rows: {exc}"
     except Exception as exc:
         return [], f"the dead-lettered rows in {entry.name} could not be read: {_one_line(exc)}"
     if batch is None:

@@ -9,14 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, func, select
 
+from airflow_provider_batchinfer.ui.identity import is_provider_task
 from airflow_provider_batchinfer.ui.views import RunRow, run_row
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
     from sqlalchemy.sql import Select
 
-#: the task type Airflow records for the operator (``TaskInstance.operator``)
-OPERATORS = ("BatchInferenceOperator",)
 RETURN_KEY = "return_value"
 #: how many of a task's newest runs the trend plots show
 TREND_RUNS = 200
@@ -35,9 +34,9 @@ class RunFilter:
         return {"dag_id": self.dag_id, "task_id": self.task_id, "model": self.model, "state": self.state}
 
 
-def _runs(dag_ids: set[str]) -> Select:
-    """Every operator task instance of the readable DAGs, with its return value (NULL before it
-    committed)."""
+def _runs(session: Session, dag_ids: set[str]) -> Select:
+    """Every task instance of the provider's operator (by class path: ``identity.py``) in the
+    readable DAGs, with its return value (NULL before it committed)."""
     from airflow.models.taskinstance import TaskInstance as TI
     from airflow.models.xcom import XComModel
 
@@ -65,15 +64,15 @@ def _runs(dag_ids: set[str]) -> Select:
                 XComModel.key == RETURN_KEY,
             ),
         )
-        .where(TI.operator.in_(OPERATORS), TI.dag_id.in_(sorted(dag_ids)))
+        .where(TI.dag_id.in_(sorted(dag_ids)), is_provider_task(session, dag_ids))
     )
 
 
-def _filtered(dag_ids: set[str], flt: RunFilter) -> Select:
+def _filtered(session: Session, dag_ids: set[str], flt: RunFilter) -> Select:
     from airflow.models.taskinstance import TaskInstance as TI
     from airflow.models.xcom import XComModel
 
-    stmt = _runs(dag_ids)
+    stmt = _runs(session, dag_ids)
     if flt.dag_id:
         stmt = stmt.where(TI.dag_id == flt.dag_id)
     if flt.task_id:
@@ -103,7 +102,7 @@ def list_runs(session: Session, dag_ids: set[str], flt: RunFilter, offset: int, 
 
     if not dag_ids:
         return 0, []
-    stmt = _filtered(dag_ids, flt)
+    stmt = _filtered(session, dag_ids, flt)
     total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
     page = stmt.order_by(TI.start_date.desc(), TI.id.desc()).offset(offset).limit(limit)
     return total, [_row(r) for r in session.execute(page)]
@@ -113,7 +112,7 @@ def one_run(session: Session, dag_id: str, task_id: str, run_id: str, map_index:
     """One task instance of the operator, or None when there is no such run (or not of it)."""
     from airflow.models.taskinstance import TaskInstance as TI
 
-    stmt = _runs({dag_id}).where(TI.task_id == task_id, TI.run_id == run_id, TI.map_index == map_index)
+    stmt = _runs(session, {dag_id}).where(TI.task_id == task_id, TI.run_id == run_id, TI.map_index == map_index)
     record = session.execute(stmt).first()
     return None if record is None else _row(record)
 
@@ -122,7 +121,9 @@ def task_runs(session: Session, dag_id: str, task_id: str, limit: int = TREND_RU
     """A task's newest ``limit`` runs, oldest first (the trend's x axis)."""
     from airflow.models.taskinstance import TaskInstance as TI
 
-    stmt = _runs({dag_id}).where(TI.task_id == task_id).order_by(TI.start_date.desc(), TI.id.desc()).limit(limit)
+    stmt = (
+        _runs(session, {dag_id}).where(TI.task_id == task_id).order_by(TI.start_date.desc(), TI.id.desc()).limit(limit)
+    )
     return [_row(r) for r in session.execute(stmt)][::-1]
 
 
@@ -132,7 +133,8 @@ def filter_choices(session: Session, dag_ids: set[str]) -> dict[str, list[str]]:
 
     if not dag_ids:
         return {"dag_ids": [], "task_ids": []}
-    base = select(TI.dag_id, TI.task_id).where(TI.operator.in_(OPERATORS), TI.dag_id.in_(sorted(dag_ids))).distinct()
+    which = is_provider_task(session, dag_ids)
+    base = select(TI.dag_id, TI.task_id).where(TI.dag_id.in_(sorted(dag_ids)), which).distinct()
     pairs = session.execute(base).all()
     return {"dag_ids": sorted({p[0] for p in pairs}), "task_ids": sorted({p[1] for p in pairs})}
 

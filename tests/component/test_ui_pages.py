@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -52,7 +53,7 @@ def _result(i: int, location: str, attempt: str = "t01aaaa") -> dict:
 
 
 @pytest.fixture(scope="module")
-def api(airflow_db, tmp_path_factory):
+def api(airflow_db):
     """The plugin's app under its prefix with Airflow's auth manager, 2,000 runs of one DAG and one run
     of another, and a bearer token for the admin."""
     from airflow.api_fastapi.app import init_auth_manager
@@ -61,16 +62,19 @@ def api(airflow_db, tmp_path_factory):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
+    from airflow_provider_batchinfer.hooks.service_config import ServiceConfig
     from airflow_provider_batchinfer.ui.plugin import URL_PREFIX, BatchInferencePlugin
 
-    run_dir = tmp_path_factory.mktemp("ui") / "run"
+    # the runs use the embedded default (no batchinfer_default connection): the page reads below its stage
+    stage = Path(ServiceConfig.embedded().stage_root)
+    run_dir = stage / "ui_pages" / "run"
     manifest = committed_run_with_dead_letters(run_dir)
     t0 = time.perf_counter()
     # the newest run names the real run directory; the others name directories that are gone
-    results = [_result(i, f"/gone/{DAG_ID}/{i}") for i in range(RUNS - 1)] + [_result(RUNS - 1, str(run_dir))]
+    results = [_result(i, f"{stage}/gone/{DAG_ID}/{i}") for i in range(RUNS - 1)] + [_result(RUNS - 1, str(run_dir))]
     with create_session() as session:
         run_ids = seed_runs(session, DAG_ID, "infer", results, START)
-        seed_runs(session, OTHER_DAG, "infer", [_result(0, "/gone/other")], START)
+        seed_runs(session, OTHER_DAG, "infer", [_result(0, f"{stage}/gone/other")], START)
     t1 = time.perf_counter()
     app = FastAPI()
     manager = init_auth_manager(app)
@@ -80,7 +84,13 @@ def api(airflow_db, tmp_path_factory):
     print(f"\n{RUNS + 1} runs inserted in {t1 - t0:.1f} s; the plugin's app built in {time.perf_counter() - t1:.1f} s")
     admin = manager.generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
     with TestClient(app) as client:
-        yield {"client": client, "admin": {"Authorization": f"Bearer {admin}"}, "manifest": manifest, "runs": run_ids}
+        yield {
+            "client": client,
+            "admin": {"Authorization": f"Bearer {admin}"},
+            "manifest": manifest,
+            "runs": run_ids,
+            "stage": stage,
+        }
 
 
 def test_without_a_token_every_endpoint_answers_401(api):
@@ -139,7 +149,8 @@ def test_a_gone_manifest_is_a_message_not_a_stack_trace(api):
     client, headers = api["client"], api["admin"]
     params = {"dag_id": DAG_ID, "task_id": "infer", "run_id": api["runs"][3]}
     body = client.get("/batchinfer/api/run", params=params, headers=headers).json()
-    assert body["problem"] == f"the manifest at /gone/{DAG_ID}/3 is gone: the run's output was removed or replaced"
+    gone = f"{api['stage']}/gone/{DAG_ID}/3"
+    assert body["problem"] == f"the manifest at {gone} is gone: the run's output was removed or replaced"
     page = client.get("/batchinfer/run", params=params, headers=headers)
     assert page.status_code == 200 and "is gone" in page.text and "Traceback" not in page.text
     missing = client.get("/batchinfer/run", params={**params, "run_id": "nope"}, headers=headers)
