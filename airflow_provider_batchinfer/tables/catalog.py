@@ -23,7 +23,8 @@ imports neither Airflow nor Ray.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.redact import MASK, redact_uri, scrub, uri_secrets
@@ -73,6 +74,11 @@ PUBLIC_PROPERTIES = frozenset(
 #: properties whose value is a URI: recorded redacted, delivered whole when redaction changed them
 _URI_PROPERTIES = ("uri", "warehouse", "oauth2-server-uri", "s3.endpoint", "dynamodb.endpoint")
 _ENV_PREFIX = "PYICEBERG_CATALOG__"
+#: how many times a SQL catalog is opened when its creation meets another process's
+_OPEN_TRIES = 4
+#: what a SQL database says when another process created the catalog's tables first (SQLite and
+#: PostgreSQL's ``already exists``, PostgreSQL's duplicate row in ``pg_type`` for a table's type)
+_CREATED_ELSEWHERE = ("already exists", "duplicate key value")
 
 
 class CatalogError(StageError):
@@ -191,7 +197,8 @@ def open_catalog(props: Mapping[str, str], storage_options: Mapping[str, Any] | 
     """The catalog ``props`` describe, with FileIO settings for an ``s3://`` warehouse and the
     properties this process's environment delivers (:func:`catalog_env_properties`: they fill in what
     the job file leaves out and replace what it redacts). A local SQLite catalog's directory and
-    warehouse are created on first use. An error names the catalog by its redacted URI and holds no
+    warehouse are created on first use, and two processes that create the same catalog at once both
+    open it (:func:`_creation_lock`). An error names the catalog by its redacted URI and holds no
     secret value."""
     from pyiceberg.catalog import load_catalog
 
@@ -200,15 +207,25 @@ def open_catalog(props: Mapping[str, str], storage_options: Mapping[str, Any] | 
     delivered = catalog_env_properties(name, os.environ)
     props.update({k: v for k, v in delivered.items() if k not in props or MASK in props[k]})
     uri = props.get("uri", "")
+    sqlite_file = None
     if props.get("type") == "sql" and uri.startswith("sqlite:///"):
-        os.makedirs(os.path.dirname(uri[len("sqlite:///") :].split("?", 1)[0]), exist_ok=True)
+        sqlite_file = uri[len("sqlite:///") :].split("?", 1)[0]
+        os.makedirs(os.path.dirname(sqlite_file), exist_ok=True)
         warehouse = props.get("warehouse", "")
         if warehouse.startswith("file://"):
             os.makedirs(warehouse[len("file://") :], exist_ok=True)
     props = {**io_properties(storage_options), **props}
     props.setdefault("py-io-impl", "pyiceberg.io.pyarrow.PyArrowFileIO")
     try:
-        return load_catalog(name, **props)
+        with _creation_lock(sqlite_file):
+            tries = 1
+            while True:
+                try:
+                    return load_catalog(name, **props)
+                except Exception as exc:
+                    if tries >= _OPEN_TRIES or props.get("type") != "sql" or not _created_elsewhere(exc):
+                        raise
+                    tries += 1
     except Exception as exc:
         secrets = [*catalog_secrets({**props, "name": name}), *(str(v) for k, v in props.items() if "key" in k)]
         raise CatalogError(
@@ -219,6 +236,38 @@ def open_catalog(props: Mapping[str, str], storage_options: Mapping[str, Any] | 
             ),
             permanent=False,
         ) from exc
+
+
+@contextmanager
+def _creation_lock(sqlite_file: str | None) -> Iterator[None]:
+    """Hold an exclusive lock on ``<SQLite file>.lock`` while the catalog is opened: pyiceberg's
+    SQL catalog creates its tables when it finds none, and two processes opening a new catalog at
+    once would both create them. Only opening is serialized (milliseconds); what is done with the
+    catalog afterwards is not. Without a SQLite file, or where the lock file cannot be made (a
+    read-only directory), nothing is locked and :func:`open_catalog` opens the catalog again when
+    its creation meets another process's (:data:`_CREATED_ELSEWHERE`)."""
+    if sqlite_file is None or sqlite_file in ("", ":memory:"):
+        yield
+        return
+    import fcntl
+
+    try:
+        handle = open(sqlite_file + ".lock", "a")
+    except OSError:
+        handle = None
+    if handle is None:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield  # the lock goes with the closed file
+
+
+def _created_elsewhere(exc: BaseException) -> bool:
+    """Whether opening a SQL catalog failed because another process created its tables first:
+    opening it again finds them."""
+    text = str(exc).lower()
+    return any(phrase in text for phrase in _CREATED_ELSEWHERE)
 
 
 def planned_location(catalog_props: Mapping[str, str], identifier: str) -> str | None:
