@@ -4,7 +4,7 @@ Starting Ray takes about half of a small job's wall time, and every job starting
 concurrent jobs each believe they own every CPU. So the ``local`` launcher, when no Ray address is
 configured, asks this module for *the* embedded Ray: the first job starts it (``ray_head.py``: Ray's
 own head node, as ``ray start --head --block`` starts it, in its own session, loopback only, every
-port picked free, its own short temp dir), later and concurrent jobs attach to it, and a small
+port picked free, its own short temp dir below a private parent), later and concurrent jobs attach to it, and a small
 keeper process stops it after an idle timeout.
 
 It always runs with Ray's token authentication (Ray 2.52 or later; an older Ray is refused): its
@@ -22,6 +22,10 @@ default ``/tmp/batchinfer-ray-<uid>``, created 0700; one that is not private is 
     last_used     touched on every lease and release: the idle clock starts from its mtime
     history.log   one line per start and stop (who, when, why)
     head.log, keeper.log
+
+Ray's temp dir is ``/tmp/bir-XXXXXXXX/r``: Ray makes it and its session's directories world-writable,
+so its parent is the provider's, 0700, and a Ray whose parent is not private is never handed a job
+(``state_dirs.make_ray_temp_dir``).
 
 The keeper (``python -m airflow_provider_batchinfer.launchers.embedded_ray keep <dir>``) polls under
 the lock, so a job never gets an address that is being stopped; it stops Ray by its process group,
@@ -64,10 +68,11 @@ from airflow_provider_batchinfer.launchers.state_dirs import (
     is_one_off,
     live_leases,
     locked,
-    made_for,
     make_ray_temp_dir,
     mark_used,
     private_state_dir,
+    ray_temp_refused,
+    remove_ray_temp_dir,
     state_dir,
 )
 
@@ -234,8 +239,7 @@ def _stop(directory: Path, state: EmbeddedRay, why: str, grace_s: float = 5.0) -
     if _ours(state):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(state.head_pid, signal.SIGKILL)  # whatever of Ray's processes is left in its group
-    if made_for(state.temp_dir, directory):  # never a directory the provider did not make for this Ray
-        shutil.rmtree(state.temp_dir, ignore_errors=True)
+    remove_ray_temp_dir(state.temp_dir, directory)  # never a directory the provider did not make for this Ray
     (directory / "state.json").unlink(missing_ok=True)
 
 
@@ -358,8 +362,8 @@ def acquire(
         log.warning("The embedded Ray recorded in %s is gone or unreachable; starting a new one", directory)
         _stop(directory, state, "stale: its head, keeper or GCS port is gone")
         state = None
-    if state is not None and (state.ray_version != ray_version or state.auth_mode != "token"):
-        differs = f"runs Ray {state.ray_version} with auth {state.auth_mode}, not Ray {ray_version} with token auth"
+    differs = None if state is None else _unusable(state, ray_version)
+    if state is not None and differs:
         busy = live_leases(directory)
         if busy:
             raise LaunchError(
@@ -376,6 +380,15 @@ def acquire(
         _write_state(directory, state)
     log.info("Using the warm embedded Ray at %s (state in %s)", state.address, directory)
     return state
+
+
+def _unusable(state: EmbeddedRay, ray_version: str) -> str | None:
+    """Why a healthy recorded Ray is not handed to a job, or None: another Ray version, no token
+    auth, or a temp dir whose parent is not private (Ray makes its own dirs world-writable)."""
+    if state.ray_version != ray_version or state.auth_mode != "token":
+        return f"runs Ray {state.ray_version} with auth {state.auth_mode}, not Ray {ray_version} with token auth"
+    refused = ray_temp_refused(state.temp_dir)
+    return f"cannot be used: {refused}" if refused else None
 
 
 def shutdown(directory: Path) -> bool:

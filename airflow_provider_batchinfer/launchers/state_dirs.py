@@ -9,9 +9,14 @@ a private fallback instead of failing (a squatter must not be able to stop every
 ``$XDG_RUNTIME_DIR/batchinfer-ray`` when that is private, else a fresh directory of ``mkdtemp``
 marked one-off (no spares wait in it: no later job would find them; its keeper removes it).
 
-Ray's own temp dir is a separate ``mkdtemp`` under ``/tmp`` (its sockets' paths must stay short).
-The provider writes a marker into it naming the state directory it was made for; a temp dir is
-removed only when that marker, owned by this uid, is found there.
+Ray's own temp dir is ``r`` inside a separate ``mkdtemp`` under ``/tmp`` (its sockets' paths must
+stay short). Ray makes its temp dir and the session, ``sockets/``, ``logs/`` and
+``runtime_resources/`` directories below it world-writable (``chmod 0777``, no sticky bit), where
+any local user could read the jobs' logs, replace the raylet's or the object store's socket, or
+plant the ready file; so it lives one level below a parent the provider makes 0700 and checks
+private, which nobody else can enter. The parent holds a marker naming the state directory it was
+made for; a stop removes the parent only when it is private and that marker, owned by this uid, is
+found there.
 
 Also here: the directory's lock (starting, leasing and reaping are serialized on it) and the jobs'
 leases. Imports neither Airflow nor Ray.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -41,12 +47,16 @@ __all__ = [
     "made_for",
     "make_ray_temp_dir",
     "private_state_dir",
+    "ray_temp_refused",
+    "remove_ray_temp_dir",
     "state_dir",
 ]
 
 DIR_ENV = "BATCHINFER_RAY_DIR"
 ONE_OFF = ".one-off"
 TEMP_MARKER = ".batchinfer-state-dir"
+#: Ray's temp dir inside the provider's private parent: one letter, Ray's socket paths live below it
+RAY_TEMP_NAME = "r"
 _LOG = logging.getLogger(__name__)
 #: per process: the fallback chosen for a refused directory, so one task's launcher, lease and
 #: spares agree on it (a second mkdtemp would be another Ray)
@@ -111,31 +121,56 @@ def is_one_off(directory: Path) -> bool:
 
 
 def make_ray_temp_dir(directory: Path) -> str:
-    """A fresh temp dir for the Ray of ``directory``, marked as made for it."""
-    temp_dir = tempfile.mkdtemp(prefix="bir-", dir="/tmp")  # short: Ray's unix sockets live below it
-    fd = os.open(Path(temp_dir) / TEMP_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    """Ray's temp dir for the Ray of ``directory``: ``<parent>/r``, the parent a fresh ``mkdtemp``
+    (this uid, 0700 whatever the umask) checked private and marked as made for ``directory``. Ray
+    creates ``r`` itself and makes it world-writable; nobody else can enter the parent to reach it."""
+    parent = Path(tempfile.mkdtemp(prefix="bir-", dir="/tmp"))  # short: Ray's unix sockets live below it
+    private_dir.check(parent)
+    fd = os.open(parent / TEMP_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as marker:
         marker.write(os.path.abspath(directory))
-    return temp_dir
+    return str(parent / RAY_TEMP_NAME)
+
+
+def ray_temp_refused(temp_dir: str) -> str | None:
+    """Why the Ray whose temp dir is ``temp_dir`` is not to be used, or None: its parent must be a
+    private directory of this uid (not a symbolic link, no group or other bits), as
+    :func:`make_ray_temp_dir` makes it. A Ray started by an earlier version of this package, in a
+    temp dir of its own that Ray made world-writable, is refused too."""
+    path = Path(temp_dir)
+    if not path.is_absolute() or path.name != RAY_TEMP_NAME:
+        return f"its temp dir {temp_dir} is not inside a private directory of the provider's"
+    try:
+        private_dir.check(path.parent)
+    except OSError as exc:
+        return f"its temp dir's parent is not private: {exc}"
+    return None
 
 
 def made_for(temp_dir: str, directory: Path) -> bool:
-    """``temp_dir`` is a real directory of this uid that :func:`make_ray_temp_dir` made for the Ray
-    of ``directory``: the only kind of directory a stop removes."""
-    path = Path(temp_dir)
-    if not path.is_absolute():
+    """``temp_dir`` is a temp dir that :func:`make_ray_temp_dir` made for the Ray of ``directory``:
+    its parent is private (:func:`ray_temp_refused`) and holds this uid's marker naming
+    ``directory``. Only such a parent is ever removed."""
+    if ray_temp_refused(temp_dir) is not None:
         return False
     try:
-        info = os.lstat(path)
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            return False
-        fd = os.open(path / TEMP_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(Path(temp_dir).parent / TEMP_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         with os.fdopen(fd) as marker:
-            if os.fstat(marker.fileno()).st_uid != os.getuid():
+            info = os.fstat(marker.fileno())
+            if info.st_uid != os.getuid() or not stat.S_ISREG(info.st_mode):
                 return False
             return marker.read() == os.path.abspath(directory)
     except (OSError, UnicodeDecodeError):
         return False
+
+
+def remove_ray_temp_dir(temp_dir: str, directory: Path) -> bool:
+    """Remove ``temp_dir`` with its private parent when :func:`made_for` says they are the
+    provider's, made for the Ray of ``directory``; anything else is left alone."""
+    if not made_for(temp_dir, directory):
+        return False
+    shutil.rmtree(Path(temp_dir).parent, ignore_errors=True)
+    return True
 
 
 # --- the lock and the leases ----------------------------------------------------------------------

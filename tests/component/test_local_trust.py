@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -211,25 +212,80 @@ def _stale_state(directory: Path, temp_dir: Path) -> None:
 def test_a_stop_removes_only_the_temp_dir_the_provider_made_for_that_state(scratch):
     directory = scratch / "state"
     precious = scratch / "precious"  # ours, private: what a state.json could name
-    precious.mkdir(mode=0o700)
+    (precious / state_dirs.RAY_TEMP_NAME).mkdir(mode=0o700, parents=True)
     (precious / "keep.txt").write_text("data")
     elsewhere = Path(state_dirs.make_ray_temp_dir(scratch / "another-state"))  # the provider's, for another Ray
-    link = scratch / "link"
     made = Path(state_dirs.make_ray_temp_dir(directory))
-    link.symlink_to(made)
+    link = scratch / "link"  # a parent reached through a symbolic link: never followed
+    link.symlink_to(made.parent)
+    opened = Path(state_dirs.make_ray_temp_dir(directory))  # made for this Ray, then opened to others
+    os.chmod(opened.parent, 0o755)
     try:
-        for named in (precious, elsewhere, link, Path("relative/dir")):
+        for named in (precious / "r", elsewhere, link / "r", opened, made.parent, Path("relative/r")):
             _stale_state(directory, named)
             assert embedded_ray.shutdown(directory)
             assert not (directory / "state.json").exists()  # the state is forgotten either way
         assert (precious / "keep.txt").read_text() == "data"
-        assert elsewhere.is_dir() and made.is_dir()
+        assert elsewhere.parent.is_dir() and made.parent.is_dir() and opened.parent.is_dir()
         _stale_state(directory, made)
         assert embedded_ray.shutdown(directory)
-        assert not made.exists()  # its own temp dir: removed
+        assert not made.parent.exists()  # its own temp dir's parent, private and marked: removed
     finally:
-        shutil.rmtree(elsewhere, ignore_errors=True)
-        shutil.rmtree(made, ignore_errors=True)
+        for temp_dir in (elsewhere, made, opened):
+            shutil.rmtree(temp_dir.parent, ignore_errors=True)
+
+
+def test_ray_s_temp_dir_lies_below_a_private_parent_and_one_that_is_not_is_refused(scratch):
+    """Ray makes its temp dir world-writable: only its parent, the provider's, keeps others out. A
+    recorded Ray whose parent is not private (or a temp dir of the layout before it) gets no job."""
+    temp_dir = Path(state_dirs.make_ray_temp_dir(scratch / "state"))
+    try:
+        parent = os.lstat(temp_dir.parent)
+        assert temp_dir.name == "r" and not temp_dir.exists()  # Ray makes it, as it likes
+        assert (stat.S_IMODE(parent.st_mode), parent.st_uid) == (0o700, os.getuid())
+        assert len(str(temp_dir / "session_2026-11-05_10-22-33_123456_12345/sockets/plasma_store")) < 100
+        assert state_dirs.ray_temp_refused(str(temp_dir)) is None
+        os.chmod(temp_dir.parent, 0o711)  # others may not list it, but may pass through: refused
+        assert "is readable by other users (mode 0o711); it must be 0700" in state_dirs.ray_temp_refused(str(temp_dir))
+        os.chmod(temp_dir.parent, 0o700)
+        link = scratch / "link"
+        link.symlink_to(temp_dir.parent)
+        assert "is a symbolic link" in state_dirs.ray_temp_refused(str(link / "r"))
+        legacy = "/tmp/bir-x1y2z3"  # a Ray started by an earlier version, directly in its own temp dir
+        assert "is not inside a private directory of the provider's" in state_dirs.ray_temp_refused(legacy)
+        state = _ray_state(str(link / "r"))
+        assert embedded_ray._unusable(state, state.ray_version).startswith("cannot be used: its temp dir's parent")
+        assert embedded_ray._unusable(_ray_state(str(temp_dir)), state.ray_version) is None
+    finally:
+        shutil.rmtree(temp_dir.parent, ignore_errors=True)
+
+
+def _ray_state(temp_dir: str) -> embedded_ray.EmbeddedRay:
+    return embedded_ray.EmbeddedRay(
+        address="127.0.0.1:1",
+        head_pid=0,
+        head_started=0,
+        keeper_pid=0,
+        temp_dir=temp_dir,
+        ray_version="2.60.0",
+        uid=os.getuid(),
+        auth_mode="token",
+        token_path=None,
+        idle_s=600.0,
+        started_at=0.0,
+    )
+
+
+@as_root
+def test_a_temp_dir_parent_of_another_user_is_refused(scratch):
+    temp_dir = Path(state_dirs.make_ray_temp_dir(scratch / "state"))
+    try:
+        os.chown(temp_dir.parent, NOBODY, NOBODY)
+        assert f"belongs to uid {NOBODY}" in state_dirs.ray_temp_refused(str(temp_dir))
+        assert not state_dirs.remove_ray_temp_dir(str(temp_dir), scratch / "state")
+        assert temp_dir.parent.is_dir()
+    finally:
+        shutil.rmtree(temp_dir.parent, ignore_errors=True)
 
 
 # --- the spare's peer -----------------------------------------------------------------------------------

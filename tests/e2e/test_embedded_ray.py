@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -281,8 +282,9 @@ def test_stale_states_are_replaced(ray_dir, monkeypatch):
     )
     with embedded_ray.locked(ray_dir):  # a worker's RAY_AUTH_MODE (for some cluster) never turns auth off
         first = embedded_ray.acquire(ray_dir, 600.0, RAY_VERSION, {**os.environ, "RAY_AUTH_MODE": "disabled"}, LOG)
-    assert first.address != "127.0.0.1:1" and not leftover.exists()
+    assert first.address != "127.0.0.1:1" and not leftover.exists() and not leftover.parent.exists()
     assert "stale" in (ray_dir / "history.log").read_text()
+    _only_we_reach_rays_temp_dir(Path(first.temp_dir))
     # its GCS answers a call without the token with UNAUTHENTICATED, and it runs no Ray Client server; probed from
     # a process of its own: a probe without the token leaves Ray's auth settings in the process that
     # made it, and a later test of this worker could then not reach a cluster that takes the token
@@ -304,10 +306,28 @@ def test_stale_states_are_replaced(ray_dir, monkeypatch):
         assert embedded_ray.acquire(ray_dir, 600.0, RAY_VERSION, dict(os.environ), LOG) is second
     assert started == [ray_dir]
     assert _gone(first.head_pid, first.head_started, 30), "the stale Ray's head outlived its replacement"
-    assert not Path(first.temp_dir).exists() and embedded_ray.read_state(ray_dir) is None
+    assert not Path(first.temp_dir).parent.exists() and embedded_ray.read_state(ray_dir) is None
     history = (ray_dir / "history.log").read_text()
     assert history.count(" stop ") == 2 and "stale" in history.splitlines()[-1], history
     assert len(_starts(ray_dir)) == 1
+
+
+def _only_we_reach_rays_temp_dir(temp_dir: Path) -> None:
+    """Ray's temp dir, session, sockets and logs are Ray's to make (world-writable, as it makes
+    them); the directory above them is the provider's: 0700 and this uid's, so no other user
+    reaches the raylet's socket or a job's log through it."""
+    parent = os.lstat(temp_dir.parent)
+    assert stat.S_ISDIR(parent.st_mode) and (stat.S_IMODE(parent.st_mode), parent.st_uid) == (0o700, os.getuid())
+    sockets = temp_dir / "session_latest" / "sockets"
+    assert any(p.is_socket() for p in sockets.iterdir()), list(sockets.iterdir())  # Ray's own, below it
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in (temp_dir, sockets)}
+    LOG.info("Ray made its directories below the private parent %s with modes %s", temp_dir.parent, modes)
+    if os.getuid() == 0:  # as another user: not even a directory Ray made 0777 can be listed
+        probe = "import os, sys; os.listdir(sys.argv[1])"
+        done = subprocess.run(
+            ["/usr/bin/python3", "-c", probe, str(sockets)], user=65534, group=65534, capture_output=True, text=True
+        )
+        assert done.returncode != 0 and "PermissionError" in done.stderr, (modes, done.stderr)
 
 
 # One task as a worker runs it, in its own process: the operator on the embedded default (no
