@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, FileEntry, Manifest, ManifestError
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
+from airflow_provider_batchinfer.fence import CLAIM_METADATA
 from airflow_provider_batchinfer.stage import Stage, check_relative_path, join
 from airflow_provider_batchinfer.verdicts import Verdicts, normalized_location
 
@@ -227,20 +228,17 @@ def check_claim(
     present: bool | None = None,
 ) -> None:
     """The attempt that committed (``attempt``) against the claim in ``claim_dir`` (its
-    ``_job.json``). On S3 a zombie's marker can be visible for the moment between its conditional
-    write and its withdrawal (``docs/commit-protocol.md``), beside a newer claim or beside none (a
-    newer attempt's revoke deletes the claim first); an Iceberg snapshot that landed as the claim
-    moved is visible until it is rolled back. Neither is the run's commit.
+    ``_job.json``). An S3 zombie's marker is visible between its conditional write and its
+    withdrawal, beside a newer claim or none (a revoke deletes the claim first); an Iceberg snapshot
+    that landed as the claim moved, until its rollback (``docs/commit-protocol.md``).
 
     ``expected``: the commit says it was made under a claim (an S3 marker records the claim's ETag,
-    ``version``; every Iceberg run has its claim directory), so a missing claim fails. Otherwise a
-    missing claim is not a finding: on local disk the protocol never leaves a marker without its
-    claim (a revoke there removes only tokens, and a clean-up removes the marker before the claim),
-    and an S3 marker committed before markers recorded their claim cannot tell. ``version``, when
-    given, must also be the claim's ETag now. ``present``: whether the caller's listing shows the
-    claim (None: read it to find out)."""
+    ``version``, which must be the claim's now; every Iceberg run has a claim directory), so a
+    missing claim fails. Otherwise it is no finding: on local disk the protocol never leaves a
+    marker without its claim, and an S3 marker from before markers recorded it cannot tell.
+    ``present``: whether the caller's listing shows the claim (None: read it to find out)."""
     claim = claim_dir.child(JOB_SPEC_FILE)
-    found = None if present is False else _read_claim(claim, with_version=version is not None)
+    found = None if present is False else _read_object(claim, with_version=version is not None)
     if found is None:
         if not expected:
             return
@@ -249,7 +247,7 @@ def check_claim(
             "try is claiming or clearing the run, or this is a stopped attempt's commit that was never withdrawn. "
             "Wait for the newer try to commit, or re-run the task"
         )
-    data, now = found
+    data, now, _ = found
     try:
         claimed = json.loads(data).get("attempt")
     except (ValueError, AttributeError) as exc:
@@ -264,17 +262,6 @@ def check_claim(
             f"{where} was committed under version {version} of the claim {claim.location}, but it is {now} now: "
             "the claim was written again after the commit. Re-run the task that writes this run"
         )
-
-
-def _read_claim(claim: Stage, with_version: bool) -> tuple[bytes, str | None] | None:
-    """The claim's bytes (and on S3, when asked, its ETag, from the same request); None when there is none."""
-    if with_version and claim.fs.type_name == "s3":
-        from airflow_provider_batchinfer import s3_objects
-
-        found = s3_objects.get(claim)
-        return None if found is None else (found.body, found.etag)
-    data = _read_marker(claim)
-    return None if data is None else (data, None)
 
 
 def _seal(manifest: Manifest, listing: Listing) -> str:
@@ -292,18 +279,16 @@ def _read_marker(marker: Stage) -> bytes | None:
         return None
 
 
-def _read_committed_marker(marker: Stage) -> tuple[bytes, str | None] | None:
-    """The marker's bytes and the claim it records it was committed under (S3: its
-    ``x-amz-meta-batchinfer-claim``, read with the bytes in one request; None elsewhere, or for
-    a marker from before it was recorded); None while there is no marker."""
-    if marker.fs.type_name != "s3":
-        data = _read_marker(marker)
-        return None if data is None else (data, None)
+def _read_object(stage: Stage, with_version: bool) -> tuple[bytes, str | None, Mapping[str, str]] | None:
+    """A marker's or claim's bytes, and on S3 when asked its ETag and user metadata from the same
+    request (``None``, ``{}`` otherwise); None while there is none."""
+    if not with_version or stage.fs.type_name != "s3":
+        data = _read_marker(stage)
+        return None if data is None else (data, None, {})
     from airflow_provider_batchinfer import s3_objects
-    from airflow_provider_batchinfer.fence import CLAIM_METADATA
 
-    found = s3_objects.get(marker)
-    return None if found is None else (found.body, found.metadata.get(CLAIM_METADATA))
+    found = s3_objects.get(stage)
+    return None if found is None else (found.body, found.etag, found.metadata)
 
 
 def read_valid_manifest(
@@ -322,10 +307,11 @@ def read_valid_manifest(
         return _read_table_manifest(location, storage_options, verify_checksums, verdicts)
     run_dir = Stage.open(location, storage_options)
     marker = run_dir.child(SUCCESS_MARKER)
-    found = _read_committed_marker(marker)
+    found = _read_object(marker, with_version=True)
     if found is None:
         return None
-    data, token = found
+    data, _, metadata = found
+    token = metadata.get(CLAIM_METADATA)  # the claim an S3 marker was committed under
     manifest = Manifest.from_json(data, marker.location)
     if verdicts is None:
         validate_manifest(run_dir, manifest, verify_checksums=verify_checksums, claim_token=token)
