@@ -3,7 +3,8 @@
 A subprocess rather than an in-process call because Ray's driver state, torch threads and model
 memory must die with the job, not linger in the worker; and because it is byte-for-byte the same
 entrypoint a cluster runs. Its output is streamed line by line into the task log. It cannot defer:
-the job lives as long as the task process watches it, and no longer: the runtime gets
+the job lives as long as the task process watches it, and no longer (every line is scrubbed of the
+credentials the job was given before it is logged): the runtime gets
 ``BATCHINFER_PARENT_PID`` and its watchdog (``runtime/watchdog.py``) kills the job when this
 process is gone (a task killed by the OOM killer must not leave a job that commits later).
 
@@ -50,6 +51,7 @@ from airflow_provider_batchinfer.launchers.base import (
     Outcome,
     TaskLog,
 )
+from airflow_provider_batchinfer.redact import mask_cut, scrub, secret_values
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -129,6 +131,7 @@ class LocalLauncher(Launcher):
         self._timed_out = False
         self._lease: tuple[Path, int] | None = None
         self._spare_kind: tuple[str, str | None] | None = None  # (flavor, backend): start a spare after
+        self._secrets: list[str] = []  # the credentials the job was given: scrubbed from every line it prints
 
     @classmethod
     def from_config(cls, config: LauncherConfig) -> LocalLauncher:
@@ -178,6 +181,7 @@ class LocalLauncher(Launcher):
     def start(self, job: JobFile, job_location: str, log: TaskLog) -> JobHandle:
         env = self.environment()
         env[PARENT_PID_ENV] = str(os.getpid())
+        self._secrets = secret_values(env)
         cmd = self.command(job_location)
         address = self.ray_address or env.get("RAY_ADDRESS")
         if address:
@@ -306,7 +310,11 @@ class LocalLauncher(Launcher):
         result: JobResult | None = None
         try:
             for raw in proc.stdout:
-                line = raw.rstrip("\n")
+                # the runtime scrubs what it prints; this also covers what native code and child
+                # processes write to the same pipe, and a last line cut off mid-secret
+                line = scrub(raw.rstrip("\n"), self._secrets)
+                if not raw.endswith("\n"):
+                    line = mask_cut(line, self._secrets)
                 parsed = parse_runtime_line(line)
                 if isinstance(parsed, JobFailure):
                     failure = parsed

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any
 
+from airflow_provider_batchinfer.redact import clip
+
 ERROR_COLUMN = "__batchinfer_error"
 MAX_MESSAGE_CHARS = 2000
 
@@ -147,7 +149,7 @@ def error_message(exc: BaseException) -> str:
     """One line per failing row: the exception's type and its last meaningful line."""
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
     text = f"{type(exc).__name__}: {lines[-1].strip() if lines else ''}"
-    return text[:MAX_MESSAGE_CHARS]
+    return clip(text, MAX_MESSAGE_CHARS)  # scrubbed before the cut: a dead-lettered row holds no secret
 
 
 def score_isolating(score: Callable[[Any], Any], batch: Any, keep_columns: list[str]) -> Any:

@@ -7,6 +7,11 @@ would not be the file checked. So :func:`read_local` walks the resolved path fro
 component at a time, each relative to the last directory's descriptor, with ``O_NOFOLLOW``: a
 symlink met on the way fails the read (the resolved path held none), and ``fstat`` on the opened
 descriptor refuses anything but a regular file.
+
+A hard link is a second name for the same file, and nothing about the name checked says where the
+other one lies: anyone who can write inside an allowed root can link a file they may read but the
+job should not (another run's output, a key file on the same filesystem) under it. So a regular
+file with more than one link is refused (:class:`HardLinkError`); a copy has one.
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ class NotRegularError(OSError):
     """The path names something other than a regular file (a FIFO, a device, a socket)."""
 
 
+class HardLinkError(NotRegularError):
+    """The file has more than one name (hard link): another of its names may lie outside the roots."""
+
+
 def _open_dir(name: str, dir_fd: int) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
@@ -48,7 +57,8 @@ def _is_link(name: str, dir_fd: int) -> bool:
 def read_local(path: str) -> bytes:
     """Read the checked, resolved absolute ``path``, opening it one component at a time from ``/``
     with ``O_NOFOLLOW``: the resolved path holds no symlink, so any symlink met here appeared after
-    the check, and following it could leave the root. ``fstat`` then refuses anything but a regular file."""
+    the check, and following it could leave the root. ``fstat`` then refuses anything but a regular
+    file with one link."""
     names = [n for n in path.split("/") if n]
     if not names:
         raise IsADirectoryError(errno.EISDIR, "is a directory")
@@ -66,11 +76,17 @@ def read_local(path: str) -> bytes:
             raise
     finally:
         os.close(fd)
-    mode = os.fstat(file_fd).st_mode
-    if not stat.S_ISREG(mode):
+    info = os.fstat(file_fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
         os.close(file_fd)
-        if stat.S_ISDIR(mode):
+        if stat.S_ISDIR(info.st_mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory")
+        if stat.S_ISREG(info.st_mode):
+            raise HardLinkError(
+                errno.EMLINK,
+                f"it has {info.st_nlink} hard links, and another of its names may lie outside the allowed "
+                "roots, so it is not read; put a copy of the file there (cp, not ln) and reference the copy",
+            )
         raise NotRegularError(errno.EINVAL, "not a regular file")
     with os.fdopen(file_fd, "rb") as f:
         return f.read()

@@ -10,6 +10,10 @@ internal service included. So the runtime fetches URLs itself and hands Ray ``da
   otherwise non-public address is refused unless the allow-list names the host or that address's
   network (``*`` and ``*.`` patterns never reach one, so a public name that resolves inward does
   not either);
+- an IPv6 address that carries an IPv4 one (NAT64 ``64:ff9b::/96`` and ``64:ff9b:1::/48``, 6to4
+  ``2002::/16``, Teredo ``2001::/32``, IPv4-mapped and -compatible) is non-public whatever it
+  carries: a gateway on the way turns it into that IPv4 address, which may be private (the error
+  names it), so only an entry naming the host or the IPv6 network reaches it;
 - the connection goes to an address that was checked (a second lookup could answer differently),
   with the host name kept for TLS verification and the ``Host`` header; redirects are not followed,
   and a body larger than :data:`MAX_URL_BYTES` is refused.
@@ -55,15 +59,47 @@ class CheckedUrl:
     addresses: tuple[str, ...]
 
 
-def _address_kind(address: str) -> str | None:
-    """None for a public address, else what it is ("a link-local", ...)."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+#: IPv6 ranges whose addresses a gateway translates to the IPv4 address they carry
+_TRANSLATED = (
+    (ipaddress.IPv6Network("64:ff9b::/96"), "NAT64"),
+    (ipaddress.IPv6Network("64:ff9b:1::/48"), "local-use NAT64"),
+    (ipaddress.IPv6Network("2002::/16"), "6to4"),
+    (ipaddress.IPv6Network("2001::/32"), "Teredo"),
+    (ipaddress.IPv6Network("::ffff:0:0/96"), "IPv4-mapped"),
+    (ipaddress.IPv6Network("::/96"), "IPv4-compatible"),
+)
+
+
+def _kind(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
     for attribute, kind in _KINDS:
         if getattr(ip, attribute):
             return kind
     return None if ip.is_global else "a non-public"
+
+
+def _carried(ip: ipaddress.IPv6Address, label: str) -> list[ipaddress.IPv4Address]:
+    """The IPv4 address(es) a translated address carries (Teredo: its server and its client)."""
+    if label == "6to4":
+        return [ip.sixtofour] if ip.sixtofour else []
+    if label == "Teredo":
+        return list(ip.teredo) if ip.teredo else []
+    if label == "local-use NAT64":  # where the IPv4 address sits depends on the operator's prefix length
+        return []
+    return [ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)]
+
+
+def _address_kind(address: str) -> str | None:
+    """None for a public address, else what it is ("a link-local address", ...)."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and not (ip.is_loopback or ip.is_unspecified):
+        for network, label in _TRANSLATED:
+            if ip in network:
+                inner = _carried(ip, label)
+                kinds = [kind for v4 in inner if (kind := _kind(v4))]
+                carries = f" of {', '.join(map(str, inner))}" if inner else ""
+                return f"{kinds[0] if kinds else 'a translated'} address ({label}{carries})"
+    kind = _kind(ip)
+    return f"{kind} address" if kind else None
 
 
 def check_url(
@@ -104,7 +140,7 @@ def check_url(
         kind = _address_kind(address)
         if kind and how != "named" and not address_named(address, tuple(allowed)):
             raise UrlReferenceError(
-                f"host {host!r}: {address} is {kind} address, which a URL reaches only when allowed_url_hosts "
+                f"host {host!r}: {address} is {kind}, which a URL reaches only when allowed_url_hosts "
                 "names the host or its network"
             )
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from airflow_provider_batchinfer.redact import clip
 from airflow_provider_batchinfer.runtime.flavors import optimized_cache
 from airflow_provider_batchinfer.runtime.flavors.optimized_cache import BackendRefusedError, check_guard, has_files
 from airflow_provider_batchinfer.runtime.flavors.protocol import OptimizedBackend
@@ -100,7 +101,7 @@ def export(model_file: Path, manifest: dict[str, Any], backend: str, target: Pat
     except Exception as exc:  # e.g. the signature names more or fewer features than the model takes
         raise BackendRefusedError(
             f"the optimized backend could not export {model}: PyTorch itself failed on {SAMPLE_ROWS} rows of the "
-            f"{sample.shape[1]} features its signature names ({type(exc).__name__}: {str(exc).strip()[:300]}). "
+            f"{sample.shape[1]} features its signature names ({type(exc).__name__}: {clip(str(exc).strip(), 300)}). "
             "Log the model with a signature naming one input column per feature, in order"
         ) from exc
     reference = _as_arrays(returned, model)
