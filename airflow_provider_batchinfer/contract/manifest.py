@@ -206,6 +206,9 @@ class Manifest:
     table_input: TableInput | None = None
     # incremental scoring: rows reused / scored and the key index (None: reuse was off)
     reuse: ReuseInfo | None = None
+    # "module:Class" a python model imported from the workers' installed packages, not from code
+    # logged with the version (its digest does not cover it); absent in manifests without one
+    unhashed_imports: tuple[str, ...] = ()
 
     @property
     def file_names(self) -> list[str]:
@@ -257,6 +260,7 @@ class Manifest:
             **({"table": self.table.to_dict()} if self.table else {}),
             **({"table_input": self.table_input.to_dict()} if self.table_input else {}),
             **({"reuse": self.reuse.to_dict()} if self.reuse is not None else {}),
+            **({"unhashed_imports": list(self.unhashed_imports)} if self.unhashed_imports else {}),
         }
 
     def to_json(self) -> str:
@@ -329,6 +333,7 @@ class Manifest:
             table=_table_section(data, "table", TableOutput, where),
             table_input=_table_section(data, "table_input", TableInput, where),
             reuse=ReuseInfo.from_dict(data["reuse"], f"{where}.reuse") if data.get("reuse") else None,
+            unhashed_imports=_strings(data.get("unhashed_imports", []), f"{where}.unhashed_imports", err),
         )
         manifest.check_counts(where)
         return manifest

@@ -103,6 +103,7 @@ def build_manifest(
     usage: Usage | None = None,
     reuse: ReuseInfo | None = None,
     in_driver: bool = False,
+    unhashed_imports: tuple[str, ...] = (),
 ) -> Manifest:
     """Reconcile the counts, apply the error policy, and describe the run directory as committed
     (with the pool the job ran and ``placements``: replicas per node, ``io.replicas_per_node``)."""
@@ -146,6 +147,7 @@ def build_manifest(
         timings=dict(timings),
         usage=usage,
         reuse=reuse,
+        unhashed_imports=unhashed_imports,
     )
 
 

@@ -157,9 +157,11 @@ def verified_stage_class(fn: type, source: VerifiedSource) -> type:
     were hashed on its own node, and a copy that does not match the pinned sha256 fails the actor
     before ``fn``'s own constructor (the vLLM engine's included) reads anything."""
 
+    base_init = getattr(fn, "__init__")  # noqa: B009 - the class's constructor, not an instance's
+
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         ensure_on_node(source)
-        fn.__init__(self, *args, **kwargs)
+        base_init(self, *args, **kwargs)
 
     # the UDF's own name: Ray Data names the stage's operator after it
     return type(fn.__name__, (fn,), {"__init__": __init__, "__module__": __name__, "__doc__": fn.__doc__})

@@ -1,8 +1,12 @@
 """Any Python class with ``load(path)`` and ``predict(batch)``, for models no other flavor covers.
 
 The class's source was copied into the version at log time and is imported from there, so every
-worker runs exactly the code that was logged and hashed. ``predict`` gets a pandas DataFrame of the
-input columns and returns a DataFrame or a dict of equally long columns.
+worker runs exactly the code that was logged and hashed. A version logged as ``"pkg:Class"``
+without ``code_paths`` holds no code: its class is imported from whatever the worker has installed,
+which no digest covers. Such an *unhashed import* is allowed (a class from an installed package),
+but never silent: the driver's log and the ``_SUCCESS`` manifest name it (:func:`unhashed_imports`),
+and each replica's log names the file it was imported from. ``predict`` gets a pandas DataFrame of
+the input columns and returns a DataFrame or a dict of equally long columns.
 """
 
 from __future__ import annotations
@@ -13,6 +17,33 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor
+
+
+def unhashed_imports(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """``("module:Class",)`` when a python version imports a module its own code directory does
+    not hold (logged as ``"pkg:Class"`` without ``code_paths``); ``()`` otherwise."""
+    if manifest.get("flavor") != "python":
+        return ()
+    options = manifest["options"]
+    top = str(options["module"]).split(".")[0]
+    code = str(options.get("code_dir") or "")
+    files = manifest.get("files") or {}
+    held = code and any(rel == f"{code}/{top}.py" or rel.startswith(f"{code}/{top}/") for rel in files)
+    return () if held else (f"{options['module']}:{options['class']}",)
+
+
+def unhashed_message(imports: tuple[str, ...] | list[str], model: str) -> str:
+    return (
+        f"model {model} imports {', '.join(imports)} from the worker's installed packages, not from code "
+        "logged with the version: its sha256 does not cover that code. Log it with code_paths (or the class "
+        "itself) to pin it"
+    )
+
+
+def preflight(model_dir: Path | None, manifest: dict[str, Any]) -> list[str]:
+    """The driver's log line for an unhashed import (the manifest records it too)."""
+    imports = unhashed_imports(manifest)
+    return [unhashed_message(imports, f"{manifest['name']}/{manifest['version']}")] if imports else []
 
 
 def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, max_rows: int | None = None):
@@ -27,6 +58,11 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
         module = importlib.import_module(options["module"])
     finally:
         sys.dont_write_bytecode = writes_bytecode
+    source = Path(getattr(module, "__file__", None) or "<built-in>")
+    if not source.resolve().is_relative_to(Path(code_dir).resolve()):
+        named = f"{manifest.get('name')}/{manifest.get('version')}"
+        imported = [f"{options['module']}:{options['class']}"]
+        print(f"[batchinfer] {unhashed_message(imported, named)} (imported from {source})", flush=True)
     cls = module
     for part in options["class"].split("."):
         cls = getattr(cls, part)
@@ -53,4 +89,4 @@ def load(model_dir: Path, manifest: dict[str, Any], device: str, threads: int, m
 
 # transfer_rows 0: predict() gets at most JobSpec.max_batch_rows rows, as the user sized it (unset:
 # Tuning.call_rows)
-FLAVOR = Flavor(name="python", load=load, transfer_rows=0)
+FLAVOR = Flavor(name="python", load=load, preflight=preflight, transfer_rows=0)
