@@ -18,13 +18,14 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow_provider_batchinfer.contract import JobFile, Manifest
 from airflow_provider_batchinfer.inputs import inspect_input, list_input_files
 from airflow_provider_batchinfer.registry import ModelRegistry, verify_local_copy
 from airflow_provider_batchinfer.runtime import (
     commit,
+    empty_input,
     in_driver,
     llm,
     resources,
@@ -46,6 +47,7 @@ from airflow_provider_batchinfer.runtime.io import (
     row_bytes,
     write_here,
 )
+from airflow_provider_batchinfer.runtime.parquet_read import corrupt_read_error
 from airflow_provider_batchinfer.runtime.plan import (
     ActorPool,
     ColumnPlan,
@@ -62,9 +64,6 @@ from airflow_provider_batchinfer.runtime.resume import KeptParts, discard_remain
 from airflow_provider_batchinfer.runtime.reuse_source import ReusePlan, plan_reuse
 from airflow_provider_batchinfer.runtime.usage_board import job_counter
 from airflow_provider_batchinfer.stage import Stage
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("batchinfer.runtime")
 
@@ -167,8 +166,11 @@ def check_before_ray(job: JobFile) -> CheckedJob:
         locations = sql_input.read_sql_input(job, storage)
     else:  # a table's snapshot is read here first; else the job file's own locations
         locations = table_input.read_table_input(job, storage)
-    files = list_input_files(locations, storage)
-    input_rows, schema, file_groups = inspect_input(files, storage)
+    commit_empty = input_spec.on_empty == "commit"  # else an input without rows is an EmptyInputError
+    files = list_input_files(locations, storage, allow_empty=commit_empty)
+    input_rows, schema, file_groups = inspect_input(files, storage, allow_empty=commit_empty)
+    if input_rows == 0:
+        return empty_input.checked_empty(job, run_dir, storage, registry, files, schema, file_groups)
     signature = dict(model.signature or {})
     plan = with_id_column(plan_columns(schema, signature, input_spec, files[0]), input_spec.id_column)
     if flavor(model.flavor).allows_missing:  # trees take null/NaN as missing values
@@ -293,8 +295,8 @@ def _stream_counted(checked: CheckedJob, pool: ActorPool, counter: Any) -> _Stre
                 write_here(ds, sink)
             else:
                 ds.write_datasink(sink, ray_remote_args={"num_cpus": pool["io_cpus"]}, concurrency=io_tasks(pool))
-    except Exception as exc:  # a replica that could not start says why in text only: restore our error
-        replica_error = replica_init_error(exc)
+    except Exception as exc:  # a replica that could not start, or a corrupt file, says why in text only
+        replica_error = replica_init_error(exc) or corrupt_read_error(exc, checked.read_files)
         if replica_error is None:
             raise
         log.debug("replica failed to start", exc_info=True)
@@ -362,11 +364,14 @@ def run(spec_location: str) -> Manifest:
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
     checked = check_before_ray(read_job_file(spec_location))
-    reuse_match.prepare(checked)  # incremental: where an earlier run scored each row, before Ray
-    on_pool_because = in_driver.why_not(checked)  # None: a small job, scored in this process
-    if on_pool_because is None:
-        table_input.leave_ray()  # a table input read on Ray that left few rows to score
-    pipeline = run_pipeline(checked) if on_pool_because else in_driver.run(checked)
+    if checked.input_rows == 0:  # InputSpec(on_empty="commit"): nothing to read, score or start
+        on_pool_because, pipeline = None, empty_input.run(checked)
+    else:
+        reuse_match.prepare(checked)  # incremental: where an earlier run scored each row, before Ray
+        on_pool_because = in_driver.why_not(checked)  # None: a small job, scored in this process
+        if on_pool_because is None:
+            table_input.leave_ray()  # a table input read on Ray that left few rows to score
+        pipeline = run_pipeline(checked) if on_pool_because else in_driver.run(checked)
     discard_remaining(checked.run_dir, checked.job.attempt)  # RESUME's copies of partly done files
     processed = pipeline.written.rows + pipeline.written.error_rows
     manifest = commit.build_manifest(
