@@ -62,7 +62,7 @@ def provider_tasks(session: Session, dag_ids: set[str]) -> dict[Any, frozenset[s
         TI.operator == OPERATOR_CLASS, TI.dag_id.in_(sorted(dag_ids)), TI.dag_version_id.is_not(None)
     )
     rows = session.execute(select(SDM.dag_version_id, SDM.dag_hash).where(SDM.dag_version_id.in_(versions)))
-    hashes = {version: dag_hash for version, dag_hash in rows}
+    hashes: dict[Any, str] = dict(rows.tuples().all())
     known: dict[Any, frozenset[str]] = {}
     missing = []
     with _lock:

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_batchinfer.contract import ERRORS_DIR, SUCCESS_MARKER, Manifest
+from airflow_provider_batchinfer.contract import ERRORS_DIR, SUCCESS_MARKER, Manifest, ManifestError
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
 from airflow_provider_batchinfer.stage import Stage, join
 from airflow_provider_batchinfer.ui.roots import Refused, check_local, place
@@ -147,6 +147,8 @@ def _read_detail(row: RunRow, conn_id: str | None) -> RunDetail:
             manifest = _read_manifest(run_dir, hook)
     except Refused as exc:
         return RunDetail(problem=f"the page does not read this run's output: {exc}")
+    except ManifestError as exc:
+        return RunDetail(problem=f"the manifest at {location} is not valid, so the page shows nothing from it: {exc}")
     except Exception as exc:  # any failure is the page's message, never a stack trace
         return RunDetail(problem=f"the manifest at {location} could not be read: {_one_line(exc)}")
     if manifest is None or run_dir is None:
