@@ -281,3 +281,42 @@ def test_a_job_on_the_cached_export_never_imports_torch_and_commits_pytorchs_sco
     assert error["type"] == "BackendRefusedError" and error["permanent"] is True
     assert "backend_min_cosine=1" in error["error"] and "Nothing was scored" in error["error"]
     assert sorted(p.name for p in strict_dir.iterdir() if p.name != "_claims") == ["_job.json"]  # no part, no _SUCCESS
+
+
+@pytest.mark.parametrize("tampered", ["model.onnx", "info.json"])
+def test_a_tampered_cached_export_is_detected_and_exported_again(mlp, tmp_path, capsys, tampered):
+    """The cached export carries the sha256 of each of its files: a changed model (same size) or a
+    guard figure edited upward is said so and exported again, never served."""
+    cache, load = tmp_path / "cache", optimized_torchscript.load
+    first: list[str] = []
+    predict = load(mlp["dir"], mlp["manifest"], "cpu", 1, 4096, backend="onnx", cache_root=cache, say=first.append)
+    directory = optimized_cache.optimized_dir(cache, mlp["version"].sha256, "onnx", optimized_torchscript.FORMAT)
+    assert json.loads((directory / optimized_cache.DIGEST_FILE).read_text()).keys() == {"info.json", "model.onnx"}
+    batch = _features(64)
+    expected = predict(batch, {})["score"]
+    path = directory / tampered
+    if tampered == "info.json":  # the guard's figures rewritten (here: how many rows they were measured on)
+        info = json.loads(path.read_text())
+        path.write_text(json.dumps({**info, "sample_rows": info["sample_rows"] * 10}))
+    else:  # one byte of the exported model flipped, same size
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0x01
+        path.write_bytes(bytes(data))
+    again: list[str] = []
+    predict = load(mlp["dir"], mlp["manifest"], "cpu", 1, 4096, backend="onnx", cache_root=cache, say=again.append)
+    out = capsys.readouterr().out
+    assert f"cached export at {directory} is refused: its file {tampered} changed after it was exported" in out
+    assert again[0].startswith("[batchinfer] backend onnx: exported in "), again
+    assert optimized_cache.export_damage(directory) is None
+    assert np.abs(predict(batch, {})["score"] - expected).max() < 1e-6
+
+
+def test_an_export_without_its_digest_is_exported_again(mlp, tmp_path, capsys):
+    cache, load = tmp_path / "cache", optimized_torchscript.load
+    load(mlp["dir"], mlp["manifest"], "cpu", 1, 4096, backend="onnx", cache_root=cache, say=lambda _: None)
+    directory = optimized_cache.optimized_dir(cache, mlp["version"].sha256, "onnx", optimized_torchscript.FORMAT)
+    (directory / optimized_cache.DIGEST_FILE).unlink()  # as an export made before exports were hashed
+    lines: list[str] = []
+    load(mlp["dir"], mlp["manifest"], "cpu", 1, 4096, backend="onnx", cache_root=cache, say=lines.append)
+    assert f"no readable {optimized_cache.DIGEST_FILE}; exporting it again" in capsys.readouterr().out
+    assert "exported in" in lines[0] and optimized_cache.export_damage(directory) is None

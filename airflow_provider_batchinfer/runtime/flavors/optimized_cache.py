@@ -37,27 +37,66 @@ def optimized_dir(cache_root: Path, sha256: str, backend: str, export_format: in
     return cache_root / "optimized" / sha256 / f"{backend}-v{export_format}"
 
 
+#: beside each export: the sha256 of every file it holds (``info.json`` included), written last
+DIGEST_FILE = "export.sha256.json"
+
+
+def export_digest(directory: Path) -> dict[str, str]:
+    """``{file: sha256}`` of every file of an export but the digest itself."""
+    import hashlib
+
+    out: dict[str, str] = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != DIGEST_FILE):
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        out[path.relative_to(directory).as_posix()] = h.hexdigest()
+    return out
+
+
+def export_damage(target: Path) -> str | None:
+    """Why the export at ``target`` is not what was exported (a file changed, added or removed since,
+    or no digest), or None when every file matches its recorded sha256."""
+    try:
+        recorded = json.loads((target / DIGEST_FILE).read_text())
+    except (OSError, ValueError):
+        return f"it has no readable {DIGEST_FILE}"
+    actual = export_digest(target)
+    for name in sorted(set(recorded) | set(actual)):
+        if recorded.get(name) != actual.get(name):
+            what = "was added" if name not in recorded else "is missing" if name not in actual else "changed"
+            return f"its file {name} {what} after it was exported"
+    return None
+
+
 def prepare(
     target: Path, export: Callable[[Path], dict[str, Any]], complete: Callable[[Path], bool]
 ) -> tuple[Path, dict[str, Any], bool]:
     """The cached export at ``target``, made now with ``export(work_dir) -> info`` when missing:
     (its directory, its ``info.json``, whether this call exported it). It is built in a temporary
     directory and renamed into place under a file lock, so concurrent replicas on one node export
-    once and never read a half-written one."""
+    once and never read a half-written one. Every file of the export, ``info.json`` (the accuracy
+    guard's figures) included, is hashed into :data:`DIGEST_FILE` when it is made and checked on
+    every use: an export changed since (a disk fault, a hand edit) is said so and exported again."""
     import fcntl
 
-    if complete(target):
+    if complete(target) and export_damage(target) is None:
         return target, json.loads((target / "info.json").read_text()), False
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if complete(target):
-            return target, json.loads((target / "info.json").read_text()), False
+            damage = export_damage(target)
+            if damage is None:
+                return target, json.loads((target / "info.json").read_text()), False
+            print(f"[batchinfer] cached export at {target} is refused: {damage}; exporting it again", flush=True)
         shutil.rmtree(target, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
             info = export(work)
             (work / "info.json").write_text(json.dumps(info))
+            (work / DIGEST_FILE).write_text(json.dumps(export_digest(work)))
             os.replace(work, target)
         finally:
             shutil.rmtree(work, ignore_errors=True)
