@@ -1,13 +1,18 @@
 """The batch runs pages' pure parts: a row from an XCom value, pagination, formatting, the manifest's
-readable form and the SVG trend plot."""
+readable form, the SVG trend plot, where the run page may read and which tasks are the operator."""
 
 from __future__ import annotations
 
 import dataclasses
 import xml.etree.ElementTree as ET
 
+import pytest
+
+from airflow_provider_batchinfer import BatchInferenceOperator
 from airflow_provider_batchinfer.contract import FileEntry
 from airflow_provider_batchinfer.contract.tables import TableOutput
+from airflow_provider_batchinfer.ui.identity import OPERATOR_CLASS, OPERATOR_MODULE, operator_tasks
+from airflow_provider_batchinfer.ui.roots import Placed, Refused, check_local, place
 from airflow_provider_batchinfer.ui.views import (
     MAX_PAGE_SIZE,
     Page,
@@ -105,3 +110,64 @@ def test_trend_points_and_the_svg_plot():
     assert root.tag.endswith("svg") and len(root.findall("{http://www.w3.org/2000/svg}circle")) == 2
     assert "no data" in svg_plot([None], ["x"], "empty")
     assert ">25,945<" in svg_plot([25945.2, 1.0], ["a", "b"], "rows/s") and ">0.0552<" in svg_plot([0.0552], ["a"], "x")
+
+
+# --- where the run page may read (ui/roots.py) and which tasks are the operator (ui/identity.py) ---------
+ROOTS = ["/srv/stage", "s3://lake/registry"]
+
+
+def test_a_location_below_a_root_is_placed_and_anything_else_is_refused():
+    assert place("/srv/stage/emb/run1", ROOTS) == Placed("/srv/stage", ("emb", "run1"))
+    assert place("file:///srv/stage/emb/", ROOTS) == Placed("/srv/stage", ("emb",))
+    assert place("s3a://lake/registry/m/v1", ROOTS) == Placed("s3://lake/registry", ("m", "v1"))
+    refused = {
+        "/srv/stage-other/run": "is outside the run's connection's stage_root and registry_root (/srv/stage, s3://",
+        "/srv/stage/../etc": "contains '..'",
+        "s3://lake/registry-x/run": "is outside",
+        "s3://other/registry/run": "is outside",
+        "gs://lake/registry/run": "is a gs:// location, and the run's connection configures no root there",
+        "http://127.0.0.1:9/x": "is a http:// location",
+        "s3://lake/registry/run?endpoint_override=127.0.0.1": "holds a query",
+        "/srv/stage/run#x": "holds a query, a fragment",
+        "/srv/stage/run\nx": "control character",
+        "emb/run1": "is not an absolute path or URI",
+        "": "recorded no usable output location",
+    }
+    for location, message in refused.items():
+        with pytest.raises(Refused) as info:
+            place(location, ROOTS)
+        assert message in str(info.value), (location, str(info.value))
+    with pytest.raises(Refused, match="recorded no usable output location"):
+        place(None, ROOTS)
+
+
+def test_a_local_path_is_checked_after_its_symlinks(tmp_path):
+    root, outside = tmp_path / "stage", tmp_path / "outside"
+    (root / "run" / "_errors").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.parquet").write_bytes(b"x")
+    (root / "run" / "_errors" / "part.parquet").symlink_to(outside / "secret.parquet")
+    (root / "run" / "_errors" / "own.parquet").write_bytes(b"y")
+    check_local(str(root / "run" / "_errors" / "own.parquet"), str(root))
+    with pytest.raises(Refused, match=r"resolves to .*outside/secret.parquet, outside the connection's root"):
+        check_local(str(root / "run" / "_errors" / "part.parquet"), str(root))
+
+
+def test_the_operator_is_known_by_its_module_and_class():
+    assert (BatchInferenceOperator.__module__, BatchInferenceOperator.__name__) == (OPERATOR_MODULE, OPERATOR_CLASS)
+
+    def task(task_id: str, module: str, cls: str = OPERATOR_CLASS) -> dict:
+        return {"__type": "operator", "__var": {"task_id": task_id, "task_type": cls, "_task_module": module}}
+
+    data = {
+        "dag": {
+            "tasks": [
+                task("real", OPERATOR_MODULE),
+                task("look_alike", "dags.my_dag"),
+                task("other", OPERATOR_MODULE, "SuccessMarkerSensor"),
+                "not a task",
+            ]
+        }
+    }
+    assert operator_tasks(data) == {"real"}
+    assert operator_tasks(None) == operator_tasks({"dag": {"tasks": "x"}}) == frozenset()
