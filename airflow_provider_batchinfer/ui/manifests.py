@@ -7,9 +7,11 @@ filesystem and credentials the connection configures. There the ``_SUCCESS`` is 
 (``markers.validate_manifest``: the schema, the counts, the run directory it names must be this
 one, every listed file present with its size); the dead-letter sample comes only from the first
 ``_errors/`` file that validated manifest lists, and only its first rows. Nothing is listed or
-scanned beyond the run directory. A refused location is a message on the page, never a read. A committed
-try's manifest does not change, so what was read is kept per try, in this process; a manifest
-that is gone or unreadable becomes a message for the page, and is looked at again next time.
+scanned beyond the run directory. A refused location is a message on the page, never a read.
+
+A committed try's manifest does not change, so what was read is kept per try, in this process; a
+refusal, or a manifest that is gone or unreadable, is a message for the page and is looked at
+again next time.
 """
 
 from __future__ import annotations

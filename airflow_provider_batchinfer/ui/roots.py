@@ -62,6 +62,8 @@ def place(location: object, roots: Sequence[str]) -> Placed:
         check_relative_path(location, "the output location")
     except StageError as exc:
         raise Refused(str(exc)) from None
+    if location.startswith("file:/") and not location.startswith("file://"):
+        location = location[len("file:") :]  # ``file:/path``: how pyiceberg may spell a local table's files
     if not (is_uri(location) or location.startswith("/")):
         raise Refused(f"{location!r} is not an absolute path or URI; a committed run records an absolute one")
     scheme, path = _split(location)

@@ -119,6 +119,7 @@ ROOTS = ["/srv/stage", "s3://lake/registry"]
 def test_a_location_below_a_root_is_placed_and_anything_else_is_refused():
     assert place("/srv/stage/emb/run1", ROOTS) == Placed("/srv/stage", ("emb", "run1"))
     assert place("file:///srv/stage/emb/", ROOTS) == Placed("/srv/stage", ("emb",))
+    assert place("file:/srv/stage/_iceberg/t/data", ROOTS) == Placed("/srv/stage", ("_iceberg", "t", "data"))
     assert place("s3a://lake/registry/m/v1", ROOTS) == Placed("s3://lake/registry", ("m", "v1"))
     refused = {
         "/srv/stage-other/run": "is outside the run's connection's stage_root and registry_root (/srv/stage, s3://",
