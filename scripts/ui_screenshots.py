@@ -211,7 +211,7 @@ def _seed_demo(home: Path) -> None:
     from airflow_provider_batchinfer.contract.usage import Usage
     from tests.ui_seed import committed_run_with_dead_letters, seed_runs
 
-    run_dir = home / "stage" / "churn_scores" / "newest"
+    run_dir = home / "batchinfer" / "stage" / "churn_scores" / "newest"  # below the embedded stage_root
     model = ModelRef("churn_mlp", "3", "torchscript", "4f" * 32, "registry/churn_mlp/3")
     rows, dead, wall = 1_180_000, 6, 47.1
     usage = Usage(wall_s=wall, held_s=wall - 5, reserved_cpus=8.0, reserved_gpus=0.0, cpu_seconds=8 * (wall - 5),
@@ -222,7 +222,7 @@ def _seed_demo(home: Path) -> None:
     (run_dir / SUCCESS_MARKER).write_text(manifest.to_json())
     start = datetime(2026, 10, 27, 2, tzinfo=timezone.utc)
     embeddings = [
-        {"output_location": f"{home}/stage/tickets/{i}", "rows": 20_000, "input_rows": 20_000, "error_rows": 0,
+        {"output_location": f"{home}/batchinfer/stage/tickets/{i}", "rows": 20_000, "input_rows": 20_000, "error_rows": 0,
          "model": "minilm", "model_version": "1", "sha256": "9c" * 32, "attempt": "t01bbbb",
          "usage": {"wall_s": 41.0 + i, "rows_per_s": 20_000 / (41.0 + i), "cpu_seconds": 12.0,
                    "gpu_seconds": 38.0 + i, "cost": (38.0 + i) / 3600 * 1.2}}

@@ -548,7 +548,7 @@ def test_the_batch_runs_pages_show_each_run_as_its_manifest_says(world, tmp_path
     assert ours["fastapi_apps"][0]["url_prefix"] == "/batchinfer"
     t0 = time.monotonic()
     bad = write_tickets(tmp_path / "bad", rows=60, files=2, bad_row=7)
-    out = tmp_path / "dead_letters"
+    out = world["stage"] / "ui_dead_letters"  # the run page reads only below the connection's stage_root
     runs = {
         "bi_ui_dead_letters": s.trigger("bi_ui_dead_letters", {"input": str(bad), "out": str(out)}),
         UI_DENIED_DAG: s.trigger(UI_DENIED_DAG, {"input": str(world["inputs"])}),
