@@ -57,6 +57,8 @@ ONE_OFF = ".one-off"
 TEMP_MARKER = ".batchinfer-state-dir"
 #: Ray's temp dir inside the provider's private parent: one letter, Ray's socket paths live below it
 RAY_TEMP_NAME = "r"
+#: how the private parent's name starts: no other directory is ever taken for one (``/tmp`` itself)
+TEMP_PREFIX = "bir-"
 _LOG = logging.getLogger(__name__)
 #: per process: the fallback chosen for a refused directory, so one task's launcher, lease and
 #: spares agree on it (a second mkdtemp would be another Ray)
@@ -124,7 +126,7 @@ def make_ray_temp_dir(directory: Path) -> str:
     """Ray's temp dir for the Ray of ``directory``: ``<parent>/r``, the parent a fresh ``mkdtemp``
     (this uid, 0700 whatever the umask) checked private and marked as made for ``directory``. Ray
     creates ``r`` itself and makes it world-writable; nobody else can enter the parent to reach it."""
-    parent = Path(tempfile.mkdtemp(prefix="bir-", dir="/tmp"))  # short: Ray's unix sockets live below it
+    parent = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir="/tmp"))  # short: Ray's unix sockets live below it
     private_dir.check(parent)
     fd = os.open(parent / TEMP_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as marker:
@@ -138,7 +140,7 @@ def ray_temp_refused(temp_dir: str) -> str | None:
     :func:`make_ray_temp_dir` makes it. A Ray started by an earlier version of this package, in a
     temp dir of its own that Ray made world-writable, is refused too."""
     path = Path(temp_dir)
-    if not path.is_absolute() or path.name != RAY_TEMP_NAME:
+    if not path.is_absolute() or path.name != RAY_TEMP_NAME or not path.parent.name.startswith(TEMP_PREFIX):
         return f"its temp dir {temp_dir} is not inside a private directory of the provider's"
     try:
         private_dir.check(path.parent)

@@ -209,16 +209,30 @@ def _stale_state(directory: Path, temp_dir: Path) -> None:
         (directory / "state.json").write_text(json.dumps(state))
 
 
+def _made_temp_dir(directory: Path) -> Path:
+    """A temp dir the provider made for ``directory``'s Ray, checked to be ``r`` in a ``bir-*``
+    parent of its own under /tmp before a test changes or removes that parent: never /tmp itself,
+    whatever layout the code under test makes (a temp dir directly under /tmp is removed, and the
+    test fails)."""
+    temp_dir = Path(state_dirs.make_ray_temp_dir(directory))
+    parent = temp_dir.parent
+    if temp_dir.name != "r" or parent.parent != Path("/tmp") or not parent.name.startswith("bir-"):
+        if temp_dir.parent == Path("/tmp") and temp_dir.name.startswith("bir-"):
+            shutil.rmtree(temp_dir, ignore_errors=True)  # the fresh mkdtemp itself
+        pytest.fail(f"the Ray temp dir {temp_dir} does not lie in a parent of its own")
+    return temp_dir
+
+
 def test_a_stop_removes_only_the_temp_dir_the_provider_made_for_that_state(scratch):
     directory = scratch / "state"
     precious = scratch / "precious"  # ours, private: what a state.json could name
     (precious / state_dirs.RAY_TEMP_NAME).mkdir(mode=0o700, parents=True)
     (precious / "keep.txt").write_text("data")
-    elsewhere = Path(state_dirs.make_ray_temp_dir(scratch / "another-state"))  # the provider's, for another Ray
-    made = Path(state_dirs.make_ray_temp_dir(directory))
-    link = scratch / "link"  # a parent reached through a symbolic link: never followed
+    elsewhere = _made_temp_dir(scratch / "another-state")  # the provider's, for another Ray
+    made = _made_temp_dir(directory)
+    link = scratch / "bir-link"  # a parent reached through a symbolic link: never followed
     link.symlink_to(made.parent)
-    opened = Path(state_dirs.make_ray_temp_dir(directory))  # made for this Ray, then opened to others
+    opened = _made_temp_dir(directory)  # made for this Ray, then opened to others
     os.chmod(opened.parent, 0o755)
     try:
         for named in (precious / "r", elsewhere, link / "r", opened, made.parent, Path("relative/r")):
@@ -238,7 +252,7 @@ def test_a_stop_removes_only_the_temp_dir_the_provider_made_for_that_state(scrat
 def test_ray_s_temp_dir_lies_below_a_private_parent_and_one_that_is_not_is_refused(scratch):
     """Ray makes its temp dir world-writable: only its parent, the provider's, keeps others out. A
     recorded Ray whose parent is not private (or a temp dir of the layout before it) gets no job."""
-    temp_dir = Path(state_dirs.make_ray_temp_dir(scratch / "state"))
+    temp_dir = _made_temp_dir(scratch / "state")
     try:
         parent = os.lstat(temp_dir.parent)
         assert temp_dir.name == "r" and not temp_dir.exists()  # Ray makes it, as it likes
@@ -248,11 +262,13 @@ def test_ray_s_temp_dir_lies_below_a_private_parent_and_one_that_is_not_is_refus
         os.chmod(temp_dir.parent, 0o711)  # others may not list it, but may pass through: refused
         assert "is readable by other users (mode 0o711); it must be 0700" in state_dirs.ray_temp_refused(str(temp_dir))
         os.chmod(temp_dir.parent, 0o700)
-        link = scratch / "link"
+        link = scratch / "bir-link"
         link.symlink_to(temp_dir.parent)
         assert "is a symbolic link" in state_dirs.ray_temp_refused(str(link / "r"))
         legacy = "/tmp/bir-x1y2z3"  # a Ray started by an earlier version, directly in its own temp dir
         assert "is not inside a private directory of the provider's" in state_dirs.ray_temp_refused(legacy)
+        for shared in ("/tmp/r", "/r"):  # never a parent that is not one of the provider's own
+            assert state_dirs.ray_temp_refused(shared) and not state_dirs.remove_ray_temp_dir(shared, scratch / "state")
         state = _ray_state(str(link / "r"))
         assert embedded_ray._unusable(state, state.ray_version).startswith("cannot be used: its temp dir's parent")
         assert embedded_ray._unusable(_ray_state(str(temp_dir)), state.ray_version) is None
@@ -278,7 +294,7 @@ def _ray_state(temp_dir: str) -> embedded_ray.EmbeddedRay:
 
 @as_root
 def test_a_temp_dir_parent_of_another_user_is_refused(scratch):
-    temp_dir = Path(state_dirs.make_ray_temp_dir(scratch / "state"))
+    temp_dir = _made_temp_dir(scratch / "state")
     try:
         os.chown(temp_dir.parent, NOBODY, NOBODY)
         assert f"belongs to uid {NOBODY}" in state_dirs.ray_temp_refused(str(temp_dir))
