@@ -52,7 +52,7 @@ def test_every_registered_flavor_declares_a_valid_flavor_object(name: str) -> No
 def test_the_registry_holds_exactly_the_expected_flavors_and_only_sklearn_checks_before_ray() -> None:
     assert set(flavors.names()) == set(EXPECTED)
     checking = {name for name in flavors.names() if flavors.flavor(name).preflight is not no_preflight}
-    assert checking == {"sklearn"}
+    assert checking == {"sklearn", "python"}  # python: names an import from installed packages
     assert flavors.optimized_flavors() == ("sentence_transformers", "torchscript")
     # the text encoder's ONNX Runtime session takes concurrent calls; the torchscript export's does not
     concurrent = {name: flavors.optimized_backend(name).concurrent_calls for name in flavors.optimized_flavors()}  # type: ignore[union-attr]
