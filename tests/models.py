@@ -159,6 +159,11 @@ def write_job_file(job) -> str:
     from airflow_provider_batchinfer.stage import Stage
 
     run_dir = Stage.open(job.run_dir)
+    earlier = rundir.read_claim(run_dir) if job.resume else None
+    if earlier is not None:  # a RESUME of the same result (``rundir.prepare``): its claim's lineage goes on
+        import dataclasses
+
+        job = dataclasses.replace(job, resumable=(*earlier.resumable_attempts, job.attempt))
     rundir.claim(run_dir, job)
     return run_dir.child(JOB_SPEC_FILE).location
 

@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import sqlite3
+import threading
+import time
 from contextlib import closing
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER
+from airflow_provider_batchinfer.fence import PAUSE_ENV
 from airflow_provider_batchinfer.identity import RESULT_FIELDS, job_identity, result_differences, result_identity
 from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode
+from airflow_provider_batchinfer.stage import Stage
 from tests.models import committed_manifest, write_tickets
 from tests.task_context import TaskInstanceStandIn
 
@@ -131,6 +139,96 @@ def test_a_resume_after_the_input_or_params_changed_scores_every_row_from_the_ne
     else:
         assert manifest["resume"]["kept_rows"] == 0
         assert f"SaveMode.RESUME: the earlier attempt in {out} differs in {field} (" in log
+
+
+# --- a zombie of another input writes into the directory, then the task resumes ----------------------------
+
+
+def _stopped(pid: int, timeout_s: float = 120) -> bool:
+    """Whether process ``pid`` stopped itself (state ``T`` in /proc) within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return False
+        if state in ("T", "t"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_a_late_part_of_a_frozen_try_of_the_old_input_is_never_kept_by_a_resume(
+    offset_model, tmp_path, monkeypatch, capsys
+):
+    """Try 1 (input v1) is frozen mid-job, after its first part (a real runtime process, SIGSTOP).
+    ``data_prep`` writes a fixed input (v2) elsewhere; try 2 starts over and dies on a bad row after
+    its own first part. Try 1 thaws, writes its v1 part into try 2's directory and is fenced at its
+    commit. Try 3 resumes try 2's claim: it keeps try 2's part, deletes try 1's late one, and commits
+    only rows scored from v2."""
+    from tests.resume_models import PAUSE_POINT
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # scored in the runtime's own process, in input order
+    monkeypatch.setenv("BATCHINFER_WARM_RUNTIME", "0")  # each try's runtime is a fresh process
+    v1 = write_tickets(tmp_path / "v1", rows=ROWS, files=2)
+    v2 = write_tickets(tmp_path / "v2", rows=ROWS, files=2, bad_row=BAD_ROW)
+    _rewrite_texts(v2)
+    out = tmp_path / "out"
+
+    first = _operator(v1, out, offset=0)
+    failure: list[BaseException] = []
+
+    def run_first() -> None:
+        try:
+            first.execute({"ti": TaskInstanceStandIn(try_number=1)})
+        except BaseException as exc:  # fenced at its commit
+            failure.append(exc)
+
+    monkeypatch.setenv(PAUSE_ENV, PAUSE_POINT)
+    task = threading.Thread(target=run_first)
+    task.start()
+    deadline = time.monotonic() + 120
+    while (first._launcher is None or first._launcher._proc is None) and task.is_alive():
+        assert time.monotonic() < deadline, "try 1 never started its runtime"
+        time.sleep(0.05)
+    assert first._launcher is not None and first._launcher._proc is not None, f"try 1 ended early: {failure}"
+    zombie = first._launcher._proc.pid
+    try:
+        assert _stopped(zombie), f"try 1 never stopped at {PAUSE_POINT}: {failure}"
+        monkeypatch.delenv(PAUSE_ENV)
+        zombie_attempt = rundir.read_claim(Stage.open(str(out))).attempt
+
+        with pytest.raises(AirflowException, match="cannot score text 'boom'"):
+            _operator(v2, out, offset=0).execute({"ti": TaskInstanceStandIn(try_number=2)})
+        second = rundir.read_claim(Stage.open(str(out)))
+
+        os.kill(zombie, signal.SIGCONT)
+        task.join(timeout=180)
+    finally:
+        if task.is_alive():
+            os.kill(zombie, signal.SIGKILL)
+            task.join(timeout=60)
+    assert failure and "is no longer the owner" in str(failure[0]), failure
+    late = sorted(p.name for p in out.glob(f"part-*-{zombie_attempt}.parquet"))
+    assert late, "the frozen try wrote no late part"
+    assert not (out / SUCCESS_MARKER).exists()
+
+    retry = _operator(v2, out, offset=0, on_error="dead_letter", max_error_fraction=0.05)
+    capsys.readouterr()
+    retry.execute({"ti": TaskInstanceStandIn(try_number=3)})
+    manifest = committed_manifest(str(out))
+    assert manifest["counts"] == {"input_rows": ROWS, "output_rows": ROWS - 1, "error_rows": 1}
+    assert set(late) <= set(manifest["resume"]["removed_files"])
+    assert not any(zombie_attempt in f["name"] for f in manifest["files"] + manifest["error_files"])
+    assert not list(out.glob(f"part-*-{zombie_attempt}.parquet"))
+    assert manifest["resume"]["kept_rows"] >= 100  # try 2's part
+    assert second.resumable_attempts == (second.attempt,)  # another input: try 2 inherited nothing
+    assert rundir.read_claim(Stage.open(str(out))).resumable_attempts[:1] == (second.attempt,)
+    scored = pq.read_table([str(out / f["name"]) for f in manifest["files"]])
+    assert dict(zip(scored["ticket_id"].to_pylist(), scored["length"].to_pylist(), strict=True)) == {
+        i: len(t) for i, t in _texts(v2).items() if i != BAD_ROW
+    }
 
 
 # --- the one definition, without a job ------------------------------------------------------------------
