@@ -17,6 +17,7 @@ Shared by both sides: imports neither Airflow nor Ray.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import io
 import json
@@ -137,6 +138,7 @@ class ScrubbingStream(io.TextIOBase):
         self._forms = _forms(secrets)
         self._pending = ""
         self._lock = threading.RLock()
+        self._bytes: _ScrubbingBytes | None = None
 
     def write(self, text: str) -> int:
         with self._lock:
@@ -192,7 +194,9 @@ class ScrubbingStream(io.TextIOBase):
     @property
     def buffer(self) -> _ScrubbingBytes:
         """Bytes written here are decoded and scrubbed like text."""
-        return _ScrubbingBytes(self)
+        if self._bytes is None:
+            self._bytes = _ScrubbingBytes(self)
+        return self._bytes
 
     def __getattr__(self, name: str) -> Any:  # line_buffering, name, mode, reconfigure...
         return getattr(self.stream, name)
@@ -202,13 +206,14 @@ class _ScrubbingBytes(io.RawIOBase):
     def __init__(self, text: ScrubbingStream) -> None:
         super().__init__()
         self.text = text
+        self._decoder = codecs.getincrementaldecoder(text.encoding)("replace")  # a character split across writes
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
         raw = bytes(data)
-        self.text.write(raw.decode(self.text.encoding, "replace"))
+        self.text.write(self._decoder.decode(raw))
         return len(raw)
 
     def flush(self) -> None:
@@ -235,8 +240,11 @@ def scrubbed_output(secrets: Iterable[str]) -> Iterator[None]:
         handler.addFilter(log_filter)
         stream = getattr(handler, "stream", None)
         if isinstance(handler, logging.StreamHandler) and id(stream) in wrapped and stream in originals:
+            try:
+                handler.setStream(wrapped[id(stream)])
+            except AttributeError:  # a stream that is a property (logging's last resort reads sys.stderr anew)
+                continue
             moved.append((handler, stream))
-            handler.setStream(wrapped[id(stream)])
     if sys.stdout is not None:
         sys.stdout = wrapped[id(sys.stdout)]
     if sys.stderr is not None:

@@ -162,7 +162,9 @@ def test_bytes_and_concurrent_writers_are_scrubbed_too():
 
     out = io.StringIO()
     stream = ScrubbingStream(out, [SECRET])
-    stream.buffer.write(f"raw {SECRET}\n".encode())
+    encoded = f"raw é {SECRET}\n".encode()
+    stream.buffer.write(encoded[:5])  # "é" is two bytes: split across two writes
+    stream.buffer.write(encoded[5:])
 
     def worker(n: int) -> None:
         for _ in range(50):
@@ -176,7 +178,7 @@ def test_bytes_and_concurrent_writers_are_scrubbed_too():
         thread.join()
     stream.close()
     text = out.getvalue()
-    assert text.count("\n") == 201 and text.startswith(f"raw {MASK}\n")
+    assert text.count("\n") == 201 and text.startswith(f"raw é {MASK}\n")
     _no_part_of(SECRET, text)
 
 
@@ -187,6 +189,9 @@ def test_scrubbed_output_covers_print_stderr_and_log_handlers_made_before(capsys
     handler = logging.StreamHandler(sys.stderr)  # made before: holds the original stream
     logger.addHandler(handler)
     logger.propagate = False
+    last = logging.getLogger("test_local_boundaries.last_resort")  # its handler reads sys.stderr anew
+    last.addHandler(logging.lastResort)  # type: ignore[arg-type]
+    last.propagate = False
     original_out, original_err = sys.stdout, sys.stderr
     try:
         with redact.scrubbed_output([SECRET]):
@@ -196,14 +201,16 @@ def test_scrubbed_output_covers_print_stderr_and_log_handlers_made_before(capsys
             sys.stdout.write(f"{SECRET[8:]}\n")
             print(f"err {SECRET}", file=sys.stderr)
             logger.warning("logged %s", SECRET)
+            last.warning("last resort %s", SECRET)
             assert SECRET in redact.known_secrets()  # clip() scrubs it from then on
         assert (sys.stdout, sys.stderr) == (original_out, original_err) and handler.stream is original_err
         assert not handler.filters
     finally:
         logger.removeHandler(handler)
+        last.removeHandler(logging.lastResort)  # type: ignore[arg-type]
     captured = capsys.readouterr()
     assert captured.out == f"key {MASK}\ncut {MASK}\n"
-    assert captured.err == f"err {MASK}\nlogged {MASK}\n"
+    assert captured.err == f"err {MASK}\nlogged {MASK}\nlast resort {MASK}\n"
 
 
 def test_scrubbing_stream_delegates_what_callers_ask_a_stream(tmp_path: Path):
