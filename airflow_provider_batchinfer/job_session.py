@@ -113,7 +113,7 @@ def derive_session(options: dict[str, Any], job_timeout: float | None) -> JobSes
             f"the job was not started: no job session could be derived through STS at {where} "
             f"(to {what} for {seconds}s): {scrub(f'{type(exc).__name__}: {exc}', known)}. {_FIXES}"
         )
-        code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+        code = str((getattr(exc, "response", None) or {}).get("Error", {}).get("Code", ""))  # None: no reply
         error.permanent = not any(t in code for t in _TRANSIENT)
         raise error from exc
     return JobSession(

@@ -140,6 +140,9 @@ class Launcher(abc.ABC):
     #: secret variables for the next job only (a SQL input's database URL): delivered as the
     #: launcher delivers its storage credentials, never as job metadata
     job_secrets: Mapping[str, str] = MappingProxyType({})
+    #: every place the next job may read or write (``job_env.job_locations``); None: not known. A
+    #: launcher that derives an S3 session for the job derives one only when a location is on S3
+    job_locations: tuple[str, ...] | None = None
 
     @classmethod
     @abc.abstractmethod

@@ -3,9 +3,12 @@ one (in its secrets package, ``delivery.py``), never the connection's long-lived
 
 - No keys shipped (none on the connection, or ``credentials: worker``): the public S3 settings
   only; each Ray process uses its own chain (and assumes ``role_arn`` itself, when one is set).
-- Keys on the connection: a session derived from them through STS for the job's duration
-  (``job_session.py``), and with ``role_arn`` that role's session (the runtime is told it already
-  holds it, so it does not assume the role again). A store without STS refuses the job.
+- Keys on the connection and a job that reads or writes a location on S3 (:func:`needs_s3_session`):
+  a session derived from them through STS for the job's duration (``job_session.py``), and with
+  ``role_arn`` that role's session (the runtime is told it already holds it, so it does not assume
+  the role again). A store without STS refuses such a job. A job whose every location is local
+  (stage, registry, inputs, a table's warehouse, the allowed roots) needs no S3 credential: STS is
+  not asked and no key is shipped.
 - The Iceberg catalog's secret properties (``tables/catalog.py: catalog_secret_env``).
 
 Imports no Airflow: the operator and the trigger share the launcher.
@@ -16,7 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -48,15 +51,49 @@ class JobEnv:
         return env
 
 
-def job_env(options: Mapping[str, Any], catalog_env: Mapping[str, str], job_timeout: float | None) -> JobEnv:
+def job_locations(
+    run_dir: str,
+    model_uri: str,
+    roots: Iterable[str],
+    inputs: Sequence[str] | None,
+    catalog: Mapping[str, str] | None,
+) -> tuple[str, ...]:
+    """Every place a job may read or write: its run directory, the model version's directory, the
+    roots its rows may reference files under (the stage root and ``allowed_roots``), its Parquet
+    inputs, and for an Iceberg table (input or output) the catalog's warehouse, or its URI when it
+    names none (the catalog then decides where tables live)."""
+    found = [run_dir, model_uri, *roots, *(inputs or ())]
+    if catalog is not None:
+        found.append(catalog.get("warehouse") or catalog.get("uri") or "")
+    return tuple(found)
+
+
+def _local(location: str) -> bool:
+    return location.startswith(("/", "file:/"))
+
+
+def needs_s3_session(locations: Iterable[str] | None) -> bool:
+    """Whether a job with these locations (:func:`job_locations`) may need S3 credentials: any
+    location that is not a local path (absolute, or a ``file:`` URI) counts, a catalog named only
+    by a name or a REST URI included, and so does not knowing the locations (None)."""
+    return locations is None or not all(_local(location) for location in locations)
+
+
+def job_env(
+    options: Mapping[str, Any],
+    catalog_env: Mapping[str, str],
+    job_timeout: float | None,
+    uses_s3: bool = True,
+) -> JobEnv:
     """The environment of one job from the connection's storage options (with its keys) and the
-    catalog's secret variables. Derives the job's S3 session when keys would be shipped; raises
-    ``JobSessionError`` (with what to configure instead) when that is not possible."""
+    catalog's secret variables. Derives the job's S3 session when keys would be shipped to a job
+    that ``uses_s3``; raises ``JobSessionError`` (with what to configure instead) when that is not
+    possible. A job that uses no S3 gets the public settings only, and STS is not asked."""
     options = dict(options)
     public_options = {k: v for k, v in options.items() if k not in SECRET_KEYS}
     secret: dict[str, str] = {}
     expires = None
-    if shipped_credentials(options):
+    if uses_s3 and shipped_credentials(options):
         from airflow_provider_batchinfer.job_session import derive_session
 
         session = derive_session(options, job_timeout)

@@ -40,7 +40,7 @@ from airflow_provider_batchinfer.launchers.base import (
     TaskLog,
     failure_message,
 )
-from airflow_provider_batchinfer.launchers.job_env import JobEnv, job_env, secrets_package
+from airflow_provider_batchinfer.launchers.job_env import JobEnv, job_env, needs_s3_session, secrets_package
 from airflow_provider_batchinfer.launchers.ray_job_ids import (
     IDENTITY_KEY,
     TASK_KEY,
@@ -52,6 +52,7 @@ from airflow_provider_batchinfer.launchers.ray_job_ids import (
     submission_id_for,
 )
 from airflow_provider_batchinfer.redact import scrub, uri_secrets
+from airflow_provider_batchinfer.s3 import shipped_credentials
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -132,11 +133,14 @@ class RayJobsLauncher(Launcher):
     def prepare_env(self, log: TaskLog) -> JobEnv:
         """The environment of the next job (``job_env.py``): its S3 session is derived here, once,
         before the run directory is claimed, so a store without STS refuses the job before any work.
+        Only a job with a location on S3 (``job_locations``, set by the operator) gets a session:
+        one that reads and writes local files only runs without asking STS and without any key.
         Raises RayJobsError (permanent unless STS said to try again) with what to configure instead."""
         from airflow_provider_batchinfer.job_session import JobSessionError
 
+        uses_s3 = needs_s3_session(self.job_locations)
         try:
-            env = job_env(self._storage_options, {**self._catalog_env, **self.job_secrets}, self.job_timeout)
+            env = job_env(self._storage_options, {**self._catalog_env, **self.job_secrets}, self.job_timeout, uses_s3)
         except JobSessionError as exc:
             raise RayJobsError(self.scrub(str(exc)), permanent=exc.permanent) from exc
         self._secrets.extend(env.secret.values())
@@ -146,6 +150,11 @@ class RayJobsLauncher(Launcher):
                 "S3 for the Ray job: a session derived through STS%s, valid until %s (the connection's keys stay here)",
                 f" for role {self._storage_options['role_arn']}" if self._storage_options.get("role_arn") else "",
                 env.expires.isoformat(),
+            )
+        elif not uses_s3 and shipped_credentials(self._storage_options):
+            log.info(
+                "S3 for the Ray job: none; it reads and writes no S3 location, so no session is derived "
+                "through STS and no key is shipped"
             )
         self._job_env = env
         return env

@@ -36,6 +36,7 @@ from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
 from airflow_provider_batchinfer.identity import input_fingerprint, job_identity, result_identity
 from airflow_provider_batchinfer.inputs import InputError, list_input_files
 from airflow_provider_batchinfer.launchers.base import LaunchError
+from airflow_provider_batchinfer.launchers.job_env import job_locations
 from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
 from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
 from airflow_provider_batchinfer.operators import assets, table_io
@@ -287,6 +288,9 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
                     claim.airflow.try_number,
                 )
                 return launcher.attach(existing.job_id, existing.attempt, self.log)
+        catalog = self.hook.catalog_properties() if self.table or is_table_input(self.input) else None
+        roots = self.hook.config.file_roots  # what a ray_jobs job's S3 session depends on (launchers/job_env.py)
+        launcher.job_locations = job_locations(run_dir.location, mv.uri, roots, input_locations, catalog)
         launcher.before_start(owner, self.log, identity)
         job = self._prepare(launcher, owner, mv, run_dir, input_locations, identity, result)
         return launcher.start(job, run_dir.child(JOB_SPEC_FILE).location, self.log)

@@ -168,6 +168,43 @@ def test_without_sts_the_job_is_not_started_and_the_key_stays_home(keyed, monkey
     assert not [job for job in jobs if (job.get("metadata") or {}).get("run_id") == ti.run_id]
 
 
+def test_a_local_job_with_keys_on_the_connection_runs_without_sts(
+    ray_cluster, text_length_model, tmp_path, monkeypatch, caplog, capfd
+):
+    """Keys on a ``ray_jobs`` connection and an STS nobody listens at; the job's stage, registry and
+    input are local, so it needs no S3 credential: no session is asked for, it commits, and neither
+    its key nor any secrets package reaches the cluster."""
+    from tests.models import write_tickets
+
+    secret = f"conn-secret-{uuid.uuid4().hex}"
+    nowhere = f"http://127.0.0.1:{_free_port()}"
+    extra = {
+        "launcher": "ray_jobs",
+        "python": sys.executable,
+        "ray_token": ray_cluster["token"],
+        "region_name": "us-east-1",
+        "sts_endpoint_url": nowhere,
+    }
+    conn = {"conn_type": "batchinfer", "host": ray_cluster["dashboard"], "login": "AKIDLOCALJOB", "password": secret}
+    monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps({**conn, "extra": extra}))
+    caplog.set_level(logging.INFO)
+    inputs = write_tickets(tmp_path / "input", rows=60, files=1)
+    out = str(tmp_path / "out" / "run1")
+    ti = TaskInstanceStandIn(run_id=f"manual__secrets_local_{uuid.uuid4().hex[:8]}")
+
+    xcom = _operator(str(inputs), out).execute({"ti": ti})
+
+    assert xcom["rows"] == 60 and Stage.open(out).child(SUCCESS_MARKER).exists()
+    logged = caplog.text + "".join(capfd.readouterr())
+    assert "no session is derived through STS and no key is shipped" in logged
+    assert secret not in logged
+    claim = json.loads(Stage.open(out).child(JOB_SPEC_FILE).read_bytes())
+    (ours,) = [job for job in json.loads(_jobs_listing(ray_cluster)) if job["submission_id"] == claim["submission_id"]]
+    assert "py_modules" not in (ours["runtime_env"] or {})  # nothing secret to deliver
+    listed = json.dumps(ours)
+    assert secret not in listed and "AKIDLOCALJOB" not in listed
+
+
 # --- a role: only its session may use S3, and the runtime must not assume it again --------------------
 
 
