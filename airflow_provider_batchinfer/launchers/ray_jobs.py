@@ -11,8 +11,8 @@ for a job that ended, so each submission's id ends with its attempt id
 (:func:`submission_id_for`). KubeRay and managed Ray are other addresses of the same API.
 Deferrable: :class:`RayJobTrigger` watches it and forwards its log as it grows. Imports no Airflow.
 Secrets never become job metadata (``launchers/job_env.py``): the ``runtime_env`` holds public
-settings only; the S3 session (from STS, never the connection's keys) and the Iceberg catalog's
-secrets travel in a one-job package (``delivery.py``). What the cluster says back (driver log
+settings only; the S3 session of a job that reads or writes S3 (from STS, never the connection's
+keys) and the Iceberg catalog's secrets travel in a one-job package (``delivery.py``). What the cluster says back (driver log
 lines, statuses, errors) is scrubbed of every secret value this launcher knows.
 """
 
