@@ -32,9 +32,10 @@ attempt's revoke deletes ``_job.json``). The marker therefore records the claim 
 under (the claim's ETag, as the object's ``x-amz-meta-batchinfer-claim``), and readers check that
 this very claim is still there (``markers.check_claim``).
 
-All of this holds only on a store that honours the conditions: before its first marker a process
-asks the store (``s3_objects.ignored_conditions``, once per endpoint and bucket) and refuses to
-commit on one that ignores any of them (:class:`ConditionalWritesUnsupported`). A withdrawal that
+All of this holds only on a store that honours the conditions: before its first claim and its
+first marker a process asks the store (``s3_objects.ignored_conditions``, once per endpoint and
+bucket) and refuses to claim or commit on one that ignores or rejects any of them
+(:class:`ConditionalWritesUnsupported`), so no job runs in full only to be refused at its commit. A withdrawal that
 fails is never swallowed (:class:`WithdrawalFailed`): the only refusal that counts as withdrawn is
 the store saying the marker at the key is no longer this attempt's version (the claim's holder
 replaced it, or a newer claim or clean-up removed it), checked by reading the key's ETag again.
@@ -52,6 +53,7 @@ import signal
 from dataclasses import dataclass
 
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, JobFile
+from airflow_provider_batchinfer.s3 import S3StageError
 from airflow_provider_batchinfer.stage import Stage, StageError
 
 __all__ = [
@@ -84,9 +86,10 @@ class ClaimLost(StageError):
     committed."""
 
 
-class ConditionalWritesUnsupported(StageError):
-    """The store ignores a conditional request the commit relies on, so it cannot keep a zombie's
-    marker from replacing a newer attempt's: nothing is committed there, and no retry changes that."""
+class ConditionalWritesUnsupported(S3StageError):
+    """The store ignores or rejects a conditional request the commit relies on, so it cannot keep a
+    zombie's marker from replacing a newer attempt's: nothing is claimed or committed there, and no
+    retry changes that (an S3StageError, so the operator fails the task without retries)."""
 
     permanent = True
 
@@ -150,6 +153,10 @@ class ClaimStore:
     def grant(self, attempt: str) -> None:
         """Give ``attempt`` (whose claim was just written) the right to commit."""
 
+    def require_conditional_writes(self, attempt: str, refusing: str) -> None:
+        """ConditionalWritesUnsupported (its message starting with ``refusing``: what is not done)
+        unless the store supports what this protocol relies on; nothing to ask here."""
+
     def write_marker(self, hold: Hold, data: bytes) -> None:
         """Write ``data`` as ``_SUCCESS`` only while ``hold`` still holds the claim; ClaimLost else."""
         pause_for_test("marker:checked")
@@ -181,7 +188,7 @@ class S3Claims(ClaimStore):
         s3_objects.delete(self.job_file)
 
     def write_marker(self, hold: Hold, data: bytes) -> None:
-        self.require_conditional_writes(hold.attempt)
+        self.require_conditional_writes(hold.attempt, f"not committing {self.marker.location}")
         pause_for_test("marker:checked")
         etag = self._put(hold, data)
         pause_for_test("marker:written")
@@ -194,20 +201,21 @@ class S3Claims(ClaimStore):
         self._withdraw(etag)
         raise ClaimLost("the claim moved while the marker was written; this attempt's marker was withdrawn")
 
-    def require_conditional_writes(self, attempt: str) -> None:
+    def require_conditional_writes(self, attempt: str, refusing: str) -> None:
         """ConditionalWritesUnsupported unless the store honours the conditions the commit relies on
         (asked once per process and bucket, with a probe object under ``_probe/`` in this run
-        directory: the one prefix the attempt is sure to be allowed to write, removed again)."""
+        directory: the one prefix the attempt is sure to be allowed to write, removed again). The
+        claim asks too, so a job on such a store is refused before it starts; its commit then
+        finds the answer kept."""
         from airflow_provider_batchinfer import s3_objects
 
         ignored = s3_objects.ignored_conditions(self.run_dir.child(PROBE_DIR), attempt)
         if ignored:
             raise ConditionalWritesUnsupported(
-                f"not committing {self.marker.location}: {s3_objects.store_name(self.run_dir)} ignores "
-                f"{', '.join(ignored)} (a conditional request was applied as a plain one), so a stopped attempt "
-                "that goes on later could replace or delete a newer attempt's committed marker. Write the output "
-                "to a store that honours S3 conditional writes (AWS S3 general purpose buckets, MinIO), or to "
-                "local/POSIX storage"
+                f"{refusing}: {s3_objects.store_name(self.run_dir)} does not honour the conditional requests the "
+                f"commit relies on ({'; '.join(ignored)}), so a stopped attempt that goes on later could replace or "
+                "delete a newer attempt's committed marker. Write the output to a store that honours S3 conditional "
+                "writes (AWS S3 general purpose buckets, MinIO), or to local/POSIX storage"
             )
 
     def _withdraw(self, etag: str) -> None:

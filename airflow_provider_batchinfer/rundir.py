@@ -13,8 +13,9 @@ and :func:`commit`.
   leftovers of an earlier try of this task instance), ``OVERWRITE`` removes ``_SUCCESS`` first and
   then the rest, and a directory another dag/task owns, or files no batchinfer task wrote, are
   never touched.
-- :func:`claim` revokes every earlier attempt's right to commit, then writes ``_job.json`` naming
-  the attempt, before anything else is written.
+- :func:`claim` checks that the store can fence a commit (an S3 store must honour conditional
+  writes), revokes every earlier attempt's right to commit, then writes ``_job.json`` naming the
+  attempt, before anything else is written.
 - :func:`commit` fences (only the attempt ``_job.json`` names may commit: a zombie cannot commit
   over a newer attempt), reconciles the counts, validates the manifest against the files and then
   writes ``_SUCCESS``, last, in one conditional step that fails once the claim moved (``fence``).
@@ -118,11 +119,20 @@ def claim(run_dir: Stage, job: JobFile) -> None:
     """Take the directory for ``job``'s attempt: call it before anything else is written into it,
     so a retry recognizes whatever this attempt leaves behind as its own.
 
-    Earlier attempts lose the right to commit first (their tokens are revoked: ``fence``), so none
-    can commit from here on; then a marker one of them committed after :func:`prepare` ran is
-    removed (prepare leaves none in any mode, and a stale marker must never sit beside new parts);
-    then ``_job.json`` is written and this attempt gets its token."""
+    First the store is asked whether it can fence this attempt's commit: on an S3 store that ignores
+    or rejects conditional writes the commit would be refused, so the claim is refused now
+    (``fence.ConditionalWritesUnsupported``, permanent), before anything is changed or any work
+    starts. A table's claim directory is not asked: its rows commit as an Iceberg snapshot, fenced
+    through the catalog (``runtime/table_commit.py``), with no marker in the directory. Then earlier
+    attempts lose the right to commit (their tokens are revoked: ``fence``), so none can commit from
+    here on; then a marker one of them committed after :func:`prepare` ran is removed (prepare
+    leaves none in any mode, and a stale marker must never sit beside new parts); then
+    ``_job.json`` is written and this attempt gets its token."""
     store = claims_for(run_dir)
+    if job.table_output is None:
+        store.require_conditional_writes(
+            job.attempt, f"not claiming {run_dir.location} for attempt {job.attempt}; no job was started"
+        )
     store.revoke()
     marker = run_dir.child(SUCCESS_MARKER)
     if marker.exists():

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from airflow_provider_batchinfer.stage import Stage
 
 __all__ = [
+    "ConditionsRejected",
     "PreconditionFailed",
     "S3Object",
     "delete",
@@ -48,6 +49,8 @@ _LOCK = threading.Lock()
 # 412: the condition does not hold; 404 on If-Match: the key is gone; 409: a concurrent request on
 # the same key won (S3 answers ConditionalRequestConflict): all mean "not the version you read"
 _REFUSED = {"PreconditionFailed", "NoSuchKey", "404", "ConditionalRequestConflict", "409"}
+# the headers a store that rejects them names in its 400 InvalidArgument (lower case)
+_CONDITION_HEADERS = ("if-none-match", "if-match")
 # what each store answered to the probe, by (endpoint, bucket): the conditions it ignores
 _PROBED: dict[tuple[str, str], tuple[str, ...]] = {}
 # an ETag no object has (the MD5 of nothing is d41d8...; no content hashes to all zeros in practice)
@@ -56,6 +59,18 @@ _NO_VERSION = '"00000000000000000000000000000000"'
 
 class PreconditionFailed(Exception):
     """The store refused a conditional request: the object is not in the state it was asked for."""
+
+
+class ConditionsRejected(S3StageError):
+    """The store answered a conditional request with an error saying it does not support the
+    condition (501 NotImplemented, or 400 InvalidArgument naming the header), not with a refusal:
+    it cannot fence a commit, and no retry changes that. ``answer``: status and code, as sent."""
+
+    permanent = True
+
+    def __init__(self, message: str, answer: str) -> None:
+        super().__init__(message)
+        self.answer = answer
 
 
 @dataclass(frozen=True)
@@ -150,9 +165,24 @@ def _bucket_key(stage: Stage) -> tuple[str, str]:
     return bucket, key
 
 
+def _rejected_conditions(response: Mapping[str, Any]) -> str | None:
+    """``"<status> <code>"`` when an error answer to a conditional request says the store does not
+    support the condition (rather than that the object is not in that state); else None."""
+    error = response.get("Error") or {}
+    code = str(error.get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    named = " ".join(str(error.get(k, "")) for k in ("Message", "ArgumentName")).lower()
+    if code == "NotImplemented" or status == 501:
+        return f"{status or 501} {code or 'NotImplemented'}"
+    if code == "InvalidArgument" and any(header in named for header in _CONDITION_HEADERS):
+        return f"{status or 400} {code}"
+    return None
+
+
 @contextmanager
-def _requests(stage: Stage, operation: str) -> Iterator[None]:
-    """A refused condition becomes PreconditionFailed; every other failure an S3StageError naming
+def _requests(stage: Stage, operation: str, conditional: bool = False) -> Iterator[None]:
+    """A refused condition becomes PreconditionFailed; a ``conditional`` request whose conditions
+    the store does not support, ConditionsRejected; every other failure an S3StageError naming
     bucket, key and operation, ``permanent`` and ``unreachable`` as for pyarrow's errors."""
     from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, EndpointConnectionError
 
@@ -163,6 +193,14 @@ def _requests(stage: Stage, operation: str) -> Iterator[None]:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             if code in _REFUSED:
                 raise PreconditionFailed(f"{operation} {stage.location}: {code}") from exc
+            answer = _rejected_conditions(exc.response) if conditional else None
+            if answer is not None:
+                bucket, key = _bucket_key(stage)
+                raise ConditionsRejected(
+                    f"S3 {operation} failed for bucket {bucket!r}, key {key!r} ({stage.location}): the store does "
+                    f"not support its conditional headers ({exc})",
+                    answer,
+                ) from exc
             raise OSError(str(exc)) from exc
         except (EndpointConnectionError, ConnectionError) as exc:
             raise OSError(f"Could not connect to server: {exc}") from exc
@@ -210,7 +248,7 @@ def put(
     if if_match is not None:
         conditions["IfMatch"] = if_match
     extra = {"Metadata": dict(metadata)} if metadata else {}
-    with _requests(stage, "conditional write" if conditions else "write"):
+    with _requests(stage, "conditional write" if conditions else "write", bool(conditions)):
         return str(_client(stage).put_object(Bucket=bucket, Key=key, Body=data, **conditions, **extra)["ETag"])
 
 
@@ -219,7 +257,7 @@ def delete(stage: Stage, *, if_match: str | None = None) -> None:
     it is gone already)."""
     bucket, key = _bucket_key(stage)
     conditions = {"IfMatch": if_match} if if_match is not None else {}
-    with _requests(stage, "conditional delete" if conditions else "delete"):
+    with _requests(stage, "conditional delete" if conditions else "delete", bool(conditions)):
         _client(stage).delete_object(Bucket=bucket, Key=key, **conditions)
 
 
@@ -260,14 +298,17 @@ def _store_key(stage: Stage) -> tuple[str, str]:
 
 
 def ignored_conditions(probe_dir: Stage, prefix: str) -> tuple[str, ...]:
-    """The conditional requests the commit relies on that the store under ``probe_dir`` ignores
-    (empty: it honours them all). Asked once per process, endpoint and bucket, with objects of
-    the caller's own below ``probe_dir`` (``<prefix>-<random>``), each removed again.
+    """The conditional requests the commit relies on that the store under ``probe_dir`` does not
+    honour, each with how it answered (empty: it honours them all). Asked once per process,
+    endpoint and bucket, with objects of the caller's own below ``probe_dir``
+    (``<prefix>-<random>``), each removed again.
 
-    A store that honours a condition can only refuse; one that ignores it applies the request. A
-    "honours" is therefore certain, while an "ignores" could also be a concurrent clean-up that
-    removed the probe object between two requests: the store is asked once more, on a new object,
-    before that answer is kept."""
+    A store that honours a condition can only refuse; one that ignores it applies the request, and
+    one that does not support it answers with an error saying so (501 NotImplemented, or 400
+    InvalidArgument naming the header): both keep no zombie's marker from a newer one. A "honours"
+    is therefore certain, while an "ignores" could also be a concurrent clean-up that removed the
+    probe object between two requests: the store is asked once more, on a new object, before that
+    answer is kept."""
     store = _store_key(probe_dir)
     with _LOCK:
         known = _PROBED.get(store)
@@ -282,23 +323,35 @@ def ignored_conditions(probe_dir: Stage, prefix: str) -> tuple[str, ...]:
 
 
 def _probe(key: Stage) -> tuple[str, ...]:
-    """Create ``key``, send it the three conditions that must be refused, remove it."""
-    ignored: list[str] = []
-    put(key, b"batchinfer conditional-write probe", if_none_match=True)
+    """Create ``key`` (with ``If-None-Match: *``), send it the three conditions that must be
+    refused, remove it. A store that rejects the creating request's condition gets no object: the
+    two ``If-Match`` requests are then sent to the absent key, which a store that honours them
+    refuses just as well."""
+    found: dict[str, str] = {}
+    create = "If-None-Match on PutObject"
+    try:
+        put(key, b"batchinfer conditional-write probe", if_none_match=True)
+    except ConditionsRejected as exc:
+        found[create] = f"answered {exc.answer}"
     try:
         for condition, request in (
-            ("If-None-Match on PutObject", lambda: put(key, b"second", if_none_match=True)),
+            (create, lambda: put(key, b"second", if_none_match=True)),
             ("If-Match on PutObject", lambda: put(key, b"third", if_match=_NO_VERSION)),
             ("If-Match on DeleteObject", lambda: delete(key, if_match=_NO_VERSION)),
         ):
+            if condition in found:
+                continue
             try:
                 request()
             except PreconditionFailed:
                 continue
-            ignored.append(condition)
+            except ConditionsRejected as exc:
+                found[condition] = f"answered {exc.answer}"
+                continue
+            found[condition] = "applied as a plain request"
     except BaseException:
         with contextlib.suppress(Exception):  # the probe's own error is the one to report
             delete(key)
         raise
     delete(key)
-    return tuple(ignored)
+    return tuple(f"{condition} ({how})" for condition, how in found.items())

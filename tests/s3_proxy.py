@@ -12,7 +12,11 @@ some of them itself:
   test starts a new proxy on the same port, and moto still holds what was written before;
 - ``{"match": "^(PUT|DELETE) ", "action": "strip"}``: the request is forwarded without its
   conditional headers (``If-None-Match``, ``If-Match``; ``"headers"`` names others), as a store
-  that ignores S3's conditional writes applies them: as plain ones.
+  that ignores S3's conditional writes applies them: as plain ones;
+- ``{"match": "^(PUT|DELETE) ", "conditional": true, "status": 501, "code": "NotImplemented"}``: a
+  rule with ``conditional`` applies only to requests that carry one of those headers, so the store
+  answers the conditional requests with an error and serves every other one (a store that does
+  not support S3's conditional writes and says so).
 
 ``match`` is a regular expression searched in ``"<METHOD> <path>?<query>"``. Every request is logged
 as one JSON line (``method``, ``target``, ``status``, ``injected``) to ``--log``, so a test can assert
@@ -56,12 +60,16 @@ class Rule:
         self.times = spec.get("times")
         self.after = int(spec.get("after", 0))
         self.headers = {h.lower() for h in spec.get("headers", ("If-None-Match", "If-Match"))}
+        self.conditional = bool(spec.get("conditional", False))
         self.seen = 0
         self.fired = 0
 
-    def applies(self, request_line: str) -> bool:
-        """Counts matching requests; True when this one is to be answered by the rule."""
+    def applies(self, request_line: str, headers: list[str]) -> bool:
+        """Counts matching requests; True when this one is to be answered by the rule. ``headers``:
+        the names of the request's headers."""
         if not self.pattern.search(request_line):
+            return False
+        if self.conditional and not self.headers & {h.lower() for h in headers}:
             return False
         self.seen += 1
         if self.seen <= self.after or (self.times is not None and self.fired >= self.times):
@@ -114,7 +122,7 @@ class Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         line = f"{self.command} {self.path}"
         with self.server.lock:
-            rule = next((r for r in self.server.rules if r.applies(line)), None)
+            rule = next((r for r in self.server.rules if r.applies(line, list(self.headers))), None)
         if rule is not None and rule.action == "die":
             self.server.record(method=self.command, target=self.path, status=None, injected="die")
             os._exit(17)  # mid-request: the client gets a reset connection and no answer, like a crash

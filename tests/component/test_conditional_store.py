@@ -1,28 +1,66 @@
-"""The S3 commit checks its store and its withdrawals, and a reader checks the claim a marker was
-committed under.
+"""The S3 claim and commit check their store and their withdrawals, and a reader checks the claim a
+marker was committed under.
 
 Every request of the attempt under test goes through ``tests/s3_proxy.py`` in front of the S3 server:
 forwarded as it is (moto honours S3's conditional requests), with its conditional headers stripped
-(a store that ignores them), or answered with an error (a withdrawal the store refuses). Setting up
-and inspecting goes to the S3 server directly, around the proxy.
+(a store that ignores them), its conditional requests answered with an error (a store that says it
+does not support them), or answered with an error (a withdrawal the store refuses). Setting up and
+inspecting goes to the S3 server directly, around the proxy.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, Manifest, ManifestError
+from airflow_provider_batchinfer.contract.tables import TableOutput
 from airflow_provider_batchinfer.fence import claims_for
 from airflow_provider_batchinfer.markers import read_valid_manifest
+from airflow_provider_batchinfer.specs import SaveMode
 from airflow_provider_batchinfer.stage import Stage, StageError
 from airflow_provider_batchinfer.verdicts import Verdicts
 from tests.component.test_commit_race import NEWER_OWNER, contents, write_attempt
+from tests.runs import OWNER, job_file
 from tests.s3_proxy import FaultProxy
+from tests.task_context import TaskInstanceStandIn
 
 KEY_ID, SECRET = "AKIDCONDTEST", "cond-secret"
 PROBE_DIR = "_probe"  # where the probe puts its objects in a run directory (fence.PROBE_DIR)
-CONDITIONS = "If-None-Match on PutObject, If-Match on PutObject, If-Match on DeleteObject"
+NAMES = ("If-None-Match on PutObject", "If-Match on PutObject", "If-Match on DeleteObject")
+#: what each kind of store does with a conditional PUT or DELETE, as a proxy rule, and how the
+#: refusal names what it answered
+STORES = {
+    "strip": ({"match": "^(PUT|DELETE) ", "action": "strip"}, "applied as a plain request"),
+    "501": (
+        {"match": "^(PUT|DELETE) ", "conditional": True, "status": 501, "code": "NotImplemented"},
+        "answered 501 NotImplemented",
+    ),
+    "400": (
+        {
+            "match": "^(PUT|DELETE) ",
+            "conditional": True,
+            "status": 400,
+            "code": "InvalidArgument",
+            "message": "Unsupported header If-None-Match or If-Match",
+        },
+        "answered 400 InvalidArgument",
+    ),
+}
+
+
+SIGNATURE = {"inputs": {"text": "string"}, "outputs": {"length": "int64"}}
+
+
+def lacking(how: str) -> str:
+    """The refusal's account of the store: each condition and how it was answered."""
+    return "; ".join(f"{name} ({how})" for name in NAMES)
 
 
 def options(endpoint: str) -> dict:
@@ -63,7 +101,10 @@ def test_a_store_that_ignores_conditional_writes_is_refused_and_nothing_is_commi
     with pytest.raises(StageError, match="not committing") as info:
         rundir.commit(through(proxy, run), manifest)
     message = str(info.value)
-    assert f"bucket '{s3_bucket}' on the S3-compatible store at {proxy.endpoint} ignores {CONDITIONS}" in message
+    store = f"bucket '{s3_bucket}' on the S3-compatible store at {proxy.endpoint}"
+    assert f"{store} does not honour the conditional requests the commit relies on ({lacking(STORES['strip'][1])})" in (
+        message
+    )
     assert "honours S3 conditional writes" in message
     assert type(info.value).__name__ == "ConditionalWritesUnsupported" and is_permanent(info.value)
     assert contents(run) == before and SUCCESS_MARKER not in before  # no marker, no probe left, parts kept
@@ -83,6 +124,123 @@ def test_a_store_that_honours_them_is_asked_once_per_process_and_the_probe_is_re
     rundir.commit(through(proxy, other), write_attempt(other, "t01bbbb", [3]))
     assert probes(proxy, seen) == []  # the same endpoint and bucket: known
     assert read_valid_manifest(other.location, options(proxy.endpoint)).job.attempt == "t01bbbb"
+
+
+@pytest.mark.parametrize("kind", ["501", "400"])
+def test_a_store_that_rejects_conditional_writes_is_refused_like_one_that_ignores_them(run, proxy, s3_bucket, kind):
+    """Its error answers to the conditional headers are the probe's "does not honour", not an S3
+    error of the commit's own."""
+    from airflow_provider_batchinfer.runtime.reporting import is_permanent
+
+    rule, how = STORES[kind]
+    manifest = write_attempt(run, "t01aaaa", [1, 2, 3])
+    proxy.start(rule)
+    before = contents(run)
+    with pytest.raises(StageError, match="not committing") as info:
+        rundir.commit(through(proxy, run), manifest)
+    assert type(info.value).__name__ == "ConditionalWritesUnsupported" and is_permanent(info.value)
+    assert f"at {proxy.endpoint} does not honour the conditional requests the commit relies on ({lacking(how)})" in (
+        str(info.value)
+    )
+    assert contents(run) == before and SUCCESS_MARKER not in before
+    assert any(r["injected"] == rule["code"] for r in proxy.requests())
+
+
+# --- the claim asks first: no job starts on a store that cannot fence its commit ------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(STORES))
+def test_a_claim_on_a_store_without_conditional_writes_is_refused_before_anything_is_written(
+    run, proxy, s3_bucket, kind
+):
+    from airflow_provider_batchinfer.runtime.reporting import is_permanent
+
+    rule, how = STORES[kind]
+    proxy.start(rule)
+    attempt = through(proxy, run)
+    rundir.prepare(attempt, OWNER, SaveMode.OVERWRITE, result={}, materialized_input=False)
+    with pytest.raises(
+        StageError, match=f"not claiming {run.location} for attempt t01aaaa; no job was started"
+    ) as info:
+        rundir.claim(attempt, job_file(run.location, attempt="t01aaaa"))
+    assert type(info.value).__name__ == "ConditionalWritesUnsupported" and is_permanent(info.value)
+    store = f"bucket '{s3_bucket}' on the S3-compatible store at {proxy.endpoint}"
+    assert f"{store} does not honour the conditional requests the commit relies on ({lacking(how)})" in (
+        str(info.value)
+    )
+    assert contents(run) == {}  # no claim, no part, no probe object left
+    written = [r["target"] for r in proxy.requests() if r["method"] == "PUT"]
+    assert written and all(f"/{PROBE_DIR}/t01aaaa-" in target for target in written)  # the probe's only
+
+
+def test_a_claim_asks_the_store_and_its_commit_finds_the_answer_kept(run, proxy):
+    proxy.start()
+    manifest = write_attempt(through(proxy, run), "t01aaaa", [1, 2])  # the claim, then the parts
+    assert probes(proxy) == [("PUT", 200), ("PUT", 412), ("PUT", 412), ("DELETE", 412), ("DELETE", 204)]
+    seen = len(proxy.requests())
+    rundir.commit(through(proxy, run), manifest)
+    assert probes(proxy, seen) == []
+    assert read_valid_manifest(run.location, options(proxy.endpoint)).job.attempt == "t01aaaa"
+
+
+def test_a_table_claim_directory_is_claimed_without_asking(run, proxy):
+    """An Iceberg run's claim directory gets no marker (its rows commit as a snapshot, fenced through
+    the catalog), so a store without conditional writes may hold it."""
+    proxy.start(STORES["strip"][0])
+    table = TableOutput("db.scores", {"name": "cat"}, "run1", "overwrite", run.location, "s3://elsewhere/scores")
+    job = dataclasses.replace(job_file("s3://elsewhere/scores/data/run1/t01aaaa"), table_output=table)
+    rundir.claim(through(proxy, run), job)
+    assert probes(proxy) == []
+    assert rundir.read_claim(run) == job
+
+
+@pytest.mark.parametrize("kind", ["strip", "501"])
+def test_the_operator_fails_the_task_without_retries_before_the_job_starts(
+    proxy, s3_server, s3_bucket, monkeypatch, tmp_path, kind
+):
+    """Through ``BatchInferenceOperator.execute``, as a task's try runs it: the task fails without
+    Airflow retries, naming the store and what it lacks, and the run directory is left without a
+    claim or a part: no job was launched."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_batchinfer import BatchInferenceOperator, OutputSpec
+    from airflow_provider_batchinfer.registry import ModelRegistry
+    from tests.models import TextLength
+
+    root = f"s3://{s3_bucket}"
+    extra = {"endpoint_url": proxy.endpoint, "region_name": "us-east-1", "s3_max_attempts": 1}
+    extra |= {"stage_root": f"{root}/stage", "registry_root": f"{root}/registry"}
+    connection = {"conn_type": "batchinfer", "login": KEY_ID, "password": SECRET, "extra": extra}
+    monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps(connection))
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("BATCHINFER_MODEL_CACHE", str(tmp_path / "model-cache"))
+    ModelRegistry(f"{root}/registry", options(s3_server)).log_model(
+        "text_length", "v1", "python", python_class=TextLength, signature=SIGNATURE
+    )
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"ticket_id": pa.array(range(10), pa.int64()), "text": ["t"] * 10}), sink)
+    Stage.open(f"{root}/input/tickets.parquet", options(s3_server)).write_bytes(sink.getvalue())
+    out = Stage.open(f"{root}/out/run1", options(s3_server))
+    rule, how = STORES[kind]
+    proxy.start(rule)
+    task = BatchInferenceOperator(
+        task_id="infer",
+        model="text_length",
+        version="v1",
+        input=f"{root}/input",
+        output_spec=OutputSpec(stage_location=out.location),
+    )
+    with pytest.raises(
+        AirflowFailException, match=f"not claiming {out.location} for attempt .*; no job was started"
+    ) as info:
+        task.execute({"ti": TaskInstanceStandIn(try_number=1)})
+    assert f"at {proxy.endpoint} does not honour the conditional requests the commit relies on ({lacking(how)})" in (
+        str(info.value)
+    )
+    assert contents(out) == {}  # no _job.json, no part, no probe object
+    written = {r["target"].split("?")[0] for r in proxy.requests() if r["method"] == "PUT"}
+    assert written and all(f"/{s3_bucket}/out/run1/{PROBE_DIR}/" in target for target in written)
 
 
 # --- a withdrawal is never swallowed ------------------------------------------------------------------------

@@ -163,8 +163,13 @@ def test_throttling_and_server_errors_are_retried_and_outlasting_them_is_a_retry
 @pytest.mark.parametrize(
     ("rule", "operation", "key"),
     [
-        # the credentials may list the output prefix but not write to it: the job spec is the first write
-        ({"match": "PUT /{bucket}/out/run1/", "status": 403, "code": "AccessDenied"}, "write", "out/run1/_job.json"),
+        # the credentials may list the output prefix but not write to it: the claim's conditional-write
+        # probe (before the job spec) is the first write
+        (
+            {"match": "PUT /{bucket}/out/run1/", "status": 403, "code": "AccessDenied"},
+            "conditional write",
+            r"out/run1/_probe/t01\w+-\w+",
+        ),
         # nor read the input
         ({"match": "(HEAD|GET) /{bucket}/input", "status": 403, "code": "AccessDenied"}, "look up", "input"),
     ],
