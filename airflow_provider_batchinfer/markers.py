@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, FileEntry, Manifest, ManifestError
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
 from airflow_provider_batchinfer.fence import CLAIM_METADATA
+from airflow_provider_batchinfer.part_bytes import compare_sha256, footer_rows, hashed_rows, sha256_of
 from airflow_provider_batchinfer.stage import Stage, check_relative_path, join
 from airflow_provider_batchinfer.verdicts import Verdicts, normalized_location
 
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
 
 # --- the manifest against the files --------------------------------------------------------------------
 ManifestLike = Manifest | Mapping[str, Any]
-_CHUNK = 8 * 1024 * 1024
-#: the end of a part read in one request: its footer, when the footer is no longer than that
-_TAIL = 64 * 1024
 _FORMAT_1 = "batchinfer.manifest/1"
 #: (size, modification time in ns or None) of each file below a run directory, by relative name
 Listing = Mapping[str, tuple[int, int | None]]
@@ -49,51 +47,22 @@ def as_manifest(manifest: ManifestLike, where: str = "manifest") -> Manifest:
 
 def file_sha256(stage: Stage) -> str:
     """The sha256 of one file's bytes, read in chunks."""
-    digest = hashlib.sha256()
     with stage._io("read"), stage.fs.open_input_stream(stage.path) as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return sha256_of(f)
 
 
 def _footer_rows(stage: Stage, size: int) -> int:
     """Rows in a Parquet file's footer, read from its last bytes only (a ranged read on S3). A file
     overwritten with anything but Parquet has no footer and raises ManifestError."""
     with stage._io("read the Parquet footer of"), stage.fs.open_input_file(stage.path) as f:
-        return _rows_in_tail(stage, size, f, f.read_at(min(size, _TAIL), size - min(size, _TAIL)))
-
-
-def _rows_in_tail(stage: Stage, size: int, f: Any, tail: bytes) -> int:
-    """Rows in the footer at the end of ``tail`` (the file's last bytes); a footer longer than the
-    tail is read from ``f``, the open file. One request for the usual footer, two for a long one."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    footer = b""
-    if size >= 12 and len(tail) >= 8:
-        length = int.from_bytes(tail[-8:-4], "little")
-        if tail[-4:] == b"PAR1" and 0 < length <= size - 12:
-            footer = tail[-length - 8 :] if length + 8 <= len(tail) else f.read_at(length + 8, size - length - 8)
-    try:
-        if not footer:
-            raise ValueError("Parquet magic bytes or footer length not found at the end of the file")
-        return int(pq.read_metadata(pa.BufferReader(b"PAR1" + footer)).num_rows)
-    except (ValueError, OSError) as exc:
-        raise ManifestError(
-            f"{stage.location} is not a readable Parquet file ({exc}); it was overwritten or truncated after the "
-            f"commit. Do not use this output: re-run the task that wrote it"
-        ) from exc
+        return footer_rows(stage.location, size, f)
 
 
 def _hashed_rows(stage: Stage, size: int) -> tuple[str, int]:
     """The sha256 of a part's bytes and the rows in its footer, from one read of the part: the
     footer comes from the last bytes hashed."""
-    digest, tail = hashlib.sha256(), b""
     with stage._io("read"), stage.fs.open_input_file(stage.path) as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-            tail = chunk[-_TAIL:] if len(chunk) >= _TAIL else (tail + chunk)[-_TAIL:]
-        return digest.hexdigest(), _rows_in_tail(stage, size, f, tail)
+        return hashed_rows(stage.location, size, f)
 
 
 def _no_checksums(where: str, manifest: Manifest) -> ManifestError:
@@ -125,7 +94,7 @@ def _check_part(run_dir: Stage, entry: FileEntry, hash_bytes: bool) -> None:
     if rows != entry.rows:
         raise ManifestError(f"{location} holds {rows} rows but {SUCCESS_MARKER} says {entry.rows}")
     if digest is not None and expected is not None:
-        _compare_sha256(location, digest, expected)
+        compare_sha256(location, digest, expected)
 
 
 def verify_contents(run_dir: Stage, manifest: Manifest) -> None:
@@ -138,15 +107,7 @@ def verify_contents(run_dir: Stage, manifest: Manifest) -> None:
         location = f"{run_dir.location}/{entry.name}"
         if entry.sha256 is None:
             raise ManifestError(f"{location} has no sha256 in {SUCCESS_MARKER}; it cannot be verified")
-        _compare_sha256(location, file_sha256(run_dir.child(*entry.name.split("/"))), entry.sha256)
-
-
-def _compare_sha256(location: str, actual: str, expected: str) -> None:
-    if actual != expected:
-        raise ManifestError(
-            f"{location} does not match its sha256 in {SUCCESS_MARKER} (file {actual[:16]}…, manifest "
-            f"{expected[:16]}…): it changed after the commit. Do not use this output: re-run the task that wrote it"
-        )
+        compare_sha256(location, file_sha256(run_dir.child(*entry.name.split("/"))), entry.sha256)
 
 
 def validate_manifest(
@@ -402,7 +363,7 @@ def read_committed(
         if verify_checksums:
             if entry.sha256 is None:
                 raise ManifestError(f"{location} has no sha256 in {SUCCESS_MARKER}; it cannot be verified")
-            _compare_sha256(location, hashlib.sha256(data).hexdigest(), entry.sha256)
+            compare_sha256(location, hashlib.sha256(data).hexdigest(), entry.sha256)
         try:
             tables.append(pq.read_table(pa.BufferReader(data), columns=columns))
         except (ValueError, OSError) as exc:
