@@ -146,6 +146,18 @@ def test_a_store_that_rejects_conditional_writes_is_refused_like_one_that_ignore
     assert any(r["injected"] == rule["code"] for r in proxy.requests())
 
 
+def test_another_invalid_argument_stays_the_stores_own_error(run, proxy, s3_bucket):
+    """A 400 InvalidArgument that names no conditional header says nothing about conditions: the
+    claim fails with the store's own error (naming bucket and key), and nothing is written."""
+    proxy.start({"match": "^PUT ", "conditional": True, "status": 400, "code": "InvalidArgument"})
+    with pytest.raises(
+        StageError, match=rf"S3 conditional write failed for bucket '{s3_bucket}'.*InvalidArgument"
+    ) as info:
+        rundir.claim(through(proxy, run), job_file(run.location, attempt="t01aaaa"))
+    assert type(info.value).__name__ == "S3StageError"
+    assert contents(run) == {}
+
+
 # --- the claim asks first: no job starts on a store that cannot fence its commit ------------------------------
 
 
