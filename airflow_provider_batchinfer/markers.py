@@ -300,7 +300,7 @@ def _read_table_manifest(
     location: str, options: dict[str, Any] | None, verify_checksums: bool, verdicts: Verdicts | None
 ) -> Manifest | None:
     """The Iceberg side of :func:`read_valid_manifest`: the snapshot's manifest (its JSON) is the marker."""
-    from airflow_provider_batchinfer.tables.read import read_table_manifest, split_options
+    from airflow_provider_batchinfer.tables.read import open_run_dir, read_table_manifest, split_options
 
     if verdicts is None or not verify_checksums:
         return read_table_manifest(location, options, verify_checksums=verify_checksums)
@@ -310,7 +310,7 @@ def _read_table_manifest(
     storage = split_options(options)[1]
     key = verdicts.key(location, manifest.to_json().encode(), storage, verify_checksums=True)
     if not verdicts.holds(key):
-        verify_contents(Stage.open(manifest.run_dir, storage), manifest)
+        verify_contents(open_run_dir(manifest, options), manifest)  # from the root it was placed below
         verdicts.add(key)
     return manifest
 

@@ -147,10 +147,13 @@ class ModelServiceHook(BaseHook):
             raise failure(str(exc)) from exc
 
     def table_read_options(self) -> dict[str, Any]:
-        """What readers of ``iceberg://`` locations take: the S3 settings plus the catalog."""
-        from airflow_provider_batchinfer.tables.read import CATALOG_OPTION
+        """What readers of ``iceberg://`` locations take: the S3 settings, the catalog, and the roots
+        below which they may read what a snapshot summary or a manifest names (``tables.read``)."""
+        from airflow_provider_batchinfer.tables.read import CATALOG_OPTION, ROOTS_OPTION, read_roots
 
-        return {**self.storage_options, CATALOG_OPTION: self.catalog_properties()}
+        catalog = self.catalog_properties()
+        roots = read_roots(self.config.stage_root, self.config.registry_root, catalog)
+        return {**self.storage_options, CATALOG_OPTION: catalog, ROOTS_OPTION: roots}
 
     @cached_property
     def registry(self) -> ModelRegistry:

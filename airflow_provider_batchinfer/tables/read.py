@@ -6,7 +6,16 @@ snapshot whose summary names its run key; that snapshot points at the run's mani
 checked against the data files it lists (names, sizes, Parquet footers; checksums when asked),
 against the snapshot (files and rows added, the attempt) and against the run's claim (``_job.json``
 in its claim directory must be there and name the snapshot's attempt: a snapshot that landed as a
-newer try claimed the run is rolled back, and is not the run's commit meanwhile). Storage layer: imports neither Airflow nor Ray.
+newer try claimed the run is rolled back, and is not the run's commit meanwhile).
+
+Anyone who can commit to the connection's catalog can write a snapshot summary, and a job writes
+the manifest, so neither chooses what this process opens: the manifest the summary names, and the
+run and claim directories the manifest names, must each lie below one of the connection's roots
+(``stage_root``, ``registry_root``, the catalog's warehouse: :func:`read_roots`, carried in the
+options under :data:`ROOTS_OPTION`), in a scheme that root uses, and are opened from that root with
+the connection's storage settings (``roots.open_placed``). Anything else is refused
+(``roots.Refused``, a StageError: a sensor fails for good, the run page says so) before it is read.
+Storage layer: imports neither Airflow nor Ray.
 """
 
 from __future__ import annotations
@@ -17,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import Manifest, ManifestError
 from airflow_provider_batchinfer.contract.tables import RUN_KEY_COLUMN, SUMMARY_PREFIX, TableInput
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.redact import redact_uri
+from airflow_provider_batchinfer.roots import Refused, Roots, open_placed, place
+from airflow_provider_batchinfer.stage import Stage, is_uri
 from airflow_provider_batchinfer.tables.catalog import CatalogError, open_catalog
 from airflow_provider_batchinfer.tables.names import parse_run_location
 
@@ -29,15 +40,63 @@ if TYPE_CHECKING:
 
 #: the key under which options for ``iceberg://`` locations carry the catalog's properties
 CATALOG_OPTION = "iceberg_catalog"
+#: the key under which they carry the connection's roots (:func:`read_roots`)
+ROOTS_OPTION = "batchinfer_roots"
+#: the name a message gives the catalog's warehouse among the roots
+WAREHOUSE_ROOT = "iceberg_catalog.warehouse"
 
 
 def split_options(options: Mapping[str, Any] | None) -> tuple[dict[str, str], dict[str, Any] | None]:
     """``(catalog properties, S3 storage options)`` out of the options a reader was given."""
-    options = dict(options or {})
-    catalog = options.pop(CATALOG_OPTION, None)
+    catalog = (options or {}).get(CATALOG_OPTION)
     if not catalog:
         raise CatalogError(f"reading an iceberg:// location needs the catalog's properties under {CATALOG_OPTION!r}")
-    return dict(catalog), options or None
+    return dict(catalog), _storage(options)
+
+
+def _storage(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The S3 storage options among the options a reader was given."""
+    storage = {k: v for k, v in (options or {}).items() if k not in (CATALOG_OPTION, ROOTS_OPTION)}
+    return storage or None
+
+
+def read_roots(stage_root: str, registry_root: str, catalog: Mapping[str, str]) -> dict[str, str]:
+    """Where a table run may be read: the connection's ``stage_root`` and ``registry_root``, and the
+    catalog's ``warehouse`` when the connection names one as a path or URI outside them (a REST
+    catalog's warehouse is a name, and a warehouse that holds a credential is no root)."""
+    roots = {"stage_root": stage_root, "registry_root": registry_root}
+    warehouse = str(catalog.get("warehouse") or "")
+    usable = (is_uri(warehouse) or warehouse.startswith(("/", "file:/"))) and redact_uri(warehouse) == warehouse
+    if usable and not any(c in warehouse for c in "?#"):
+        try:
+            place(warehouse, roots)
+        except Refused:
+            roots[WAREHOUSE_ROOT] = warehouse.rstrip("/")
+    return roots
+
+
+def table_roots(options: Mapping[str, Any] | None) -> Roots:
+    """The roots a reader was given (:data:`ROOTS_OPTION`); :class:`Refused` without them, so a
+    caller that forgot them reads nothing rather than anything."""
+    roots = (options or {}).get(ROOTS_OPTION)
+    if not isinstance(roots, Mapping) or not any(isinstance(v, str) and v for v in roots.values()):
+        raise Refused(
+            f"reading an iceberg:// run needs the connection's roots under {ROOTS_OPTION!r} "
+            "(ModelServiceHook.table_read_options() gives them with the catalog); nothing is read without them"
+        )
+    return {str(k): str(v) for k, v in roots.items() if isinstance(v, str) and v}
+
+
+def open_below_roots(location: object, options: Mapping[str, Any] | None, what: str, where: str) -> Stage:
+    """``location`` (``what``: which location a summary or manifest names) opened from the root it
+    lies below, with the connection's storage settings; :class:`Refused` naming it, the roots and
+    ``where`` it was found, before anything is opened."""
+    roots = table_roots(options)
+    storage = _storage(options)
+    try:
+        return open_placed(location, roots, lambda root: Stage.open(root, storage))
+    except Refused as exc:
+        raise Refused(f"{where}: {what} is refused, and nothing of it is read: {exc}") from None
 
 
 def load_table(catalog: Catalog, identifier: str) -> Table | None:
@@ -97,6 +156,7 @@ def read_table_manifest(
 
     identifier, run_key = parse_run_location(location)
     catalog_props, storage = split_options(options)
+    table_roots(options)  # no roots, no read: not even the catalog
     table = load_table(open_catalog(catalog_props, storage), identifier)
     snapshot = None if table is None else run_snapshot(table, run_key)
     if table is None or snapshot is None:
@@ -105,16 +165,30 @@ def read_table_manifest(
     manifest_location = (snapshot.summary or {}).get(SUMMARY_PREFIX + "manifest")
     if not manifest_location:
         raise ManifestError(f"{where}: the snapshot names no batchinfer manifest")
-    marker = Stage.open(manifest_location, storage)
+    marker = open_below_roots(manifest_location, options, "the manifest its summary names", where)
     manifest = Manifest.from_json(marker.read_bytes(), marker.location)
     if manifest.table is None or (manifest.table.identifier, manifest.table.run_key) != (identifier, run_key):
         raise ManifestError(f"{where}: {manifest_location} is not the manifest of this table and run key")
     _check_against_snapshot(manifest, snapshot, where)
+    # both directories the manifest names are placed before either is opened
+    claim_dir = open_below_roots(manifest.table.claim_dir, options, "the claim directory its manifest names", where)
+    run_dir = open_run_dir(manifest, options, where)
     # the snapshot's attempt (checked equal to the manifest's) against the claim the provider keeps
     # for the run: a snapshot that landed as a newer try claimed the run is not the run's commit
-    check_claim(Stage.open(manifest.table.claim_dir, storage), manifest.job.attempt, where, expected=True)
-    validate_manifest(Stage.open(manifest.run_dir, storage), manifest, verify_checksums=verify_checksums)
+    check_claim(claim_dir, manifest.job.attempt, where, expected=True)
+    validate_manifest(run_dir, manifest, verify_checksums=verify_checksums)
     return dataclasses.replace(manifest, table=manifest.table.with_snapshot(snapshot.snapshot_id))
+
+
+def open_run_dir(manifest: Manifest, options: Mapping[str, Any] | None, where: str | None = None) -> Stage:
+    """The run directory a table run's manifest names (its data files, its ``_errors/``), opened
+    from the connection's root it lies below; :class:`Refused` for any other."""
+    return open_below_roots(
+        manifest.run_dir,
+        options,
+        "the run directory its manifest names",
+        where or f"the manifest of {manifest.run_dir}",
+    )
 
 
 def read_run_rows(manifest: Manifest, options: Mapping[str, Any] | None, columns: list[str] | None = None) -> pa.Table:

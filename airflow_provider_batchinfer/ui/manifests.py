@@ -2,12 +2,15 @@
 
 The run's XCom (``output_location``) and the manifest are written by the DAG's code, so neither
 decides what the api-server opens: the location must lie below the run's connection's stage or
-registry root, in a scheme that root uses (``roots.py``), and is opened from that root with the
-filesystem and credentials the connection configures. There the ``_SUCCESS`` is read and validated
-(``markers.validate_manifest``: the schema, the counts, the run directory it names must be this
-one, every listed file present with its size); the dead-letter sample comes only from the first
-``_errors/`` file that validated manifest lists, and only its first rows. Nothing is listed or
-scanned beyond the run directory. A refused location is a message on the page, never a read.
+registry root, in a scheme that root uses (``airflow_provider_batchinfer/roots.py``), and is opened
+from that root with the filesystem and credentials the connection configures. There the
+``_SUCCESS`` is read and validated (``markers.validate_manifest``: the schema, the counts, the run
+directory it names must be this one, every listed file present with its size); the dead-letter
+sample comes only from the first ``_errors/`` file that validated manifest lists, and only its
+first rows. Nothing is listed or scanned beyond the run directory. An Iceberg run is read by
+``tables/read.py``, which holds the manifest its snapshot names, and the claim and run directories
+that manifest names, to the same rule (the catalog's warehouse counting as a root) before it opens
+any of them. A refused location is a message on the page, never a read.
 
 A committed try's manifest does not change, so what was read is kept per try, in this process; a
 refusal, or a manifest that is gone or unreadable, is a message for the page and is looked at
@@ -23,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import ERRORS_DIR, SUCCESS_MARKER, Manifest, ManifestError
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
+from airflow_provider_batchinfer.roots import Refused, Roots, open_placed
 from airflow_provider_batchinfer.stage import Stage, join
-from airflow_provider_batchinfer.ui.roots import Refused, check_local, place
 from airflow_provider_batchinfer.ui.views import RunRow, manifest_view
 
 if TYPE_CHECKING:
@@ -93,22 +96,23 @@ def _hook(conn_id: str | None) -> ModelServiceHook:
     return ModelServiceHook(conn_id) if conn_id else ModelServiceHook()
 
 
-def open_inside(location: str, hook: ModelServiceHook) -> Stage:
-    """``location`` opened from the connection's root it lies below, with the filesystem the hook
-    builds for that root (``open_stage``): never from the location's own scheme or query, never with
-    credentials the connection does not name. :class:`Refused` for any other location."""
-    config = hook.config
-    placed = place(location, [config.stage_root, config.registry_root])
-    stage = hook.open_stage(placed.root).child(*placed.parts)
-    if stage.fs.type_name == "local":
-        check_local(stage.path, placed.root)
-    return stage
+def page_roots(hook: ModelServiceHook) -> Roots:
+    """Where the page reads a run directory: the connection's ``stage_root`` and ``registry_root``."""
+    return {"stage_root": hook.config.stage_root, "registry_root": hook.config.registry_root}
 
 
-def _inside(run_dir: Stage, hook: ModelServiceHook, *parts: str) -> Stage:
+def open_inside(location: str, hook: ModelServiceHook, roots: Roots | None = None) -> Stage:
+    """``location`` opened from the connection's root it lies below (``roots``, by default the
+    page's), with the filesystem the hook builds for that root (``open_stage``): never from the
+    location's own scheme or query, never with credentials the connection does not name.
+    :class:`Refused` for any other location."""
+    return open_placed(location, page_roots(hook) if roots is None else roots, hook.open_stage)
+
+
+def _inside(run_dir: Stage, hook: ModelServiceHook, roots: Roots, *parts: str) -> Stage:
     """A file below an opened run directory, placed and opened like the directory itself (so a
     local symlink in the run directory cannot lead out of the roots)."""
-    return open_inside(join(run_dir.location, *parts), hook)
+    return open_inside(join(run_dir.location, *parts), hook, roots)
 
 
 def _read_manifest(run_dir: Stage, hook: ModelServiceHook) -> Manifest | None:
@@ -117,7 +121,7 @@ def _read_manifest(run_dir: Stage, hook: ModelServiceHook) -> Manifest | None:
     size from one listing. None while there is no marker."""
     from airflow_provider_batchinfer.markers import validate_manifest
 
-    marker = _inside(run_dir, hook, SUCCESS_MARKER)
+    marker = _inside(run_dir, hook, page_roots(hook), SUCCESS_MARKER)
     try:
         data = marker.read_bytes()
     except (FileNotFoundError, NotADirectoryError):
@@ -127,15 +131,17 @@ def _read_manifest(run_dir: Stage, hook: ModelServiceHook) -> Manifest | None:
     return manifest
 
 
-def _read_table(location: str, hook: ModelServiceHook) -> tuple[Manifest | None, Stage | None]:
-    """An Iceberg run's manifest (the connection's catalog resolves the table) and its run
-    directory, which must lie below the connection's roots like any other."""
-    from airflow_provider_batchinfer.tables.read import read_table_manifest
+def _read_table(location: str, hook: ModelServiceHook) -> tuple[Manifest | None, Stage | None, Roots]:
+    """An Iceberg run's manifest (the connection's catalog resolves the table), its run directory
+    and the roots they were placed below: ``tables/read.py`` refuses, before opening it, any
+    manifest, claim or run directory outside the connection's roots."""
+    from airflow_provider_batchinfer.tables.read import open_run_dir, read_table_manifest, table_roots
 
-    manifest = read_table_manifest(location, hook.table_read_options())
+    options = hook.table_read_options()
+    manifest = read_table_manifest(location, options)
     if manifest is None:
-        return None, None
-    return manifest, open_inside(manifest.run_dir, hook)
+        return None, None, table_roots(options)
+    return manifest, open_run_dir(manifest, options), table_roots(options)
 
 
 def _read_detail(row: RunRow, conn_id: str | None) -> RunDetail:
@@ -143,9 +149,10 @@ def _read_detail(row: RunRow, conn_id: str | None) -> RunDetail:
     try:
         hook = _hook(conn_id)
         if location.startswith(TABLE_SCHEME):
-            manifest, run_dir = _read_table(location, hook)
+            manifest, run_dir, roots = _read_table(location, hook)
         else:
-            run_dir = open_inside(location, hook)
+            roots = page_roots(hook)
+            run_dir = open_inside(location, hook, roots)
             manifest = _read_manifest(run_dir, hook)
     except Refused as exc:
         return RunDetail(problem=f"the page does not read this run's output: {exc}")
@@ -162,12 +169,12 @@ def _read_detail(row: RunRow, conn_id: str | None) -> RunDetail:
             f"{location} was committed again by attempt {manifest.job.attempt} after this try's attempt "
             f"{recorded}; the manifest shown is the newer one"
         )
-    errors, errors_problem = _error_sample(manifest, run_dir, hook)
+    errors, errors_problem = _error_sample(manifest, run_dir, hook, roots)
     return RunDetail(manifest=manifest_view(manifest), errors=errors, errors_problem=errors_problem, notes=notes)
 
 
 def _error_sample(
-    manifest: Manifest, run_dir: Stage, hook: ModelServiceHook
+    manifest: Manifest, run_dir: Stage, hook: ModelServiceHook, roots: Roots
 ) -> tuple[list[dict[str, str]], str | None]:
     """The first dead-lettered rows, from the first file the validated manifest lists under
     ``_errors/`` in the run directory that was checked."""
@@ -179,7 +186,7 @@ def _error_sample(
     try:
         if not entry.name.startswith(ERRORS_DIR + "/"):
             raise Refused(f"{entry.name} is not under {ERRORS_DIR}/, where a run keeps its dead-lettered rows")
-        part = _inside(run_dir, hook, *entry.name.split("/"))
+        part = _inside(run_dir, hook, roots, *entry.name.split("/"))
         with part.fs.open_input_file(part.path) as f:
             batch = next(pq.ParquetFile(f).iter_batches(batch_size=ERROR_SAMPLE_ROWS), None)
     except Refused as exc:

@@ -6,13 +6,20 @@ connection's roots (the embedded default's stage here), and checks the page show
 the rows, and built no storage handle (``Stage``) for anything outside the stage; the ``gs://``
 attack also checks that its HTTP listener on 127.0.0.1 got no request at all (before the fix it got
 the api-server's ambient token). A look-alike ``BatchInferenceOperator`` class from another module
-is not listed, and its run page is a 404."""
+is not listed, and its run page is a 404.
+
+An Iceberg run is found through the connection's catalog, whose snapshot summaries anyone who can
+commit to the catalog writes (``tests/forged_tables.py``): a summary naming a manifest outside the
+roots, a ``gs://`` URI with an ``endpoint_override``, or a manifest in the stage naming a run
+directory outside it is refused by the page, the sensor and its trigger (permanently, naming the
+location and the roots) before anything there is opened."""
 
 from __future__ import annotations
 
-import http.server
+import asyncio
+import contextlib
 import json
-import threading
+import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -22,6 +29,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER, FileEntry, part_name
 from airflow_provider_batchinfer.stage import Stage
+from tests.forged_tables import Listener, ambient_google_credentials, forge_snapshot, forged_run, gs_location, listening
 from tests.runs import manifest_for, write_part
 from tests.ui_seed import committed_run_with_dead_letters, seed_runs
 
@@ -29,37 +37,13 @@ SECRET = "SECRET-row-outside-the-stage"
 START = datetime(2026, 11, 1, tzinfo=timezone.utc)
 DAG_ID = "bi_ui_trust"
 LOOKALIKE_DAG = "bi_ui_lookalike"
+FORGED_TABLE = "ui_trust.forged"
 
 
 class BatchInferenceOperator(BaseOperator):
     """Not the provider's operator: a class of the same name in a DAG author's module."""
 
     def execute(self, context: Any) -> None:
-        return None
-
-
-class _Listener(http.server.BaseHTTPRequestHandler):
-    """A token endpoint for the ambient credentials and a storage endpoint: records every request."""
-
-    requests: list[tuple[str, str, str | None]] = []  # noqa: RUF012 (shared by the handler's instances)
-
-    def _answer(self) -> None:
-        self.requests.append((self.command, self.path, self.headers.get("Authorization")))
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path.startswith("/token"):
-            status, body = 200, {"access_token": "ambient-token", "expires_in": 3600, "token_type": "Bearer"}
-        else:
-            status, body = 404, {"error": {"code": 404, "message": "no such object"}}
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = do_HEAD = _answer
-
-    def log_message(self, *args: Any) -> None:
         return None
 
 
@@ -101,17 +85,15 @@ def trust(airflow_db, tmp_path_factory):
     lookalike_run = stage / "ui_trust" / "lookalike"  # in the stage, listed only by the look-alike's XCom
     committed_run_with_dead_letters(lookalike_run, message=SECRET)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Listener)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
+    listener = contextlib.ExitStack()  # the listener serves until the module's tests are done
+    port = listener.enter_context(listening())
     # the api-server's ambient Google credentials: what a gs:// location would use without the connection
-    adc = tmp_path_factory.mktemp("adc") / "adc.json"
-    token_uri = f"http://127.0.0.1:{port}/token"
-    adc.write_text(json.dumps({"type": "authorized_user", "client_id": "c", "client_secret": "s", "refresh_token": "r",
-                               "token_uri": token_uri}))  # fmt: skip
-    gs = f"gs://bucket/run?endpoint_override=127.0.0.1:{port}&scheme=http&retry_limit_seconds=1"
+    adc = ambient_google_credentials(tmp_path_factory.mktemp("adc"), port)
+    gs = gs_location(port, "run")
+    tables = _forged_tables(stage, tmp_path_factory.mktemp("outside_table"), port)
 
     locations = {"outside": str(outside), "host": "/etc", "gs": gs, "pointing": str(pointing), "linked": str(linked)}
+    locations.update({name: f"iceberg://{FORGED_TABLE}/{name}" for name in tables})
     with create_session() as session:
         runs = seed_runs(session, DAG_ID, "infer", [_result(v) for v in locations.values()], START)
         (lookalike,) = seed_runs(
@@ -146,9 +128,32 @@ def trust(airflow_db, tmp_path_factory):
             "stage": stage,
             "lookalike_run": lookalike_run,
             "built": built,
-            "requests": _Listener.requests,
+            "requests": Listener.requests,
+            "tables": tables,
         }
-    server.shutdown()
+    listener.close()
+
+
+def _forged_tables(stage: Path, outside: Path, port: int) -> dict[str, str]:
+    """Snapshots of the embedded catalog's table ``ui_trust.forged``, by run key, each with the
+    location its summary or manifest names outside the stage: a complete run outside the roots
+    (its dead-lettered rows hold the secret), a gs:// URI sending the read to the listener, and a
+    manifest in the stage whose run directory is that outside run."""
+    from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
+
+    props = ModelServiceHook().catalog_properties()
+    manifest_location, _ = forged_run(outside / "run", FORGED_TABLE, "table_outside", SECRET)
+    forge_snapshot(props, FORGED_TABLE, "table_outside", manifest_location)
+    gs = gs_location(port, "lake/_manifest.json")
+    forge_snapshot(props, FORGED_TABLE, "table_gs", gs)
+    _, pointing = forged_run(outside / "pointing", FORGED_TABLE, "table_pointing", SECRET)
+    inside = stage / "ui_trust" / "table_pointing"
+    shutil.copytree(outside / "pointing" / "claim", inside / "claim")
+    data = pointing.to_dict()
+    data["table"]["claim_dir"] = str(inside / "claim")  # the claim in the stage, the files outside it
+    (inside / "_manifest.json").write_text(json.dumps(data))
+    forge_snapshot(props, FORGED_TABLE, "table_pointing", str(inside / "_manifest.json"))
+    return {"table_outside": manifest_location, "table_gs": gs, "table_pointing": pointing.run_dir}
 
 
 def _run(trust: dict[str, Any], name: str) -> tuple[dict[str, Any], str]:
@@ -172,7 +177,7 @@ def _opened_outside(trust: dict[str, Any]) -> list[str]:
 def test_a_forged_location_outside_the_roots_is_refused_unread(trust, name):
     body, page = _run(trust, name)
     assert body["problem"].startswith("the page does not read this run's output: ")
-    assert "is outside the run's connection's stage_root and registry_root" in body["problem"], body
+    assert f"is outside the connection's roots (stage_root {trust['stage']}, registry_root " in body["problem"], body
     assert body["manifest"] is None and body["errors"] == []
     assert "does not read this run" in page
     assert _opened_outside(trust) == [] and trust["built"] == []
@@ -222,3 +227,67 @@ def test_a_look_alike_operator_class_from_another_module_is_not_a_batch_run(trus
     trends = trends.json()
     assert trends["points"] == []
     assert [loc for loc in trust["built"] if str(trust["lookalike_run"]) in loc] == []
+
+
+def test_a_forged_table_summary_naming_a_manifest_outside_the_roots_is_refused_unread(trust):
+    body, page = _run(trust, "table_outside")
+    where = f"the page does not read this run's output: iceberg://{FORGED_TABLE}/table_outside (snapshot "
+    assert body["problem"].startswith(where), body
+    assert (
+        f"the manifest its summary names is refused, and nothing of it is read: {trust['tables']['table_outside']} "
+        f"is outside the connection's roots (stage_root {trust['stage']}, registry_root "
+    ) in body["problem"]
+    assert body["manifest"] is None and body["errors"] == [] and "does not read this run" in page
+    assert _opened_outside(trust) == []
+
+
+def test_a_forged_table_summary_naming_a_gs_endpoint_override_sends_no_request(trust):
+    trust["requests"].clear()
+    body, page = _run(trust, "table_gs")
+    assert trust["requests"] == [], "the api-server sent a request to the summary's endpoint"
+    assert (
+        f"the manifest its summary names is refused, and nothing of it is read: {trust['tables']['table_gs']!r} "
+        "holds a query"
+    ) in body["problem"]
+    assert f"runs are read only below the connection's roots (stage_root {trust['stage']}," in body["problem"]
+    assert body["manifest"] is None and "does not read this run" in page
+    assert _opened_outside(trust) == []
+
+
+def test_a_table_manifest_naming_a_run_directory_outside_the_roots_is_refused_unread(trust):
+    body, page = _run(trust, "table_pointing")
+    assert (
+        f"the run directory its manifest names is refused, and nothing of it is read: "
+        f"{trust['tables']['table_pointing']} is outside the connection's roots (stage_root {trust['stage']},"
+    ) in body["problem"], body
+    assert body["manifest"] is None and body["errors"] == [] and "does not read this run" in page
+    assert _opened_outside(trust) == []
+
+
+@pytest.mark.parametrize("name", ["table_outside", "table_gs", "table_pointing"])
+def test_the_sensor_and_its_trigger_fail_for_good_on_a_forged_table_run(trust, name):
+    """Both read with the connection's roots: a permanent failure naming the location and the roots,
+    no storage handle outside the stage and no request to the listener."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_batchinfer import SuccessMarkerSensor
+    from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger
+
+    location = f"iceberg://{FORGED_TABLE}/{name}"
+    named = trust["tables"][name]
+    trust["requests"].clear()
+    trust["built"].clear()
+    sensor = SuccessMarkerSensor(task_id=f"wait_{name}", location=location, deferrable=False)
+    with pytest.raises(AirflowFailException) as info:
+        sensor.poke({})
+    message = str(info.value)
+    assert message.startswith(f"{location} has a _SUCCESS marker that does not hold: {location} (snapshot "), message
+    assert "is refused, and nothing of it is read: " in message and repr(named)[1:-1] in message
+    assert f"the connection's roots (stage_root {trust['stage']}, registry_root " in message
+    assert message.endswith("Waiting will not fix it: re-run the task that writes this run directory")
+
+    event = asyncio.run(SuccessMarkerTrigger(location=location, poll_interval=0.2).run().__anext__()).payload
+    assert event["status"] == "failed" and "is refused, and nothing of it is read: " in event["message"], event
+    assert f"the connection's roots (stage_root {trust['stage']}, registry_root " in event["message"]
+    assert trust["requests"] == [] and _opened_outside(trust) == []
+    assert SECRET not in message + event["message"]

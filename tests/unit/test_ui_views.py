@@ -11,8 +11,8 @@ import pytest
 from airflow_provider_batchinfer import BatchInferenceOperator
 from airflow_provider_batchinfer.contract import FileEntry
 from airflow_provider_batchinfer.contract.tables import TableOutput
+from airflow_provider_batchinfer.roots import Placed, Refused, check_local, open_placed, place
 from airflow_provider_batchinfer.ui.identity import OPERATOR_CLASS, OPERATOR_MODULE, operator_tasks
-from airflow_provider_batchinfer.ui.roots import Placed, Refused, check_local, place
 from airflow_provider_batchinfer.ui.views import (
     MAX_PAGE_SIZE,
     Page,
@@ -112,8 +112,9 @@ def test_trend_points_and_the_svg_plot():
     assert ">25,945<" in svg_plot([25945.2, 1.0], ["a", "b"], "rows/s") and ">0.0552<" in svg_plot([0.0552], ["a"], "x")
 
 
-# --- where the run page may read (ui/roots.py) and which tasks are the operator (ui/identity.py) ---------
-ROOTS = ["/srv/stage", "s3://lake/registry"]
+# --- where the run page and the table reader may read (roots.py); which tasks are the operator (ui/identity.py)
+ROOTS = {"stage_root": "/srv/stage", "registry_root": "s3://lake/registry"}
+SHOWN = "the connection's roots (stage_root /srv/stage, registry_root s3://lake/registry)"
 
 
 def test_a_location_below_a_root_is_placed_and_anything_else_is_refused():
@@ -122,24 +123,30 @@ def test_a_location_below_a_root_is_placed_and_anything_else_is_refused():
     assert place("file:/srv/stage/_iceberg/t/data", ROOTS) == Placed("/srv/stage", ("_iceberg", "t", "data"))
     assert place("s3a://lake/registry/m/v1", ROOTS) == Placed("s3://lake/registry", ("m", "v1"))
     refused = {
-        "/srv/stage-other/run": "is outside the run's connection's stage_root and registry_root (/srv/stage, s3://",
-        "/srv/stage/../etc": "contains '..'",
+        "/srv/stage-other/run": f"/srv/stage-other/run is outside {SHOWN}: runs are read only below them",
+        "/srv/stage/../etc": f"contains '..'; paths may not climb out of their root; runs are read only below {SHOWN}",
         "s3://lake/registry-x/run": "is outside",
         "s3://other/registry/run": "is outside",
-        "gs://lake/registry/run": "is a gs:// location, and the run's connection configures no root there",
+        "gs://lake/registry/run": f"is a gs:// location, and the connection configures no root there: runs are "
+        f"read only below {SHOWN}",
         "http://127.0.0.1:9/x": "is a http:// location",
-        "s3://lake/registry/run?endpoint_override=127.0.0.1": "holds a query",
+        "s3://lake/registry/run?endpoint_override=127.0.0.1": f"holds a query, a fragment, a backslash or a control "
+        f"character, which no location the provider writes has; runs are read only below {SHOWN}",
         "/srv/stage/run#x": "holds a query, a fragment",
         "/srv/stage/run\nx": "control character",
         "emb/run1": "is not an absolute path or URI",
-        "": "recorded no usable output location",
+        "": "is not a usable location",
     }
     for location, message in refused.items():
         with pytest.raises(Refused) as info:
             place(location, ROOTS)
         assert message in str(info.value), (location, str(info.value))
-    with pytest.raises(Refused, match="recorded no usable output location"):
+    with pytest.raises(Refused, match="None is not a usable location"):
         place(None, ROOTS)
+    with pytest.raises(
+        Refused, match=r"configures no root there: runs are read only below the connection's roots \(none configured\)"
+    ):
+        place("/srv/stage/run", {"stage_root": ""})
 
 
 def test_a_local_path_is_checked_after_its_symlinks(tmp_path):
@@ -152,6 +159,33 @@ def test_a_local_path_is_checked_after_its_symlinks(tmp_path):
     check_local(str(root / "run" / "_errors" / "own.parquet"), str(root))
     with pytest.raises(Refused, match=r"resolves to .*outside/secret.parquet, outside the connection's root"):
         check_local(str(root / "run" / "_errors" / "part.parquet"), str(root))
+
+
+def test_a_placed_location_is_opened_from_its_root_and_keeps_its_spelling(tmp_path):
+    """The root is opened (the connection's way), never the location; a refused one opens nothing."""
+    from airflow_provider_batchinfer.stage import Stage
+
+    (tmp_path / "stage" / "run").mkdir(parents=True)
+    opened: list[str] = []
+
+    def open_root(root: str) -> Stage:
+        opened.append(root)
+        return Stage.open(root)
+
+    roots = {"stage_root": str(tmp_path / "stage")}
+    stage = open_placed(f"file:{tmp_path}/stage/run", roots, open_root)
+    assert (stage.location, stage.path, stage.fs.type_name) == (
+        f"file:{tmp_path}/stage/run",
+        f"{tmp_path}/stage/run",
+        "local",
+    )
+    assert opened == [str(tmp_path / "stage")]
+    (tmp_path / "stage" / "link").symlink_to(tmp_path)
+    opened.clear()
+    for location in (f"{tmp_path}/other", "gs://b/x?endpoint_override=127.0.0.1:9", f"{tmp_path}/stage/link"):
+        with pytest.raises(Refused):
+            open_placed(location, roots, open_root)
+    assert opened == [str(tmp_path / "stage")]  # only the link's root was opened, and the link refused
 
 
 def test_the_operator_is_known_by_its_module_and_class():
