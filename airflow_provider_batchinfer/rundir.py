@@ -97,6 +97,17 @@ class ReconcileError(RunDirectoryError):
 # --- the claim and the fence -----------------------------------------------------------------------
 
 
+def require_fenced_store(run_dir: Stage, who: str) -> None:
+    """ConditionalWritesUnsupported (permanent) when ``run_dir``'s store cannot fence a commit.
+
+    Asked before :func:`prepare`, whose save mode may delete an earlier run's files: on a store
+    that ignores or rejects conditional writes no attempt can commit, so nothing there is changed
+    either. The answer is kept per process and bucket, so the claim's own check costs nothing."""
+    claims_for(run_dir).require_conditional_writes(
+        who, f"not preparing {run_dir.location}; nothing in it was changed and no job was started"
+    )
+
+
 def claim(run_dir: Stage, job: JobFile) -> None:
     """Take the directory for ``job``'s attempt: call it before anything else is written into it,
     so a retry recognizes whatever this attempt leaves behind as its own.

@@ -317,6 +317,8 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
         """Everything before the launch: save mode, the job file (with the table or query it reads)."""
         tables = self._tables()
         pinned = tables.pinned_input(run_dir)  # read before the claim is cleared
+        if tables.table is None:  # asked before the save mode deletes anything: see rundir.require_fenced_store
+            rundir.require_fenced_store(run_dir, f"try{owner.try_number}")
         try:
             prep = rundir.prepare(
                 run_dir,

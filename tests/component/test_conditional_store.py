@@ -216,23 +216,8 @@ def test_the_operator_fails_the_task_without_retries_before_the_job_starts(
     from airflow.sdk.exceptions import AirflowFailException
 
     from airflow_provider_batchinfer import BatchInferenceOperator, OutputSpec
-    from airflow_provider_batchinfer.registry import ModelRegistry
-    from tests.models import TextLength
 
-    root = f"s3://{s3_bucket}"
-    extra = {"endpoint_url": proxy.endpoint, "region_name": "us-east-1", "s3_max_attempts": 1}
-    extra |= {"stage_root": f"{root}/stage", "registry_root": f"{root}/registry"}
-    connection = {"conn_type": "batchinfer", "login": KEY_ID, "password": SECRET, "extra": extra}
-    monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps(connection))
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("BATCHINFER_MODEL_CACHE", str(tmp_path / "model-cache"))
-    ModelRegistry(f"{root}/registry", options(s3_server)).log_model(
-        "text_length", "v1", "python", python_class=TextLength, signature=SIGNATURE
-    )
-    sink = io.BytesIO()
-    pq.write_table(pa.table({"ticket_id": pa.array(range(10), pa.int64()), "text": ["t"] * 10}), sink)
-    Stage.open(f"{root}/input/tickets.parquet", options(s3_server)).write_bytes(sink.getvalue())
+    root = s3_task_setup(proxy, s3_server, s3_bucket, monkeypatch, tmp_path)
     out = Stage.open(f"{root}/out/run1", options(s3_server))
     rule, how = STORES[kind]
     proxy.start(rule)
@@ -244,7 +229,7 @@ def test_the_operator_fails_the_task_without_retries_before_the_job_starts(
         output_spec=OutputSpec(stage_location=out.location),
     )
     with pytest.raises(
-        AirflowFailException, match=f"not claiming {out.location} for attempt .*; no job was started"
+        AirflowFailException, match=f"not preparing {out.location}; nothing in it was changed and no job was started"
     ) as info:
         task.execute({"ti": TaskInstanceStandIn(try_number=1)})
     assert f"at {proxy.endpoint} does not honour the conditional requests the commit relies on ({lacking(how)})" in (
@@ -325,3 +310,57 @@ def test_a_marker_that_records_no_claim_is_checked_as_before(run, s3_server):
     run.child(SUCCESS_MARKER).write_bytes(manifest.to_json().encode())  # no metadata
     run.child(JOB_SPEC_FILE).delete()
     assert read_valid_manifest(run.location, options(s3_server)) == manifest
+
+
+def test_a_refused_store_keeps_the_run_an_overwrite_would_have_replaced(
+    proxy, s3_server, s3_bucket, monkeypatch, tmp_path
+):
+    """An OVERWRITE deletes the earlier run before its claim: on a store that cannot fence a commit,
+    the task is refused before the save mode touches anything, so the committed run stays whole."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_batchinfer import BatchInferenceOperator, OutputSpec
+    from airflow_provider_batchinfer.contract import RunOwner
+
+    root = s3_task_setup(proxy, s3_server, s3_bucket, monkeypatch, tmp_path)
+    ti = TaskInstanceStandIn(try_number=2)
+    owner = RunOwner(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, try_number=1)
+    out = Stage.open(f"{root}/out/run1", options(s3_server))
+    rundir.commit(out, write_attempt(out, "t01aaaa", [1, 2], owner=owner))  # on the store itself, fenced
+    before = contents(out)
+    assert SUCCESS_MARKER in before
+    proxy.start(STORES["strip"][0])
+    task = BatchInferenceOperator(
+        task_id="infer",
+        model="text_length",
+        version="v1",
+        input=f"{root}/input",
+        output_spec=OutputSpec(stage_location=out.location, mode=SaveMode.OVERWRITE),
+    )
+    with pytest.raises(AirflowFailException, match="nothing in it was changed and no job was started"):
+        task.execute({"ti": ti})
+    assert contents(out) == before  # the committed run, its claim and its parts, as they were
+    assert read_valid_manifest(out.location, options(s3_server)).job.attempt == "t01aaaa"
+
+
+def s3_task_setup(proxy, s3_server, s3_bucket, monkeypatch, tmp_path) -> str:
+    """A task's world on the S3 server, reached through the proxy: the connection (keys, roots), a
+    logged model and a 10-row input. Returns the bucket's root."""
+    from airflow_provider_batchinfer.registry import ModelRegistry
+    from tests.models import TextLength
+
+    root = f"s3://{s3_bucket}"
+    extra = {"endpoint_url": proxy.endpoint, "region_name": "us-east-1", "s3_max_attempts": 1}
+    extra |= {"stage_root": f"{root}/stage", "registry_root": f"{root}/registry"}
+    connection = {"conn_type": "batchinfer", "login": KEY_ID, "password": SECRET, "extra": extra}
+    monkeypatch.setenv("AIRFLOW_CONN_BATCHINFER_DEFAULT", json.dumps(connection))
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("BATCHINFER_MODEL_CACHE", str(tmp_path / "model-cache"))
+    ModelRegistry(f"{root}/registry", options(s3_server)).log_model(
+        "text_length", "v1", "python", python_class=TextLength, signature=SIGNATURE
+    )
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"ticket_id": pa.array(range(10), pa.int64()), "text": ["t"] * 10}), sink)
+    Stage.open(f"{root}/input/tickets.parquet", options(s3_server)).write_bytes(sink.getvalue())
+    return root
