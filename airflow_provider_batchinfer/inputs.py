@@ -16,7 +16,20 @@ from airflow_provider_batchinfer.stage import Stage
 
 
 class InputError(ValueError):
-    """The input cannot be scored as given; the message names the file or column."""
+    """The input cannot be scored as given; the message names the file or column.
+
+    ``permanent``: a missing or mistyped column, a duplicated or null id, files whose schemas differ
+    are in the input's bytes, which a retry reads again, so the task fails without its retries.
+    Only :class:`InputReadError` (a store that failed to answer) is left to the retries."""
+
+    permanent = True
+
+
+class InputReadError(InputError):
+    """An input file could not be read because its store failed (not because of its bytes); a retry
+    may find the store answering again, so it is not ``permanent``."""
+
+    permanent = False
 
 
 class CorruptInputError(InputError):
@@ -124,14 +137,17 @@ def inspect_input(
         except CorruptInputError:
             raise
         except Exception as exc:  # a store's error: pyarrow's message alone would not name the file
-            raise InputError(f"input file {location} could not be read: {exc}") from exc
+            raise InputReadError(f"input file {location} could not be read: {exc}") from exc
         total += meta.num_rows
         file_groups.append([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
         if schema is None:
             schema = file_schema
         elif not file_schema.equals(schema, check_metadata=False):
-            diff = sorted(set(map(str, file_schema)) ^ set(map(str, schema)))
-            raise InputError(f"input file {location} has a different schema from {files[0]}: {diff}")
+            diff = sorted({f"{f.name}: {f.type}" for f in file_schema} ^ {f"{f.name}: {f.type}" for f in schema})
+            raise InputError(
+                f"input file {location} has a different schema from {files[0]}: {diff}; write every file of "
+                "the input with the same columns and types in data_prep"
+            )
     if total == 0 and not allow_empty:
         raise EmptyInputError(
             f"input {', '.join(files[:3])}{' …' if len(files) > 3 else ''} holds 0 rows; nothing to "

@@ -7,8 +7,11 @@ schema still fails) and commits a manifest of no parts and 0 input, output and d
 through the same commit as any job (the claim is held, ``_SUCCESS`` is written last). No engine
 runs: there is nothing to read or score, so neither Ray nor the model is started.
 
-``"fail"`` and ``"skip"`` never reach here: the input's checks raise ``inputs.EmptyInputError``
-(permanent), which the operator turns into a failed or a skipped task.
+A SQL input whose query returns no rows (a daily query over a day without rows) is the same case:
+its read (``runtime/sql_input.py``) leaves no file, so the columns are planned from the spec alone.
+
+``"fail"`` and ``"skip"`` never reach here: the input's checks (or the query's read) raise
+``inputs.EmptyInputError`` (permanent), which the operator turns into a failed or a skipped task.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ Each attempt runs the query once, so all of an attempt's rows come from one resu
 (``SqlInput.kept_digest``: carried in the claim from one resumed attempt to the next, never taken
 from whichever attempt wrote ``_input/`` last; see ``rundir.prepare``) and drops them when it
 differs (``rundir.confirm_requeried_input``), before it writes any part of its own.
+
+A result of no rows (a daily query whose day has none) follows ``InputSpec.on_empty`` as Parquet
+files of 0 rows do: fail or skip the task (``EmptyInputError``, permanent), or commit 0 rows.
 Imports no Airflow.
 """
 
@@ -35,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import placement
 from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV
-from airflow_provider_batchinfer.inputs import InputError
+from airflow_provider_batchinfer.inputs import EmptyInputError, InputError
 from airflow_provider_batchinfer.redact import clip
 from airflow_provider_batchinfer.runtime import table_input
 from airflow_provider_batchinfer.runtime.errors import JobError
@@ -49,7 +52,8 @@ if TYPE_CHECKING:
 
 
 class SqlInputError(InputError):
-    """The query's result cannot be scored (no result set, no rows, types that change); no retry helps."""
+    """The query's result cannot be scored (no result set, types that change); no retry helps. A
+    result of no rows is an ``EmptyInputError``, which ``InputSpec.on_empty`` decides on."""
 
     permanent = True
 
@@ -73,7 +77,12 @@ def connect() -> Any:
 
 def read_sql_input(job: JobFile, storage: Mapping[str, Any] | None) -> list[str]:
     """Write the job's query result as Parquet under its ``_input/<attempt>/``; the locations to
-    list the input files from (the job file's own ones for any other input)."""
+    list the input files from (the job file's own ones for any other input).
+
+    A query that returns no rows is what ``InputSpec.on_empty`` says, as for Parquet files of 0
+    rows: ``"fail"`` and ``"skip"`` raise :class:`~airflow_provider_batchinfer.inputs.EmptyInputError`
+    (permanent; the operator fails or skips the task on it), ``"commit"`` returns no location, and
+    the driver commits 0 rows (``runtime/empty_input.py``)."""
     ref = job.sql_input
     if ref is None:
         return list(job.input_locations)
@@ -87,8 +96,11 @@ def read_sql_input(job: JobFile, storage: Mapping[str, Any] | None) -> list[str]
     else:
         rows, files = stream(ref, dest)
         where = "in the driver process, streamed"
-    if rows == 0:
-        raise SqlInputError(f"the input query on {ref.conn_id!r} returned no rows; nothing to score")
+    if rows == 0 and job.input_spec.on_empty != "commit":  # "skip": the operator skips the task on its type
+        raise EmptyInputError(
+            f"the input query on {ref.conn_id!r} returned no rows; nothing to score. Check the query and its "
+            'data, or set InputSpec(on_empty="skip") or on_empty="commit" when a run legitimately has no rows'
+        )
     print(
         f"[batchinfer] input: {rows:,} rows of the query on {ref.conn_id} read {where} "
         f"({files} file(s), {time.monotonic() - started:.1f} s) into {dest.location}",
@@ -98,6 +110,8 @@ def read_sql_input(job: JobFile, storage: Mapping[str, Any] | None) -> list[str]
         run_dir = Stage.open(job.run_dir, dict(storage) if storage else None)
         for message in rundir.confirm_requeried_input(run_dir, dest, ref.kept_digest):
             print(f"[batchinfer] {message}", flush=True)
+    if rows == 0:  # on_empty="commit": no file to list (a store may keep no empty directory)
+        return []
     return [dest.location]
 
 

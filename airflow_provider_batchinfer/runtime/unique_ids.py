@@ -75,15 +75,19 @@ def check_unique_ids(
 
 
 def _id_arrays(files: list[str], id_column: str, storage_options: dict[str, Any] | None) -> Iterator[Any]:
-    """The id column of every file, in input order, one record batch at a time (dictionaries decoded)."""
+    """The id column of every file, in input order, one record batch at a time (dictionaries decoded).
+
+    This is the first read of any page, before either engine's: a file whose footer reads but whose
+    pages do not decode fails here, as ``inputs.CorruptInputError`` naming it (permanent), and a
+    store's failure as its ``StageError``, as the engines' own reads report them."""
     import pyarrow.parquet as pq
 
-    from airflow_provider_batchinfer.inputs import InputError
+    from airflow_provider_batchinfer.inputs import InputError, reading_parquet
     from airflow_provider_batchinfer.stage import Stage
 
     for location in files:
         stage = Stage.open(location, storage_options)
-        with stage.fs.open_input_file(stage.path) as f:
+        with stage._io("read"), reading_parquet(location), stage.fs.open_input_file(stage.path) as f:
             pf = pq.ParquetFile(f)
             if id_column not in pf.schema_arrow.names:
                 raise InputError(

@@ -93,3 +93,80 @@ def test_a_file_of_0_rows_is_still_checked_against_the_model(empty_job, tmp_path
     with pytest.raises(InputError, match=r"model input 'text' needs column 'text'"):
         empty_job([empty], on_empty="commit")
     assert not (tmp_path / "out" / SUCCESS_MARKER).exists()
+
+
+# --- a SQL input whose query returns no rows ---------------------------------------------------------
+
+DAY_QUERY = "SELECT ticket_id, text FROM tickets WHERE day = '2026-11-24' ORDER BY ticket_id"
+
+
+@pytest.fixture
+def empty_day_db(batchinfer_home, text_length_model, tmp_path, monkeypatch):
+    """A SQLite table with rows for 2026-11-23 and none for 2026-11-24, behind an Airflow connection;
+    ``operator(on_empty, out)``: the task that scores the empty day, on the embedded default."""
+    import json
+    import sqlite3
+    from contextlib import closing
+
+    from airflow_provider_batchinfer import BatchInferenceOperator
+    from airflow_provider_batchinfer.specs import OutputSpec
+
+    db = tmp_path / "tickets.db"
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("CREATE TABLE tickets (ticket_id INTEGER PRIMARY KEY, day TEXT, text TEXT)")
+        conn.executemany("INSERT INTO tickets VALUES (?, '2026-11-23', ?)", [(i, f"ticket {i}") for i in range(5)])
+    monkeypatch.setenv("AIRFLOW_CONN_BI_EMPTY_DAY", json.dumps({"conn_type": "sqlite", "host": str(db)}))
+
+    def operator(on_empty, out):
+        return BatchInferenceOperator(
+            task_id="infer",
+            model="text_length",
+            version="v1",
+            sql=DAY_QUERY,
+            conn_id="bi_empty_day",
+            input_spec=InputSpec(id_column="ticket_id", on_empty=on_empty),
+            output_spec=OutputSpec(stage_location=str(out)),
+        )
+
+    return operator
+
+
+def _left_in(out) -> list[str]:
+    """What a run directory holds besides its claim: the query's read directory and anything written."""
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and "_claims" not in p.parts)
+
+
+def test_a_query_without_rows_fails_permanently_or_skips_as_on_empty_says(empty_day_db, tmp_path):
+    """The job reads the query (the task process never does), finds no rows and fails permanently with
+    the query's message: the operator fails the task without retries, or skips it under "skip"."""
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+    from tests.task_context import TaskInstanceStandIn
+
+    message = r"the input query on 'bi_empty_day' returned no rows; nothing to score\. Check the query"
+    for on_empty, error, match in (
+        ("fail", AirflowFailException, message),
+        ("skip", AirflowSkipException, r'the task is skipped \(InputSpec\(on_empty="skip"\)\).*' + message),
+    ):
+        out = tmp_path / f"out-{on_empty}"
+        with pytest.raises(error, match=match) as caught:
+            empty_day_db(on_empty, out).execute({"ti": TaskInstanceStandIn()})
+        assert type(caught.value) is error  # "fail": not a plain, retryable AirflowException
+        assert 'on_empty="skip") or on_empty="commit" when a run legitimately has no rows' in str(caught.value)
+        assert _left_in(out) == [JOB_SPEC_FILE], f"{on_empty}: {_left_in(out)}"  # claimed, nothing committed
+
+
+def test_a_query_without_rows_commits_an_empty_valid_success_under_on_empty_commit(empty_day_db, tmp_path, capfd):
+    from tests.task_context import TaskInstanceStandIn
+
+    out = tmp_path / "out-commit"
+    result = empty_day_db("commit", out).execute({"ti": TaskInstanceStandIn()})
+    assert result["rows"] == 0 and result["input_rows"] == 0 and result["files"] == []
+    committed = committed_manifest(str(out))  # re-read and validated as the sensor and finalize read it
+    assert committed is not None and committed["counts"] == {"input_rows": 0, "output_rows": 0, "error_rows": 0}
+    assert committed["files"] == [] and committed["error_files"] == []
+    assert committed["columns"] == {"passthrough": ["ticket_id"], "outputs": ["length"]}
+    assert _left_in(out) == sorted([JOB_SPEC_FILE, SUCCESS_MARKER])
+    logged = "".join(capfd.readouterr())
+    assert "0 rows of the query on bi_empty_day read in the driver process" in logged
+    assert 'InputSpec(on_empty="commit"): committing an empty _SUCCESS' in logged

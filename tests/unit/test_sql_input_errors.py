@@ -1,5 +1,6 @@
 """The job's own read of a SQL input refuses what cannot be scored, saying why, and writes nothing
-half: a statement with no result set, a query with no rows, chunks whose types change."""
+half: a statement with no result set, chunks whose types change; a query with no rows writes no
+file (what ``InputSpec.on_empty`` then does: tests/component/test_empty_input.py)."""
 
 from __future__ import annotations
 

@@ -112,6 +112,24 @@ def test_a_file_without_the_id_column_is_named(tmp_path, budget):
     assert message == f"InputSpec.id_column 'id' is not a column of {other} (columns: ['ticket'])"
 
 
+@pytest.mark.parametrize("budget", [BUDGET, ROWS])
+def test_pages_that_do_not_decode_are_named_as_a_corrupt_file(tmp_path, budget):
+    """The footer reads (the row count and schema checks pass), the pages do not: the check is the
+    first read of any page, so its error names the file and is permanent, as the engines' reads are."""
+    from airflow_provider_batchinfer.inputs import CorruptInputError
+    from airflow_provider_batchinfer.runtime.reporting import failure
+    from tests.corrupt_inputs import damage
+
+    files = _write(tmp_path / "in", list(range(ROWS)))
+    damage(Path(files[2]), "bad_pages")
+    with pytest.raises(CorruptInputError) as caught:
+        unique_ids.check_unique_ids(files, "id", None, ROWS, rows_per_partition=budget, spill_dir=str(tmp_path))
+    found = failure(caught.value)
+    assert found.error.startswith(f"CorruptInputError: input file {files[2]} is not a readable Parquet file ("), found
+    assert found.permanent
+    assert [p.name for p in tmp_path.iterdir()] == ["in"], "a spill directory was left behind"
+
+
 @pytest.mark.parametrize("where", ["unique", "duplicate", "null"])
 def test_spill_files_are_removed_afterwards(tmp_path, monkeypatch, where):
     """A valid input is decided by the hashes alone; a duplicate sends the ids through the exact
