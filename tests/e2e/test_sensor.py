@@ -174,14 +174,15 @@ def test_an_iceberg_runs_files_are_hashed_once_per_snapshot_manifest(tmp_path, m
 
     monkeypatch.setattr(table_read, "read_table_manifest", snapshot_manifest)
     monkeypatch.setattr(table_read, "split_options", lambda options: ({}, None))
+    roots = {table_read.ROOTS_OPTION: {"stage_root": str(tmp_path)}}  # the connection's: the run lies below them
     part, size = str(tmp_path / "run" / PART), manifest.files[0].size
     reads, verdicts = count_reads(monkeypatch), Verdicts()
     for _ in range(2):
-        assert read_valid_manifest("iceberg://ns.t/run1", {}, verify_checksums=True, verdicts=verdicts) == manifest
+        assert read_valid_manifest("iceberg://ns.t/run1", roots, verify_checksums=True, verdicts=verdicts) == manifest
     assert reads[part] == size and asked == [False, False]  # hashed once, by the verdict's caller
     flip_data_page_byte(tmp_path / "run" / PART)
     with pytest.raises(ManifestError, match=f"{PART} does not match its sha256"):
-        read_valid_manifest("iceberg://ns.t/run1", {}, verify_checksums=True, verdicts=Verdicts())
+        read_valid_manifest("iceberg://ns.t/run1", roots, verify_checksums=True, verdicts=Verdicts())
 
 
 def test_a_marker_naming_another_run_directory_fails_the_sensor(tmp_path):
