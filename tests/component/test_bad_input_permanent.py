@@ -79,8 +79,8 @@ def test_bad_input_fails_permanently_naming_file_column_or_id(fails, tmp_path, c
         pq.write_table(pa.table({"ticket_id": pa.array(["4", "5"]), "text": ["d", "e"]}), bad)
         found = fails([first, bad])
         expected = rf"input file {bad} has a different schema from {first}: \['ticket_id: int64', 'ticket_id: string'\]"
-    assert re.search(expected, found.error), found.error
     assert found.permanent, f"{case}: a retry reads the same input, so the task must fail without its retries"
+    assert re.search(expected, found.error), found.error
     assert found.type == "InputError", found
 
 
