@@ -30,6 +30,7 @@ from airflow_provider_batchinfer.contract import (
     ContractError,
     JobFile,
     RunOwner,
+    new_attempt_id,
 )
 from airflow_provider_batchinfer.contract.sql_input import SqlInput
 from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
@@ -318,7 +319,7 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
         tables = self._tables()
         pinned = tables.pinned_input(run_dir)  # read before the claim is cleared
         if tables.table is None:  # asked before the save mode deletes anything: see rundir.require_fenced_store
-            rundir.require_fenced_store(run_dir, f"try{owner.try_number}")
+            rundir.require_fenced_store(run_dir, new_attempt_id(owner.try_number))
         try:
             prep = rundir.prepare(
                 run_dir,
