@@ -15,11 +15,11 @@ _EXPORTS = {
     "SuccessMarkerSensor": "airflow_provider_batchinfer.sensors.success_marker",
     "ModelServiceHook": "airflow_provider_batchinfer.hooks.model_service",
     "SuccessMarkerTrigger": "airflow_provider_batchinfer.triggers.success_marker",
-    "InputSpec": "airflow_provider_batchinfer.specs",
-    "OutputSpec": "airflow_provider_batchinfer.specs",
-    "JobSpec": "airflow_provider_batchinfer.specs",
-    "SaveMode": "airflow_provider_batchinfer.specs",
-    "SpecError": "airflow_provider_batchinfer.specs",
+    "InputSpec": "airflow_provider_batchinfer.contract.specs",
+    "OutputSpec": "airflow_provider_batchinfer.contract.specs",
+    "JobSpec": "airflow_provider_batchinfer.contract.specs",
+    "SaveMode": "airflow_provider_batchinfer.contract.specs",
+    "SpecError": "airflow_provider_batchinfer.contract.specs",
 }
 
 __all__ = [  # noqa: RUF022  (the order of the README's import line)
@@ -36,10 +36,10 @@ __all__ = [  # noqa: RUF022  (the order of the README's import line)
 ]
 
 if TYPE_CHECKING:
+    from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
     from airflow_provider_batchinfer.operators.batch_inference import BatchInferenceOperator
     from airflow_provider_batchinfer.sensors.success_marker import SuccessMarkerSensor
-    from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
     from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger
 
 

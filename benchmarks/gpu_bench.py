@@ -63,7 +63,7 @@ def _raw_encode(st_dir: str, texts: list[str], device: str) -> dict[str, Any]:
 def _job(name: str, version: str, input_dir: str, out_dir: str, **job: Any) -> dict[str, Any]:
     """One provider job as a task runs it: resolve, verify, write ``_job.json``, launch, wait."""
     from airflow_provider_batchinfer import BatchInferenceOperator, InputSpec, JobSpec, OutputSpec, SaveMode
-    from airflow_provider_batchinfer.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
 
     params = job.pop("params", {})
     op = BatchInferenceOperator(
@@ -180,7 +180,7 @@ def mlp(work: Path, rows: int) -> list[dict[str, Any]]:
 def _completion_tokens(out_dir: str) -> int:
     import pyarrow.parquet as pq
 
-    from airflow_provider_batchinfer.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
 
     manifest = read_valid_manifest(out_dir)
     assert manifest is not None
@@ -212,9 +212,9 @@ def vllm_text(work: Path, rows: int) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from airflow_provider_batchinfer.chat import text_to_messages
-    from airflow_provider_batchinfer.demo_models import build_tiny_chat_model
+    from airflow_provider_batchinfer.contract.chat import text_to_messages
     from airflow_provider_batchinfer.registry import ModelRegistry
+    from airflow_provider_batchinfer.registry.demo_models import build_tiny_chat_model
 
     model_dir = build_tiny_chat_model(work / "tiny-chat", hidden_size=128, num_heads=2)
     ModelRegistry(str(work / "registry")).log_model("gpu_chat", "v1", "text_generation", str(model_dir))
@@ -325,7 +325,7 @@ def mlp_batch_profile(work: Path, rows: int = 65536, repeats: int = 20, device: 
     import pyarrow.parquet as pq
     import torch
 
-    from airflow_provider_batchinfer.runtime.flavors import torchscript
+    from airflow_provider_batchinfer.runtime.model.flavors import torchscript
     from benchmarks.workloads import FEATURES
 
     first = sorted((work / "features").glob("*.parquet"))[0]

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 r["own_sorted_rows_per_s"] = r["rows"] / r["own_sorted_s"]
         results["loadavg_before"] = load_before
         results["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
-        from airflow_provider_batchinfer.launchers.embedded_ray import shutdown
+        from airflow_provider_batchinfer.launchers.embedded.embedded_ray import shutdown
 
         shutdown(Path(os.environ["BATCHINFER_RAY_DIR"]))
     print(json.dumps(results, indent=1))

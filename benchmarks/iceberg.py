@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["AIRFLOW_CONN_BATCHINFER_DEFAULT"] = json.dumps(
         {"conn_type": "batchinfer", "extra": {"stage_root": str(work / "stage"), "registry_root": str(work / "reg")}}
     )
-    from airflow_provider_batchinfer.launchers.embedded_ray import shutdown
+    from airflow_provider_batchinfer.launchers.embedded.embedded_ray import shutdown
     from airflow_provider_batchinfer.registry import ModelRegistry
     from tests.models import TextLength
 

@@ -52,7 +52,7 @@ def _tables(rows: dict[str, int]) -> None:
     import pyarrow as pa
 
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
-    from airflow_provider_batchinfer.tables.catalog import open_catalog
+    from airflow_provider_batchinfer.store.iceberg.catalog import open_catalog
 
     hook = ModelServiceHook()
     catalog = open_catalog(hook.catalog_properties(), hook.storage_options)
@@ -72,7 +72,7 @@ def _tables(rows: dict[str, int]) -> None:
 def _task(name: str) -> None:
     """One task process: score ``raw.<name>`` and print its rows and peak RSS as JSON (last line)."""
     from airflow_provider_batchinfer import BatchInferenceOperator, InputSpec, JobSpec, OutputSpec, SaveMode
-    from airflow_provider_batchinfer.tables import iceberg_input
+    from airflow_provider_batchinfer.store.iceberg import iceberg_input
 
     op = BatchInferenceOperator(
         task_id="bench",

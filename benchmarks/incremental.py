@@ -73,7 +73,7 @@ def _changed_features(src: Path, dst: Path) -> Path:
 
 def _run(name: str, version: str, input_dir: Path, base: str, run_id: str, reuse: str | None) -> dict:
     from airflow_provider_batchinfer import BatchInferenceOperator, InputSpec, JobSpec, OutputSpec, SaveMode
-    from airflow_provider_batchinfer.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
 
     op = BatchInferenceOperator(
         task_id="bench",
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             day2 = _changed_features(day1, work / "in" / "mlp-day2")
             results.append(workload("mlp", models["mlp"][:2], day1, day2, work / "stage"))
     finally:
-        from airflow_provider_batchinfer.launchers.embedded_ray import shutdown
+        from airflow_provider_batchinfer.launchers.embedded.embedded_ray import shutdown
 
         shutdown(Path(ray_dir))
         shutil.rmtree(ray_dir, ignore_errors=True)

@@ -57,8 +57,8 @@ def _run_once(services, dag_id: str, task_id: str, conf: dict) -> dict:
 
 def measure(dag_id: str, env_extra: dict[str, str], label: str, runs: int, root: Path) -> list[dict]:
     """``runs`` timed runs of ``dag_id`` on fresh Airflow services started with ``env_extra``."""
-    from airflow_provider_batchinfer.launchers import embedded_ray, warm_runtime
-    from airflow_provider_batchinfer.launchers.procs import free_ports
+    from airflow_provider_batchinfer.launchers.embedded import embedded_ray, warm_runtime
+    from airflow_provider_batchinfer.launchers.embedded.procs import free_ports
     from benchmarks.idle import wait_for_idle
     from tests.airflow_services import AirflowServices, services_env
 

@@ -74,7 +74,7 @@ _WARM_PROCESS = re.compile(r"in warm runtime process (\d+)")
 
 
 def _spare_dirs(env: dict) -> list[Path]:
-    from airflow_provider_batchinfer.launchers.embedded_ray import state_dir
+    from airflow_provider_batchinfer.launchers.embedded.embedded_ray import state_dir
 
     return sorted((state_dir(env) / "spares").glob("*"))
 
@@ -82,7 +82,7 @@ def _spare_dirs(env: dict) -> list[Path]:
 def settle_spares(env: dict) -> None:
     """Wait until no spare runtime process is still importing its libraries: the provider starts one
     after a job, and its imports must not run beside the next system's timed run."""
-    from airflow_provider_batchinfer.launchers.warm_runtime import wait_ready
+    from airflow_provider_batchinfer.launchers.embedded.warm_runtime import wait_ready
 
     for directory in _spare_dirs(env):
         wait_ready(directory, timeout=120)
@@ -90,7 +90,7 @@ def settle_spares(env: dict) -> None:
 
 def stop_spares(env: dict) -> int:
     """Stop the waiting spares: the next provider job starts cold (a fresh interpreter)."""
-    from airflow_provider_batchinfer.launchers.warm_runtime import stop_spares as stop
+    from airflow_provider_batchinfer.launchers.embedded.warm_runtime import stop_spares as stop
 
     return sum(stop(directory) for directory in _spare_dirs(env))
 
@@ -209,7 +209,7 @@ def overhead_runs(cfg: dict, workdir: Path, env: dict, warm_runs: int = 3) -> li
     every spare runtime process stopped too, so its interpreter imports torch) and the same job on
     the actor pool (``provider_pool``: it starts the embedded Ray, whose start-up is in the figure).
     The warm runs find that Ray up and the spare the first job left, as a busy worker's jobs do."""
-    from airflow_provider_batchinfer.launchers.embedded_ray import shutdown, state_dir
+    from airflow_provider_batchinfer.launchers.embedded.embedded_ray import shutdown, state_dir
 
     runs = []
     plan = [("provider", "cold: no Ray running, and a one-replica job starts none")]
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results, info = _workloads(args, models, base, workdir, env, stage_root)
     finally:
-        from airflow_provider_batchinfer.launchers.embedded_ray import shutdown
+        from airflow_provider_batchinfer.launchers.embedded.embedded_ray import shutdown
 
         shutdown(Path(env["BATCHINFER_RAY_DIR"]))
         stop_spares(env)

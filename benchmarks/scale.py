@@ -154,10 +154,10 @@ def model_ref(registry_root: Path) -> Any:
 
 def job_location(run_dir: Path, model: Any, registry_root: Path, inputs: Path, path: str, job: str) -> str:
     """Claim ``run_dir`` for one job (as the operator does) and write its job file; its location."""
-    from airflow_provider_batchinfer import rundir
     from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, JobFile, RunOwner
-    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
-    from airflow_provider_batchinfer.stage import Stage
+    from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec
+    from airflow_provider_batchinfer.store.commit import rundir
+    from airflow_provider_batchinfer.store.stage import Stage
 
     spec = JobSpec(replicas=1) if path == "driver" else JobSpec(replicas=2, in_driver_max_rows=0)
     attempt = "t02resume" if job == "resume" else "t01run"
@@ -211,7 +211,7 @@ def run_sampled(spec: str, env: dict[str, str]) -> tuple[float, int, int]:
 def one_job(
     base: Path, inputs: Path, files: list[str], model: Any, registry_root: Path, path: str, job: str, plant: str
 ) -> dict:
-    from airflow_provider_batchinfer.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
 
     run_dir = base / f"run-{path}-{job}"
     shutil.rmtree(run_dir, ignore_errors=True)

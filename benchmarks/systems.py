@@ -187,7 +187,7 @@ def provider(cfg: dict) -> None:
     t0 = time.monotonic()
     xcom = op.execute({"ti": ti})
     wall = time.monotonic() - t0
-    from airflow_provider_batchinfer.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
 
     manifest = read_valid_manifest(cfg["out_dir"])
     assert manifest is not None, f"no _SUCCESS in {cfg['out_dir']}"
@@ -202,7 +202,7 @@ SYSTEMS = {
     ("plain_ray", "mlp"): plain_ray,
     ("provider", "text"): provider,
     ("provider", "mlp"): provider,
-    # the same job on Ray Data's actor pool instead of the driver process (runtime/in_driver.py)
+    # the same job on Ray Data's actor pool instead of the driver process (runtime/engine/in_driver.py)
     ("provider_pool", "text"): lambda cfg: provider({**cfg, "in_driver_max_rows": 0}),
     ("provider_pool", "mlp"): lambda cfg: provider({**cfg, "in_driver_max_rows": 0}),
     # the optimized backend (ONNX Runtime, INT8 weights), its export made before the timed run

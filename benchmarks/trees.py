@@ -11,7 +11,7 @@
      model, ``_job.json``, the runtime on the embedded default, ``_SUCCESS``): the first run after
      the benchmark's start (cold file caches; a one-replica job starts no Ray, and its fresh
      interpreter imports the library), then warm runs (handed to the spare runtime process the run
-     before left, its library imported; ``launchers/warm_runtime.py``).
+     before left, its library imported; ``launchers/embedded/warm_runtime.py``).
    ``raw``, ``stream`` and the warm operator run ``REPEATS`` times, interleaved; the table gives each
    one's median and every run's time (one run of a two-second job on two cores moved by 0.1 s).
 2. **ONNX vs native scikit-learn** (in-process, same rows, same threads): a logistic regression, an
@@ -118,7 +118,7 @@ def provider(cfg: dict) -> None:
         {"conn_type": "batchinfer", "extra": {"stage_root": cfg["stage_root"], "registry_root": cfg["registry_root"]}}
     )
     from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec, SaveMode
-    from airflow_provider_batchinfer.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
 
     op = BatchInferenceOperator(
         task_id="bench",
@@ -147,7 +147,7 @@ def onnx_vs_sklearn(cfg: dict) -> None:
     from sklearn.neural_network import MLPClassifier
     from threadpoolctl import threadpool_limits
 
-    from airflow_provider_batchinfer.runtime.ort import ort_session
+    from airflow_provider_batchinfer.runtime.model.ort import ort_session
 
     threadpool_limits(THREADS)
     x_train, y = tree_train_set(50_000)
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                 {"system": "onnx", "rows": args.onnx_rows, "out_dir": str(workdir / "onnx")}, workdir, env
             )
     finally:
-        from airflow_provider_batchinfer.launchers.embedded_ray import shutdown
+        from airflow_provider_batchinfer.launchers.embedded.embedded_ray import shutdown
 
         shutdown(Path(env["BATCHINFER_RAY_DIR"]))
         shutil.rmtree(env["BATCHINFER_RAY_DIR"], ignore_errors=True)

@@ -171,7 +171,7 @@ def log_models(registry_root: Path, jit_file: Path) -> dict:
 def export_optimized(st_dir: str, sha256: str, cache: Path) -> dict:
     """The onnx_int8 export, made once before the timed runs (what a first job would do, once per
     model version): its time and the accuracy guard's figures go into the report."""
-    from airflow_provider_batchinfer.runtime.flavors.optimized_text import prepare
+    from airflow_provider_batchinfer.runtime.model.flavors.optimized.optimized_text import prepare
 
     _, info, _ = prepare(Path(st_dir), sha256, "onnx_int8", cache)
     print(
@@ -186,7 +186,7 @@ def export_optimized_mlp(uri: str, sha256: str, cache: Path) -> dict:
     """The MLP's ONNX export (``JobSpec(backend="onnx")``), made once before the timed runs as a
     first job would make it once per model version: its time and guard go into the report."""
     from airflow_provider_batchinfer.registry.fetch import fetch_version
-    from airflow_provider_batchinfer.runtime.flavors.optimized_torchscript import prepare
+    from airflow_provider_batchinfer.runtime.model.flavors.optimized.optimized_torchscript import prepare
 
     model_dir, manifest = fetch_version(uri, sha256, cache_dir=str(cache))
     assert manifest is not None

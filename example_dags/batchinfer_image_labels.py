@@ -48,7 +48,7 @@ def batchinfer_image_labels():
         import tempfile
 
         from airflow_provider_batchinfer import ModelServiceHook
-        from airflow_provider_batchinfer.demo_models import build_tiny_image_classifier
+        from airflow_provider_batchinfer.registry.demo_models import build_tiny_image_classifier
 
         hook = ModelServiceHook()
         signature = {"inputs": {"image": "binary"}, "outputs": {"label": "string", "score": "float32"}}
@@ -80,8 +80,8 @@ def batchinfer_image_labels():
         import pyarrow.parquet as pq
 
         from airflow_provider_batchinfer import ModelServiceHook
-        from airflow_provider_batchinfer.demo_models import COLORS, color_image
-        from airflow_provider_batchinfer.stage import Stage, sanitize_run_key
+        from airflow_provider_batchinfer.registry.demo_models import COLORS, color_image
+        from airflow_provider_batchinfer.store.stage import Stage, sanitize_run_key
 
         rng = random.Random(zlib.crc32(run_id.encode()))
         hook = ModelServiceHook()
@@ -135,8 +135,8 @@ def batchinfer_image_labels():
 
         from airflow_provider_batchinfer import ModelServiceHook
         from airflow_provider_batchinfer.contract import Manifest
-        from airflow_provider_batchinfer.markers import committed_files
-        from airflow_provider_batchinfer.stage import Stage, sanitize_run_key
+        from airflow_provider_batchinfer.store.commit.markers import committed_files
+        from airflow_provider_batchinfer.store.stage import Stage, sanitize_run_key
 
         committed = Manifest.from_dict(manifest)  # the sensor's XCom: the manifest's dict
         table = pq.read_table(committed_files(committed))

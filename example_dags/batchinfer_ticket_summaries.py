@@ -72,7 +72,7 @@ def batchinfer_ticket_summaries():
         import tempfile
 
         from airflow_provider_batchinfer import ModelServiceHook
-        from airflow_provider_batchinfer.demo_models import build_tiny_chat_model
+        from airflow_provider_batchinfer.registry.demo_models import build_tiny_chat_model
 
         hook = ModelServiceHook()
         source = os.environ.get("BATCHINFER_SUMMARIZER_DIR")
@@ -99,8 +99,8 @@ def batchinfer_ticket_summaries():
         import pyarrow.parquet as pq
 
         from airflow_provider_batchinfer import ModelServiceHook
-        from airflow_provider_batchinfer.chat import text_to_messages
-        from airflow_provider_batchinfer.stage import Stage, sanitize_run_key
+        from airflow_provider_batchinfer.contract.chat import text_to_messages
+        from airflow_provider_batchinfer.store.stage import Stage, sanitize_run_key
 
         rng = random.Random(zlib.crc32(run_id.encode()))
         n = int(params["num_tickets"])
@@ -150,8 +150,8 @@ def batchinfer_ticket_summaries():
 
         from airflow_provider_batchinfer import ModelServiceHook
         from airflow_provider_batchinfer.contract import Manifest
-        from airflow_provider_batchinfer.markers import committed_files
-        from airflow_provider_batchinfer.stage import Stage, sanitize_run_key
+        from airflow_provider_batchinfer.store.commit.markers import committed_files
+        from airflow_provider_batchinfer.store.stage import Stage, sanitize_run_key
 
         committed = Manifest.from_dict(manifest)  # the sensor's XCom: the manifest's dict
         table = pq.read_table(committed_files(committed))

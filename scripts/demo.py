@@ -54,8 +54,8 @@ def main() -> int:
         return code
     base = REPO / ".batchinfer" / "stage" / "embeddings" / "tickets"
     run_dir = max(base.iterdir(), key=lambda p: p.stat().st_mtime)
-    from airflow_provider_batchinfer.markers import read_valid_manifest
-    from airflow_provider_batchinfer.stage import SUCCESS_MARKER
+    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER
 
     manifest = read_valid_manifest(str(run_dir))
     if manifest is None:
@@ -73,7 +73,7 @@ def main() -> int:
         f"Job           : {timings.get('total_s')}s launch to marker, {timings.get('rows_per_s')} rows/s through the pipeline"
     )
     print(f"DAG wall time : {wall:.1f}s  (full log: {log_path})")
-    from airflow_provider_batchinfer.launchers import embedded_ray
+    from airflow_provider_batchinfer.launchers.embedded import embedded_ray
 
     if embedded_ray.read_state(embedded_ray.state_dir()) is None:
         print(
@@ -84,9 +84,9 @@ def main() -> int:
         print(
             f"Embedded Ray  : stays up {embedded_ray.idle_seconds():g}s for the next job (state in "
             f"{embedded_ray.state_dir()}); stop it now with "
-            f"{sys.executable} -m airflow_provider_batchinfer.launchers.embedded_ray stop {embedded_ray.state_dir()}"
+            f"{sys.executable} -m airflow_provider_batchinfer.launchers.embedded.embedded_ray stop {embedded_ray.state_dir()}"
         )
-    from airflow_provider_batchinfer.launchers import warm_runtime
+    from airflow_provider_batchinfer.launchers.embedded import warm_runtime
 
     spares = warm_runtime.waiting(embedded_ray.state_dir())
     if spares:
@@ -94,7 +94,7 @@ def main() -> int:
         print(
             f"Warm runtime  : {kinds} waits {embedded_ray.idle_seconds():g}s for the next job of its kind, its "
             f"model library imported; stop it with {sys.executable} -m "
-            f"airflow_provider_batchinfer.launchers.warm_runtime stop (BATCHINFER_WARM_RUNTIME=0: none)"
+            f"airflow_provider_batchinfer.launchers.embedded.warm_runtime stop (BATCHINFER_WARM_RUNTIME=0: none)"
         )
     return 0 if counts.output_rows == counts.input_rows else 1
 

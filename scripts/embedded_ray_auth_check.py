@@ -1,6 +1,6 @@
 """Check that the embedded Ray refuses callers without its token: its GCS answers an unauthenticated
 gRPC call with UNAUTHENTICATED and one with the token with OK; a Ray Client server (which the
-embedded Ray starts without, ``launchers/ray_head.py``, unless an operator's own ``RAY_START_HOOK``
+embedded Ray starts without, ``launchers/embedded/ray_head.py``, unless an operator's own ``RAY_START_HOOK``
 asks for one) answers it with UNAUTHENTICATED.
 
 Why a raw gRPC call: a driver without the token does not fail, it retries until its own timeout
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import grpc
 
-from airflow_provider_batchinfer.launchers import embedded_ray
-from airflow_provider_batchinfer.launchers.procs import group_cmdlines
+from airflow_provider_batchinfer.launchers.embedded import embedded_ray
+from airflow_provider_batchinfer.launchers.embedded.procs import group_cmdlines
 
 
 def _call(address: str, token: str | None, client: bool) -> str:

@@ -46,7 +46,7 @@ home=$(mktemp -d /tmp/batchinfer-lowest-XXXXXX)
 # the job's embedded Ray (if a job started one: a one-replica job starts none) gets its own state dir
 # and is stopped on the way out; `stop` exits 1 when no Ray runs, which is no failure of the smoke
 export BATCHINFER_RAY_DIR=$(mktemp -d /tmp/bir-lo-XXXXXX)
-trap '"$PY" -m airflow_provider_batchinfer.launchers.embedded_ray stop "$BATCHINFER_RAY_DIR" >/dev/null 2>&1 || true; rm -rf "$home" "$BATCHINFER_RAY_DIR"' EXIT
+trap '"$PY" -m airflow_provider_batchinfer.launchers.embedded.embedded_ray stop "$BATCHINFER_RAY_DIR" >/dev/null 2>&1 || true; rm -rf "$home" "$BATCHINFER_RAY_DIR"' EXIT
 export AIRFLOW_HOME="$home/airflow" BATCHINFER_HOME="$home/batchinfer"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__DAGS_FOLDER="$REPO/example_dags"
 export AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT=120 AIRFLOW__OPENLINEAGE__DISABLED=True

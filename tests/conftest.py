@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_batchinfer.launchers.procs import free_ports
+from airflow_provider_batchinfer.launchers.embedded.procs import free_ports
 
 # The tier of a test is the folder it lives in; ``slow`` (end-to-end runs and real services, what
 # ``make test-fast`` leaves out) and ``services`` follow from it.
@@ -595,7 +595,7 @@ def two_node_cluster(tmp_path_factory):
     raise RuntimeError(f"no 2-node Ray cluster in {_CLUSTER_STARTS} starts:\n" + "\n\n".join(errors))
 
 
-# --- warmray: the embedded default's warm Ray (launchers/embedded_ray.py) ------------------------------
+# --- warmray: the embedded default's warm Ray (launchers/embedded/embedded_ray.py) ------------------------------
 # Jobs with no Ray address (tests that remove RAY_ADDRESS) share one embedded Ray; this session gets its
 # own state directory (short: under /tmp), so it never reuses or stops a developer's embedded Ray, and
 # that Ray is stopped (by its process group, never `ray stop`) when the session ends.
@@ -606,7 +606,7 @@ os.environ["BATCHINFER_RAY_DIR"] = str(_EMBEDDED_RAY_DIR)
 @pytest.fixture(scope="session", autouse=True)
 def _stop_the_sessions_embedded_ray():
     yield
-    from airflow_provider_batchinfer.launchers.embedded_ray import shutdown
+    from airflow_provider_batchinfer.launchers.embedded.embedded_ray import shutdown
 
     shutdown(_EMBEDDED_RAY_DIR)
     shutil.rmtree(_EMBEDDED_RAY_DIR, ignore_errors=True)

@@ -90,7 +90,7 @@ class CountingHandler(pafs.FileSystemHandler):
 def count_reads(monkeypatch: Any) -> Counter[str]:
     """From now on every local ``Stage`` reads through a :class:`CountingHandler`; the counts of
     bytes read per path are returned (a ``Counter``, filled as reads happen)."""
-    from airflow_provider_batchinfer.stage import Stage
+    from airflow_provider_batchinfer.store.stage import Stage
 
     counts: Counter[str] = Counter()
     opened = Stage.open.__func__  # type: ignore[attr-defined]

@@ -123,7 +123,7 @@ def forge_snapshot(catalog_props: Mapping[str, str], identifier: str, run_key: s
     import pyarrow as pa
     from pyiceberg.exceptions import NoSuchTableError
 
-    from airflow_provider_batchinfer.tables.catalog import open_catalog
+    from airflow_provider_batchinfer.store.iceberg.catalog import open_catalog
 
     catalog = open_catalog(catalog_props)
     data = pa.table(

@@ -241,8 +241,8 @@ def assert_fails_before_ray(
     import pytest
     import ray
 
+    from airflow_provider_batchinfer.contract.specs import InputSpec
     from airflow_provider_batchinfer.runtime.driver import run
-    from airflow_provider_batchinfer.specs import InputSpec
     from tests.models import job_file, write_job_file
 
     def refuse(*args, **kwargs):

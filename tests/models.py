@@ -110,7 +110,7 @@ def job_file(
 
     ``model`` is a registry ``ModelVersion`` (or anything with ``to_dict()`` in the registry's shape)."""
     from airflow_provider_batchinfer.contract import JobFile, ModelRef, RunOwner
-    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+    from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec
 
     return JobFile(
         job_id=job_id,
@@ -132,7 +132,7 @@ def job_file(
 def ticket_job(tmp_path, registry, model, name: str, rows: int, *, ray_address: str | None = None, **spec):
     """``(run dir, JobFile)``: ``rows`` tickets in 4 files scored by ``model``, ids in ``ticket_id``,
     model calls of 20 rows and progress every 2 s; ``spec`` overrides the JobSpec."""
-    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+    from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec
 
     inputs = write_tickets(tmp_path / f"in-{name}", rows=rows, files=4)
     run_dir = tmp_path / f"out-{name}"
@@ -154,9 +154,9 @@ def ticket_job(tmp_path, registry, model, name: str, rows: int, *, ray_address: 
 def write_job_file(job) -> str:
     """Claim ``job``'s run directory for it (``_job.json`` and its commit token, as the operator
     does); the job file's location."""
-    from airflow_provider_batchinfer import rundir
     from airflow_provider_batchinfer.contract import JOB_SPEC_FILE
-    from airflow_provider_batchinfer.stage import Stage
+    from airflow_provider_batchinfer.store.commit import rundir
+    from airflow_provider_batchinfer.store.stage import Stage
 
     run_dir = Stage.open(job.run_dir)
     earlier = rundir.read_claim(run_dir) if job.resume else None
@@ -171,7 +171,7 @@ def write_job_file(job) -> str:
 def committed_manifest(location: str) -> dict | None:
     """The validated ``_SUCCESS`` of a run directory in its serialized form (what goes to XCom),
     or None while it has none."""
-    from airflow_provider_batchinfer.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
 
     manifest = read_valid_manifest(location)
     return None if manifest is None else manifest.to_dict()
@@ -180,7 +180,7 @@ def committed_manifest(location: str) -> dict | None:
 def model_job(tmp_path: Path, registry, mv) -> Any:
     """A minimal job file for model version ``mv`` of ``registry``, with ``<tmp_path>/run`` created."""
     from airflow_provider_batchinfer.contract import JobFile, ModelRef, RunOwner
-    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+    from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec
 
     (tmp_path / "run").mkdir(exist_ok=True)
     return JobFile(

@@ -22,7 +22,7 @@ class OffsetLength:
     def predict(self, batch, offset=0):
         type(self).calls += 1
         if type(self).calls == 3:
-            from airflow_provider_batchinfer.fence import pause_for_test
+            from airflow_provider_batchinfer.store.commit.fence import pause_for_test
 
             pause_for_test(PAUSE_POINT)
         if (batch["text"] == "boom").any():

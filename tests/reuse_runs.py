@@ -11,7 +11,7 @@ from pathlib import Path
 
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, JobFile, Manifest, RunOwner
 from airflow_provider_batchinfer.contract.reuse import KEY_SCHEME, IndexFile, ReuseInfo, key_file_name
-from airflow_provider_batchinfer.runtime.reuse_keys import context_digest
+from airflow_provider_batchinfer.runtime.incremental.keys import context_digest
 from tests.runs import OWNER, job_file, manifest_for, write_part
 
 CONTEXT = context_digest(

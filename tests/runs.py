@@ -17,7 +17,7 @@ from airflow_provider_batchinfer.contract import (
     RunOwner,
     part_name,
 )
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec
 
 MODEL = ModelRef(name="m", version="v1", flavor="python_class", sha256="0" * 64, uri="/registry/m/v1")
 OWNER = RunOwner(dag_id="dag", task_id="infer", run_id="run1", try_number=1)

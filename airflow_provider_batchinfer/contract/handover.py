@@ -1,5 +1,5 @@
 """The hand-over of a job to a spare runtime process: names and wire format shared by the
-``local`` launcher (``launchers/warm_runtime.py``) and the spare (``runtime/spare.py``).
+``local`` launcher (``launchers/embedded/warm_runtime.py``) and the spare (``runtime/spare.py``).
 
 A spare listens on ``<kind>.<pid>.sock`` once it is ready; ``….sock.starting`` marks one still
 importing; a launcher claims a spare by renaming its socket to ``….sock.claimed``. The request is

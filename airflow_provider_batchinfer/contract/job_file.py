@@ -11,11 +11,11 @@ from typing import Any
 from airflow_provider_batchinfer.contract._fields import _get, _opt, _strings
 from airflow_provider_batchinfer.contract.layout import JOB_FORMAT, JOB_SPEC_FILE, ContractError
 from airflow_provider_batchinfer.contract.records import ModelRef, RunOwner
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec
 from airflow_provider_batchinfer.contract.sql_input import SqlInput
 from airflow_provider_batchinfer.contract.tables import TableInput, TableOutput
 from airflow_provider_batchinfer.contract.url_hosts import parse_url_hosts
 from airflow_provider_batchinfer.contract.usage import check_prices
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class JobFile:
         fmt = _get(data, "format", str, where, err)
         if fmt != JOB_FORMAT:
             raise err(f"{where} is a {fmt!r} job file; this version of the provider reads {JOB_FORMAT!r}")
-        from airflow_provider_batchinfer.specs import SpecError
+        from airflow_provider_batchinfer.contract.specs import SpecError
 
         try:
             input_spec = InputSpec.from_dict(_get(data, "input_spec", dict, where, err))

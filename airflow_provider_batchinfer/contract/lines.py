@@ -9,7 +9,7 @@ from dataclasses import dataclass
 RESULT_PREFIX = "BATCHINFER_RESULT "
 ERROR_PREFIX = "BATCHINFER_ERROR "
 #: set by the local launcher in the environment of a runtime it starts on the embedded Ray: the
-#: driver then shares the only Ray node's machine and may score a small job itself (runtime/in_driver.py)
+#: driver then shares the only Ray node's machine and may score a small job itself (runtime/engine/in_driver.py)
 EMBEDDED_RAY_ENV = "BATCHINFER_EMBEDDED_RAY"
 #: set beside it when the launcher started that Ray for this job and the job is started while Ray
 #: starts: a file the launcher creates once Ray is up, which the runtime waits for before ``ray.init``

@@ -105,7 +105,7 @@ class PoolRecord:
     reserved_gpus: float = 0.0
     waited_s: float = 0.0
     nodes: tuple[NodeReplicas, ...] = ()
-    # a small job scored in the driver process, without an actor pool (runtime/in_driver.py)
+    # a small job scored in the driver process, without an actor pool (runtime/engine/in_driver.py)
     in_driver: bool = False
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Where a job on the embedded default is scored: in its driver process, or on Ray's actor pool.
 
-Both sides need the answer. The runtime decides (``runtime/in_driver.py``), once it has counted the
+Both sides need the answer. The runtime decides (``runtime/engine/in_driver.py``), once it has counted the
 rows to score. The local launcher needs it *before* it starts the runtime: a job its driver scores
 never touches Ray, so the launcher should not start the embedded Ray for it (about 4 s and ~1 GB on a
 2-core worker, most of a small job's cold start). Only the job file is known then, so the launcher

@@ -4,7 +4,7 @@ address or credentials.
 The operator resolves the Airflow connection into a SQLAlchemy URL and hands it to the job the way
 its storage credentials travel (the launcher's secret environment, :data:`SQL_URL_ENV`): the URL
 may hold a password, so it is never in ``_job.json``, the Ray job's entrypoint, ``runtime_env`` or
-metadata, the manifest or a log line. The job reads the query (``runtime/sql_input.py``).
+metadata, the manifest or a log line. The job reads the query (``runtime/inputs/sql_input.py``).
 Imports neither side.
 """
 

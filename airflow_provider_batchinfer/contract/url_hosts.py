@@ -5,7 +5,7 @@ the runtime when it reads the job file, so an entry the runtime would misread ne
 Entries are host names (``cdn.example.com``), ``*.`` patterns (``*.images.example.com``, any
 subdomain), ``*`` (any host), IP addresses and CIDR networks (``10.0.0.0/8``). Empty means that no
 URL is fetched at all. Which *addresses* a matched host may resolve to is the runtime's rule
-(``runtime/url_fetch.py``): a pattern never reaches a private, loopback or link-local address,
+(``runtime/model/url_fetch.py``): a pattern never reaches a private, loopback or link-local address,
 nor an IPv6 address that carries an IPv4 one (NAT64, 6to4, Teredo, IPv4-mapped); an entry that
 names the host or its network does.
 """

@@ -6,7 +6,7 @@ reservation while the job holds it, whether a replica is busy or idle. So ``cpu_
 reserved CPUs x the seconds the reservation was held, ``gpu_seconds`` likewise; the cost is those
 seconds at the connection's prices. ``busy_s`` (the summed time replicas spent in the model) is
 reported beside it, so a half-idle pool shows up as a low ``busy_s / (replicas x held_s)`` (a
-replica that takes concurrent calls, ``runtime/in_driver.py``, counts each call's time, so it can
+replica that takes concurrent calls, ``runtime/engine/in_driver.py``, counts each call's time, so it can
 reach ``threads x held_s``).
 
 No Airflow, no Ray: both sides read and write these through the contract.

@@ -24,10 +24,10 @@ from airflow_provider_batchinfer.hooks.service_config import (
     embedded_home,
 )
 from airflow_provider_batchinfer.launchers import LAUNCHER_NAMES, launcher_class
-from airflow_provider_batchinfer.markers import read_committed
 from airflow_provider_batchinfer.registry import ModelRegistry, ModelVersion, verify_local_copy
-from airflow_provider_batchinfer.s3 import DEFAULT_MAX_ATTEMPTS, credential_env, public_options
-from airflow_provider_batchinfer.stage import Stage, resolve_location
+from airflow_provider_batchinfer.store.commit.markers import read_committed
+from airflow_provider_batchinfer.store.s3 import DEFAULT_MAX_ATTEMPTS, credential_env, public_options
+from airflow_provider_batchinfer.store.stage import Stage, resolve_location
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -136,7 +136,7 @@ class ModelServiceHook(BaseHook):
         """The connection's Iceberg catalog (extra ``iceberg_catalog``), else the embedded SQLite one;
         AirflowFailException when the connection's catalog is not usable."""
         from airflow_provider_batchinfer.hooks.service_config import embedded_home
-        from airflow_provider_batchinfer.tables.catalog import CatalogError, catalog_config
+        from airflow_provider_batchinfer.store.iceberg.catalog import CatalogError, catalog_config
 
         conn = self._connection()
         extra = dict(conn.extra_dejson or {}) if conn is not None else {}
@@ -149,7 +149,7 @@ class ModelServiceHook(BaseHook):
     def table_read_options(self) -> dict[str, Any]:
         """What readers of ``iceberg://`` locations take: the S3 settings, the catalog, and the roots
         below which they may read what a snapshot summary or a manifest names (``tables.read``)."""
-        from airflow_provider_batchinfer.tables.read import CATALOG_OPTION, ROOTS_OPTION, read_roots
+        from airflow_provider_batchinfer.store.iceberg.read import CATALOG_OPTION, ROOTS_OPTION, read_roots
 
         catalog = self.catalog_properties()
         roots = read_roots(self.config.stage_root, self.config.registry_root, catalog)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from airflow_provider_batchinfer.s3 import CREDENTIAL_MODES
+from airflow_provider_batchinfer.store.s3 import CREDENTIAL_MODES
 
 #: key of the options dict that carries the expiry of temporary keys (a timezone-aware datetime);
 #: ``ServiceConfig`` takes it out before the options reach a filesystem
@@ -32,7 +32,7 @@ _EXTERNAL_ID = re.compile(r"^[\w+=,.@:/-]{2,1224}$")
 
 
 def storage_options_from_connection(conn: Any, get_connection: Callable[[str], Any]) -> dict[str, Any]:
-    """Storage options (see ``airflow_provider_batchinfer.s3``) for a ``batchinfer`` connection.
+    """Storage options (see ``airflow_provider_batchinfer.store.s3``) for a ``batchinfer`` connection.
 
     Precedence: the batchinfer connection's login/password and extras win; an ``aws_conn_id``
     fills in whatever they leave empty; whatever is still empty falls to the AWS default chain.
@@ -173,7 +173,7 @@ def credential_lifetime_problem(
     Only shipped temporary keys (a session token) can run out mid-job: permanent keys do not
     expire, and without shipped keys each process refreshes its own. ``role_arn`` does not help
     when its base keys are the shipped temporary ones: refreshing the role needs them."""
-    from airflow_provider_batchinfer.s3 import shipped_credentials
+    from airflow_provider_batchinfer.store.s3 import shipped_credentials
 
     if not shipped_credentials(options).get("session_token"):
         return None

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract.url_hosts import parse_url_hosts
 from airflow_provider_batchinfer.contract.usage import check_prices
 from airflow_provider_batchinfer.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES, launcher_class
-from airflow_provider_batchinfer.s3 import public_options
+from airflow_provider_batchinfer.store.s3 import public_options
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -83,7 +83,7 @@ def _idle_seconds(value: Any, conn_id: str) -> float | None:
 def _catalog_secrets(extra: Mapping[str, Any], stage_root: str, home: str) -> dict[str, str]:
     """The secret properties of the connection's ``iceberg_catalog`` as the runtime's environment. A
     malformed extra gives none here: the task that uses the catalog fails on it with its message."""
-    from airflow_provider_batchinfer.tables.catalog import CatalogError, catalog_config, catalog_secret_env
+    from airflow_provider_batchinfer.store.iceberg.catalog import CatalogError, catalog_config, catalog_secret_env
 
     if not extra.get("iceberg_catalog"):
         return {}
@@ -118,7 +118,7 @@ class ServiceConfig:
     #: when the session token in ``storage_options`` expires (None: no token, or not known)
     credential_expiry: datetime | None = field(default=None, compare=False)
     #: the Iceberg catalog's secret properties as ``PYICEBERG_CATALOG__*`` variables: delivered to
-    #: the runtime with its credentials, never written down (``tables/catalog.py``)
+    #: the runtime with its credentials, never written down (``store/iceberg/catalog.py``)
     runtime_secrets: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
     # extras price_per_cpu_hour / price_per_gpu_hour (currency units per hour): the usage's cost
     prices: Mapping[str, float] = field(default_factory=dict)

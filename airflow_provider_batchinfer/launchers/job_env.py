@@ -9,7 +9,7 @@ one (in its secrets package, ``delivery.py``), never the connection's long-lived
   the role again). A store without STS refuses such a job. A job whose every location is local
   (stage, registry, inputs, a table's warehouse, the allowed roots) needs no S3 credential: STS is
   not asked and no key is shipped.
-- The Iceberg catalog's secret properties (``tables/catalog.py: catalog_secret_env``).
+- The Iceberg catalog's secret properties (``store/iceberg/catalog.py: catalog_secret_env``).
 
 Imports no Airflow: the operator and the trigger share the launcher.
 """
@@ -25,8 +25,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from airflow_provider_batchinfer.delivery import SECRETS_MODULE_ENV, write_package
-from airflow_provider_batchinfer.s3 import ASSUMED_ROLE_ENV, ROLE_KEYS, SECRET_KEYS, credential_env, shipped_credentials
+from airflow_provider_batchinfer.store.delivery import SECRETS_MODULE_ENV, write_package
+from airflow_provider_batchinfer.store.s3 import (
+    ASSUMED_ROLE_ENV,
+    ROLE_KEYS,
+    SECRET_KEYS,
+    credential_env,
+    shipped_credentials,
+)
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,7 @@ def job_env(
     secret: dict[str, str] = {}
     expires = None
     if uses_s3 and shipped_credentials(options):
-        from airflow_provider_batchinfer.job_session import derive_session
+        from airflow_provider_batchinfer.launchers.job_session import derive_session
 
         session = derive_session(options, job_timeout)
         secret.update(session.env())

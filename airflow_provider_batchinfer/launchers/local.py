@@ -14,13 +14,13 @@ Where the job runs:
   the start, the cluster's Ray version (recorded in its GCS) is compared with this interpreter's, so
   a mismatch fails the task with a clear message instead of a driver that hangs deep in ``ray.init``;
 - ``local``: a private Ray started and stopped by the job itself (slow: Ray's start-up every time);
-- nothing: the provider's one warm local Ray (``launchers/embedded_ray.py``), started by the first
+- nothing: the provider's one warm local Ray (``launchers/embedded/embedded_ray.py``), started by the first
   job that needs it, shared by later and concurrent jobs (each holds a lease while it runs) and
   stopped after ``idle_s`` seconds without a job. A job the runtime will score in its own process
   whatever its rows (one CPU replica, ``contract/placement.py``) is started without it: starting Ray
   is most of a small job's cold start, and such a job never uses it. Such a job is handed to a
   spare runtime process that has already imported its model library when one is ready
-  (``launchers/warm_runtime.py``); once it ends, the next spare of its kind is started.
+  (``launchers/embedded/warm_runtime.py``); once it ends, the next spare of its kind is started.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_batchinfer.contract import JobFailure, JobResult, parse_runtime_line, placement
 from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_READY_ENV
-from airflow_provider_batchinfer.launchers import embedded_ray, warm_runtime
 from airflow_provider_batchinfer.launchers.base import (
     FAILED,
     RUNTIME_MODULE,
@@ -51,7 +50,8 @@ from airflow_provider_batchinfer.launchers.base import (
     Outcome,
     TaskLog,
 )
-from airflow_provider_batchinfer.redact import mask_cut, scrub, secret_values
+from airflow_provider_batchinfer.launchers.embedded import embedded_ray, warm_runtime
+from airflow_provider_batchinfer.store.redact import mask_cut, scrub, secret_values
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -135,7 +135,7 @@ class LocalLauncher(Launcher):
 
     @classmethod
     def from_config(cls, config: LauncherConfig) -> LocalLauncher:
-        from airflow_provider_batchinfer.s3 import credential_env
+        from airflow_provider_batchinfer.store.s3 import credential_env
 
         return cls(
             ray_address=config.ray_address,

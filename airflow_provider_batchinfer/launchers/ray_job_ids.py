@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_batchinfer.identity import task_key
+from airflow_provider_batchinfer.store.identity import task_key
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.contract import RunOwner

@@ -1,7 +1,7 @@
 """The ``ray_jobs`` launcher: the same runtime entrypoint, submitted to a Ray cluster's Jobs API.
 
 The Airflow worker only submits and watches. A job belongs to its task instance, not to a try: it
-carries the task key and the job's identity (:mod:`airflow_provider_batchinfer.identity`) in its
+carries the task key and the job's identity (:mod:`airflow_provider_batchinfer.store.identity`) in its
 metadata, and ``_job.json`` records its submission id and identity *before* it is submitted. A new
 try (a lost worker, a restarted task) whose claim names a job of the same identity still running
 re-attaches to it (:meth:`RayJobsLauncher.existing_job`); otherwise :meth:`~RayJobsLauncher.before_start`
@@ -51,8 +51,8 @@ from airflow_provider_batchinfer.launchers.ray_job_ids import (
     status_text,
     submission_id_for,
 )
-from airflow_provider_batchinfer.redact import scrub, uri_secrets
-from airflow_provider_batchinfer.s3 import shipped_credentials
+from airflow_provider_batchinfer.store.redact import scrub, uri_secrets
+from airflow_provider_batchinfer.store.s3 import shipped_credentials
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -136,7 +136,7 @@ class RayJobsLauncher(Launcher):
         Only a job with a location on S3 (``job_locations``, set by the operator) gets a session:
         one that reads and writes local files only runs without asking STS and without any key.
         Raises RayJobsError (permanent unless STS said to try again) with what to configure instead."""
-        from airflow_provider_batchinfer.job_session import JobSessionError
+        from airflow_provider_batchinfer.launchers.job_session import JobSessionError
 
         uses_s3 = needs_s3_session(self.job_locations)
         try:

@@ -24,7 +24,6 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import (
     JOB_SPEC_FILE,
     ContractError,
@@ -32,15 +31,16 @@ from airflow_provider_batchinfer.contract import (
     RunOwner,
     new_attempt_id,
 )
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec
+from airflow_provider_batchinfer.contract.specs.tables import is_table_input
 from airflow_provider_batchinfer.contract.sql_input import SqlInput
 from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
-from airflow_provider_batchinfer.identity import input_fingerprint, job_identity, result_identity
-from airflow_provider_batchinfer.inputs import InputError, list_input_files
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.launchers.job_env import job_locations
 from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
 from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
 from airflow_provider_batchinfer.operators import assets, table_io
+from airflow_provider_batchinfer.operators.build_job import build_job_file
 from airflow_provider_batchinfer.operators.errors import (
     airflow_error,
     check_arguments,
@@ -49,15 +49,15 @@ from airflow_provider_batchinfer.operators.errors import (
     job_failed,
 )
 from airflow_provider_batchinfer.operators.finalize import committed_result
-from airflow_provider_batchinfer.operators.job_file import build_job_file
 from airflow_provider_batchinfer.operators.lineage_methods import OpenLineageMethods
 from airflow_provider_batchinfer.operators.runs import run_directory, run_owner
 from airflow_provider_batchinfer.operators.sql_input import job_secrets as sql_job_secrets
 from airflow_provider_batchinfer.registry import RegistryError
-from airflow_provider_batchinfer.s3 import check_bucket, is_s3
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec
-from airflow_provider_batchinfer.stage import Stage
-from airflow_provider_batchinfer.tables.names import is_table_input
+from airflow_provider_batchinfer.store.commit import rundir
+from airflow_provider_batchinfer.store.identity import input_fingerprint, job_identity, result_identity
+from airflow_provider_batchinfer.store.inputs import InputError, list_input_files
+from airflow_provider_batchinfer.store.s3 import check_bucket, is_s3
+from airflow_provider_batchinfer.store.stage import Stage
 from airflow_provider_batchinfer.triggers.base import WatchStatus, event_log_offset, job_trigger, validate_event
 
 if TYPE_CHECKING:
@@ -354,9 +354,11 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
         # when this worker dies right after submitting it)
         rundir.claim(run_dir, job)
         self.log.info("Job %s: spec at %s", job.job_id, run_dir.child(JOB_SPEC_FILE).location)
-        tables.log_input(job, self.log)  # its rows are read by the job (runtime/table_input.py)
+        tables.log_input(job, self.log)  # its rows are read by the job (runtime/inputs/table_input.py)
         if job.sql_input is not None:
-            self.log.info("Input: the query on %s, read by the job (runtime/sql_input.py)", job.sql_input.conn_id)
+            self.log.info(
+                "Input: the query on %s, read by the job (runtime/inputs/sql_input.py)", job.sql_input.conn_id
+            )
         return job
 
     def _bind_sql(self, job: JobFile, kept_digest: str | None) -> JobFile:

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from airflow_provider_batchinfer.contract import ContractError
-from airflow_provider_batchinfer.inputs import EmptyInputError, InputError
-from airflow_provider_batchinfer.s3 import S3StageError
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
-from airflow_provider_batchinfer.tables.names import check_table_input_argument
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
+from airflow_provider_batchinfer.contract.specs.tables import check_table_input_argument
+from airflow_provider_batchinfer.store.inputs import EmptyInputError, InputError
+from airflow_provider_batchinfer.store.s3 import S3StageError
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context

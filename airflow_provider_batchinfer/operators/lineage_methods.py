@@ -18,18 +18,18 @@ class OpenLineageMethods:
 
     def get_openlineage_facets_on_start(self) -> Any:
         """Inputs, the model and (with a fixed ``stage_location``) the output, before the job runs."""
-        from airflow_provider_batchinfer.lineage import operator_lineage
+        from airflow_provider_batchinfer.operators.lineage import operator_lineage
 
         return operator_lineage(self._operator())
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Inputs, the model and the run directory, with schemas and statistics from ``_SUCCESS``."""
-        from airflow_provider_batchinfer.lineage import operator_lineage
+        from airflow_provider_batchinfer.operators.lineage import operator_lineage
 
         return operator_lineage(self._operator(), task_instance)
 
     def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
         """What the task meant to read and write; nothing from a manifest (none of this try's)."""
-        from airflow_provider_batchinfer.lineage import operator_lineage
+        from airflow_provider_batchinfer.operators.lineage import operator_lineage
 
         return operator_lineage(self._operator(), task_instance, committed=False)

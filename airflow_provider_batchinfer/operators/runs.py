@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import RunOwner
-from airflow_provider_batchinfer.specs import OutputSpec
-from airflow_provider_batchinfer.stage import join, sanitize_run_key
+from airflow_provider_batchinfer.contract.specs import OutputSpec
+from airflow_provider_batchinfer.store.stage import join, sanitize_run_key
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook

@@ -1,6 +1,6 @@
 """A SQL input, handed to the job: the Airflow worker resolves the connection and runs no query.
 
-The job reads the query (``runtime/sql_input.py``): in shards on Ray where the database can hash a
+The job reads the query (``runtime/inputs/sql_input.py``): in shards on Ray where the database can hash a
 sharding column, else streamed by its driver, into ``_input/<attempt>/``. Here the connection
 becomes a SQLAlchemy URL (the hook's ``sqlalchemy_url``, else its ``get_uri()``), which may hold a
 password: it goes to the launcher as the job's secret (``Launcher.job_secrets``), delivered the way

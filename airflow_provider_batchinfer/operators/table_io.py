@@ -4,13 +4,13 @@ For ``OutputSpec(table=...)`` the run still has a run directory, the *claim dire
 (``<base_stage_location or <stage root>/_tables/<table>>/<run key>``): it holds ``_job.json``, which
 fences zombie attempts, and the job's copy of a table input. The rows go into the table: the job file's
 ``run_dir`` is this attempt's data directory under the table's location, and the runtime commits
-them as one snapshot (``runtime/table_commit.py``). ``SaveMode.ERROR`` is checked against the table
+them as one snapshot (``runtime/output/table_commit.py``). ``SaveMode.ERROR`` is checked against the table
 here, before anything is written.
 
 For ``input="iceberg://..."`` the snapshot is pinned (the one given; else the one an earlier try of
 the same run pinned, read from the claim it left; else the current one) and recorded in the job
 file. The worker reads no rows of it: the job reads the pinned snapshot itself, on the Ray side,
-into the claim directory's ``_input/`` (``runtime/table_input.py``).
+into the claim directory's ``_input/`` (``runtime/inputs/table_input.py``).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import ContractError, JobFile
+from airflow_provider_batchinfer.contract.specs import SaveMode
+from airflow_provider_batchinfer.contract.specs.tables import is_table_input, parse_table_input, run_location
 from airflow_provider_batchinfer.contract.tables import RUN_KEY_COLUMN, TableInput, TableOutput
-from airflow_provider_batchinfer.specs import SaveMode
-from airflow_provider_batchinfer.stage import Stage, join, sanitize_run_key
-from airflow_provider_batchinfer.tables.catalog import CatalogError, open_catalog, public_catalog
-from airflow_provider_batchinfer.tables.names import is_table_input, parse_table_input, run_location
-from airflow_provider_batchinfer.tables.read import load_table, pin_input, run_files
+from airflow_provider_batchinfer.store.commit import rundir
+from airflow_provider_batchinfer.store.iceberg.catalog import CatalogError, open_catalog, public_catalog
+from airflow_provider_batchinfer.store.iceberg.read import load_table, pin_input, run_files
+from airflow_provider_batchinfer.store.stage import Stage, join, sanitize_run_key
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
@@ -116,7 +116,7 @@ class TableSteps:
         return dataclasses.replace(job, **changes)
 
     def _output(self, catalog: Any, public: dict[str, str], run_dir: Stage, attempt: str) -> dict:
-        from airflow_provider_batchinfer.tables.catalog import planned_location
+        from airflow_provider_batchinfer.store.iceberg.catalog import planned_location
 
         table = load_table(catalog, str(self.table))
         location = table.location() if table is not None else planned_location(public, str(self.table))

@@ -20,7 +20,7 @@ from airflow_provider_batchinfer.registry.versions import (
     TamperedModelError,
     hash_tree,
 )
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.store.stage import Stage
 
 MODEL_CACHE_ENV = "BATCHINFER_MODEL_CACHE"
 
@@ -58,7 +58,7 @@ def fetch_version(
     ``sha256`` and its location (:func:`cached_copy`), and the copy is hashed there: what a loader
     reads is then the bytes that were hashed, never a registry path that a writer could change
     between the hash and the load. This runs in every Ray actor (and in every node-side stage of the
-    vLLM engine, ``runtime/llm.py``), so each node of a multi-node cluster fetches the model for
+    vLLM engine, ``runtime/model/llm.py``), so each node of a multi-node cluster fetches the model for
     itself, once, whichever node the job's driver is on. Concurrent replicas on one node each copy
     into a private directory and publish it with one atomic rename; the loser of the race discards
     its copy. A cached copy that fails verification (a disk fault, a hand edit) is dropped and

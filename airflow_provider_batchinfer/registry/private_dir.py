@@ -1,4 +1,4 @@
-"""The model cache on a node: a directory only this user may change (``contract/private_dir.py``).
+"""The model cache on a node: a directory only this user may change (``store/private_dir.py``).
 
 A model is checked and then loaded (imported, unpickled); whoever can write the directory in
 between can swap it. So the cache is private, created 0700, and a directory that is a symbolic link,
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from airflow_provider_batchinfer.contract import private_dir as private
 from airflow_provider_batchinfer.registry.versions import RegistryError
+from airflow_provider_batchinfer.store import private_dir as private
 
 
 def _refusal(what: str, why: object) -> RegistryError:

@@ -37,7 +37,7 @@ from airflow_provider_batchinfer.registry.versions import (
     check_name,
     hash_tree,
 )
-from airflow_provider_batchinfer.stage import Stage, join
+from airflow_provider_batchinfer.store.stage import Stage, join
 
 _log = logging.getLogger(__name__)
 

@@ -81,7 +81,7 @@ def read_settings(model_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def arrow_dtype(arrow_type: Any) -> str:
-    """A signature dtype for an Arrow type: what ``runtime/plan.py`` checks input columns against."""
+    """A signature dtype for an Arrow type: what ``runtime/planning/pipeline.py`` checks input columns against."""
     import pyarrow as pa
 
     if pa.types.is_dictionary(arrow_type):

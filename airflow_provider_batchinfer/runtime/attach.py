@@ -25,16 +25,16 @@ from typing import Any
 from airflow_provider_batchinfer.contract import JobFile
 from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV, EMBEDDED_RAY_READY_ENV
 from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV
-from airflow_provider_batchinfer.redact import SECRET_ENV
 from airflow_provider_batchinfer.runtime.errors import JobError
-from airflow_provider_batchinfer.s3 import worker_env
+from airflow_provider_batchinfer.store.redact import SECRET_ENV
+from airflow_provider_batchinfer.store.s3 import worker_env
 
 #: set by the Ray Jobs API in a job's driver: the job's config, its runtime_env included
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 #: a Ray this job starts keeps idle task workers up to this many workers (actors included): by default
 #: the raylet kills one idle for 1 s past the node's CPU count, which a pool job's actors exceed on a
 #: small machine, and each read and write task then starts a fresh Python process (the embedded Ray's
-#: head gets the same, ``launchers/embedded_ray.py``). A named cluster's nodes keep their own setting
+#: head gets the same, ``launchers/embedded/embedded_ray.py``). A named cluster's nodes keep their own setting
 #: (``RAY_num_workers_soft_limit`` where they start)
 WORKER_SOFT_LIMIT = 64
 #: how long a job started beside the embedded Ray's start waits for it: past the launcher's own wait

@@ -21,34 +21,32 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_provider_batchinfer.contract import JobFile, Manifest
-from airflow_provider_batchinfer.inputs import inspect_input, list_input_files
 from airflow_provider_batchinfer.registry import ModelRegistry, verify_local_copy
-from airflow_provider_batchinfer.runtime import (
-    commit,
-    empty_input,
-    in_driver,
-    llm,
-    resources,
-    reuse,
-    reuse_match,
-    sql_input,
-    table_commit,
-    table_input,
-    usage,
-)
 from airflow_provider_batchinfer.runtime.attach import cluster_can_grow, init_ray
-from airflow_provider_batchinfer.runtime.dereference import dereference_plan
+from airflow_provider_batchinfer.runtime.engine import empty_input, in_driver
+from airflow_provider_batchinfer.runtime.engine.pool_dataset import build_dataset, rows_per_write
+from airflow_provider_batchinfer.runtime.engine.progress import ProgressLog
 from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
-from airflow_provider_batchinfer.runtime.flavors import call_rows, flavor, transfer_rows
-from airflow_provider_batchinfer.runtime.io import (
+from airflow_provider_batchinfer.runtime.incremental import match as reuse_match
+from airflow_provider_batchinfer.runtime.incremental import scoring as reuse
+from airflow_provider_batchinfer.runtime.incremental.source import ReusePlan, plan_reuse
+from airflow_provider_batchinfer.runtime.inputs import sql_input, table_input
+from airflow_provider_batchinfer.runtime.inputs.parquet_read import corrupt_read_error
+from airflow_provider_batchinfer.runtime.model import llm, usage
+from airflow_provider_batchinfer.runtime.model.dereference import dereference_plan
+from airflow_provider_batchinfer.runtime.model.flavors import call_rows, flavor, transfer_rows
+from airflow_provider_batchinfer.runtime.model.replica import replica_init_error
+from airflow_provider_batchinfer.runtime.model.usage_board import job_counter
+from airflow_provider_batchinfer.runtime.output import commit, table_commit
+from airflow_provider_batchinfer.runtime.output.parts import (
     PartsDatasink,
     make_datasink,
     replicas_per_node,
     row_bytes,
     write_here,
 )
-from airflow_provider_batchinfer.runtime.parquet_read import corrupt_read_error
-from airflow_provider_batchinfer.runtime.plan import (
+from airflow_provider_batchinfer.runtime.planning import resources
+from airflow_provider_batchinfer.runtime.planning.pipeline import (
     ActorPool,
     ColumnPlan,
     batch_rows_for_input,
@@ -57,13 +55,9 @@ from airflow_provider_batchinfer.runtime.plan import (
     size_actor_pool,
     with_id_column,
 )
-from airflow_provider_batchinfer.runtime.pool_dataset import build_dataset, rows_per_write
-from airflow_provider_batchinfer.runtime.progress import ProgressLog
-from airflow_provider_batchinfer.runtime.replica import replica_init_error
-from airflow_provider_batchinfer.runtime.resume import KeptParts, discard_remaining, resume_state
-from airflow_provider_batchinfer.runtime.reuse_source import ReusePlan, plan_reuse
-from airflow_provider_batchinfer.runtime.usage_board import job_counter
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.runtime.rows.resume import KeptParts, discard_remaining, resume_state
+from airflow_provider_batchinfer.store.inputs import inspect_input, list_input_files
+from airflow_provider_batchinfer.store.stage import Stage
 
 log = logging.getLogger("batchinfer.runtime")
 
@@ -136,7 +130,7 @@ def read_job_file(location: str) -> JobFile:
 
 def _check_model(job: JobFile, registry: ModelRegistry) -> tuple[str, ...]:
     """The model's hashes and its flavor's preflight; returns its unhashed imports (python_class.py)."""
-    from airflow_provider_batchinfer.runtime.flavors.python_class import unhashed_imports
+    from airflow_provider_batchinfer.runtime.model.flavors.python_class import unhashed_imports
 
     model = job.model
     if registry.is_local:
@@ -162,7 +156,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     )
     registry = ModelRegistry(job.registry_root, storage)
     unhashed = _check_model(job, registry)
-    if job.sql_input is not None:  # a query: read here first (runtime/sql_input.py)
+    if job.sql_input is not None:  # a query: read here first (runtime/inputs/sql_input.py)
         locations = sql_input.read_sql_input(job, storage)
     else:  # a table's snapshot is read here first; else the job file's own locations
         locations = table_input.read_table_input(job, storage)
@@ -224,7 +218,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
 
 def check_backend(job: JobFile) -> None:
     """An optimized backend only for the flavor that has one, refused before Ray starts."""
-    from airflow_provider_batchinfer.runtime.flavors import is_optimized, refuse_backend
+    from airflow_provider_batchinfer.runtime.model.flavors import is_optimized, refuse_backend
 
     if (backend := job.job_spec.backend) is not None and is_optimized(backend):
         refuse_backend(backend, job.model.flavor, f"{job.model.name}/{job.model.version}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any
 
-from airflow_provider_batchinfer.redact import clip
+from airflow_provider_batchinfer.store.redact import clip
 
 ERROR_COLUMN = "__batchinfer_error"
 MAX_MESSAGE_CHARS = 2000
@@ -199,13 +199,13 @@ def check_unique_ids(
     """Fail before any compute when ``id_column`` is missing, null or holds a value twice: resuming
     and dead-lettering both identify rows by it. Reads only that one column, and holds at most
     ``Tuning.id_check_rows_per_partition`` ids at once (``total_rows``, from the footers, sizes the
-    partitions it spills; runtime/unique_ids.py). Returns the seconds it took, for the manifest's
+    partitions it spills; runtime/rows/unique_ids.py). Returns the seconds it took, for the manifest's
     ``timings.id_check_s``."""
     import time
 
     import pyarrow as pa
 
-    from airflow_provider_batchinfer.runtime import unique_ids
+    from airflow_provider_batchinfer.runtime.rows import unique_ids
 
     started = time.monotonic()
     try:

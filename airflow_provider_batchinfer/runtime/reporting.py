@@ -16,10 +16,10 @@ import re
 import sys
 
 from airflow_provider_batchinfer.contract import JobFailure, JobResult
-from airflow_provider_batchinfer.inputs import InputError
-from airflow_provider_batchinfer.redact import scrub, scrubbed_output, secret_values
 from airflow_provider_batchinfer.runtime.errors import JobError, ModelBatchError
-from airflow_provider_batchinfer.stage import StageError
+from airflow_provider_batchinfer.store.inputs import InputError
+from airflow_provider_batchinfer.store.redact import scrub, scrubbed_output, secret_values
+from airflow_provider_batchinfer.store.stage import StageError
 
 log = logging.getLogger("batchinfer.runtime")
 
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     state are wrong; 1: anything else)."""
     import argparse
 
-    from airflow_provider_batchinfer.delivery import apply_delivered_env
     from airflow_provider_batchinfer.runtime.driver import run
+    from airflow_provider_batchinfer.store.delivery import apply_delivered_env
 
     parser = argparse.ArgumentParser(prog="python -m airflow_provider_batchinfer.runtime")
     parser.add_argument("--spec", required=True, help="location of the job spec (_job.json)")

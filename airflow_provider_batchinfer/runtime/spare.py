@@ -5,14 +5,14 @@ Why: on the embedded default a job scored in its own process spends most of a sm
 job before its first row: a fresh interpreter, the runtime's modules, then the model library
 (torch ~1.1 s, xgboost ~1.1 s, lightgbm ~1.5 s, sentence-transformers several seconds). For a
 1M-row MLP that is a third of the job, paid again by every run. Ray prestarts its worker processes
-for the same reason. The ``local`` launcher (``launchers/warm_runtime.py``) starts one spare per
+for the same reason. The ``local`` launcher (``launchers/embedded/warm_runtime.py``) starts one spare per
 model kind after a job of that kind ends; the next job of that kind is handed to it.
 
 Why a waiting process and not a fork server: forking a process that has imported numpy, pyarrow or
 torch copies their native thread pools (OpenBLAS and jemalloc start threads at import). A spare is
 an ordinary ``python`` started by exec, so a job in it runs as in a fresh one, its imports done.
 
-The hand-over, over one Unix socket in a private directory of its owner (``contract/private_dir.py``:
+The hand-over, over one Unix socket in a private directory of its owner (``store/private_dir.py``:
 0700, not a symbolic link; checked before the spare listens):
 
 1. the spare imports, then binds ``<dir>/<kind>.<pid>.sock`` (under a temporary name, renamed when
@@ -43,7 +43,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_batchinfer.contract import handover, private_dir
+from airflow_provider_batchinfer.contract import handover
+from airflow_provider_batchinfer.store import private_dir
 
 #: the libraries each model kind imports when it loads; a spare imports them before it waits
 _LIBRARIES = {
@@ -60,7 +61,7 @@ _OPTIMIZED_LIBRARIES = ("onnxruntime",)
 _RUNTIME_MODULES = (
     "airflow_provider_batchinfer.runtime.reporting",
     "airflow_provider_batchinfer.runtime.driver",
-    "airflow_provider_batchinfer.runtime.in_driver",
+    "airflow_provider_batchinfer.runtime.engine.in_driver",
     "airflow_provider_batchinfer.runtime.watchdog",
     "pyarrow.parquet",
 )
@@ -76,7 +77,7 @@ def libraries(flavor: str, backend: str | None) -> tuple[str, ...]:
 
 def preload(flavor: str, backend: str | None) -> list[str]:
     """Import the runtime and the kind's libraries; the ones that failed (the job will say why)."""
-    from airflow_provider_batchinfer.runtime.flavors import adapter_module
+    from airflow_provider_batchinfer.runtime.model.flavors import adapter_module
 
     names = [*_RUNTIME_MODULES, *libraries(flavor, backend)]
     adapter = adapter_module(flavor)

@@ -55,7 +55,7 @@ class Tuning:
     # Each read task's rows go to one part, so this also sizes the parts (a few MiB of Parquet each)
     read_task_bytes: int = 16 << 20
     # input bytes one read task takes, at most, when the replicas read their own input (a CPU job:
-    # runtime/pool_dataset.py): the block then stays in the replica's heap, two at a time, and only
+    # runtime/engine/pool_dataset.py): the block then stays in the replica's heap, two at a time, and only
     # the scored rows go through the object store, so a larger block costs no worker a larger
     # footprint, and Ray's scheduling, the write tasks and the parts' files (one per read task) are
     # paid a quarter as often. An input with less than two such blocks per replica is cut smaller,
@@ -71,7 +71,7 @@ class Tuning:
     write_task_bytes: int = 128 << 20
     # an actor-pool input of at most this many files and bytes (uncompressed, its footers' row groups)
     # is read in the runtime's driver and handed to Ray Data as one in-memory block
-    # (runtime/small_input.py): on a cold cluster the file path's listing task, footer-reading actor
+    # (runtime/inputs/small_input.py): on a cold cluster the file path's listing task, footer-reading actor
     # and read task are three more Ray worker processes to start, which on a small machine take the
     # CPU the replica needs to import its model library. The bytes stay below read_task_bytes, so the
     # file path would read such an input as one block too: rows and parts come out the same. The

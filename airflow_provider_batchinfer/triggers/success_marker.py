@@ -15,11 +15,11 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
-from airflow_provider_batchinfer.markers import read_valid_manifest
-from airflow_provider_batchinfer.s3 import is_s3
-from airflow_provider_batchinfer.stage import ManifestError, StageError
+from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+from airflow_provider_batchinfer.store.commit.verdicts import PROCESS_VERDICTS
+from airflow_provider_batchinfer.store.s3 import is_s3
+from airflow_provider_batchinfer.store.stage import ManifestError, StageError
 from airflow_provider_batchinfer.triggers.base import WatchStatus, WatchTrigger, make_event
-from airflow_provider_batchinfer.verdicts import PROCESS_VERDICTS
 
 
 def storage_options_for(location: str, model_service_conn_id: str) -> dict[str, Any]:

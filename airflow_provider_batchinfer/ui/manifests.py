@@ -2,13 +2,13 @@
 
 The run's XCom (``output_location``) and the manifest are written by the DAG's code, so neither
 decides what the api-server opens: the location must lie below the run's connection's stage or
-registry root, in a scheme that root uses (``airflow_provider_batchinfer/roots.py``), and is opened
+registry root, in a scheme that root uses (``airflow_provider_batchinfer/store/roots.py``), and is opened
 from that root with the filesystem and credentials the connection configures. There the
 ``_SUCCESS`` is read and validated (``markers.validate_manifest``: the schema, the counts, the run
 directory it names must be this one, every listed file present with its size); the dead-letter
 sample comes only from the first ``_errors/`` file that validated manifest lists, and only its
 first rows. Nothing is listed or scanned beyond the run directory. An Iceberg run is read by
-``tables/read.py``, which holds the manifest its snapshot names, and the claim and run directories
+``store/iceberg/read.py``, which holds the manifest its snapshot names, and the claim and run directories
 that manifest names, to the same rule (the catalog's warehouse counting as a root) before it opens
 any of them. A refused location is a message on the page, never a read.
 
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import ERRORS_DIR, SUCCESS_MARKER, Manifest, ManifestError
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
-from airflow_provider_batchinfer.roots import Refused, Roots, open_placed
-from airflow_provider_batchinfer.stage import Stage, join
+from airflow_provider_batchinfer.store.roots import Refused, Roots, open_placed
+from airflow_provider_batchinfer.store.stage import Stage, join
 from airflow_provider_batchinfer.ui.views import RunRow, manifest_view
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ ERROR_SAMPLE_ROWS = 5
 ERROR_SAMPLE_COLUMNS = 6
 ERROR_VALUE_CHARS = 300
 CACHE_RUNS = 256
-#: the column of a dead-letter file that holds the error message (runtime/commit.py)
+#: the column of a dead-letter file that holds the error message (runtime/output/commit.py)
 ERROR_MESSAGE = "error"
 
 
@@ -119,7 +119,7 @@ def _read_manifest(run_dir: Stage, hook: ModelServiceHook) -> Manifest | None:
     """The run directory's ``_SUCCESS``, validated (``markers.validate_manifest``): the schema, the
     counts, the run directory it names (this one), the claim, and every listed file's name and
     size from one listing. None while there is no marker."""
-    from airflow_provider_batchinfer.markers import validate_manifest
+    from airflow_provider_batchinfer.store.commit.markers import validate_manifest
 
     marker = _inside(run_dir, hook, page_roots(hook), SUCCESS_MARKER)
     try:
@@ -133,9 +133,9 @@ def _read_manifest(run_dir: Stage, hook: ModelServiceHook) -> Manifest | None:
 
 def _read_table(location: str, hook: ModelServiceHook) -> tuple[Manifest | None, Stage | None, Roots]:
     """An Iceberg run's manifest (the connection's catalog resolves the table), its run directory
-    and the roots they were placed below: ``tables/read.py`` refuses, before opening it, any
+    and the roots they were placed below: ``store/iceberg/read.py`` refuses, before opening it, any
     manifest, claim or run directory outside the connection's roots."""
-    from airflow_provider_batchinfer.tables.read import open_run_dir, read_table_manifest, table_roots
+    from airflow_provider_batchinfer.store.iceberg.read import open_run_dir, read_table_manifest, table_roots
 
     options = hook.table_read_options()
     manifest = read_table_manifest(location, options)

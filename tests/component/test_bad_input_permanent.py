@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.inputs import InputError
-from airflow_provider_batchinfer.specs import InputSpec
-from airflow_provider_batchinfer.stage import JOB_SPEC_FILE
+from airflow_provider_batchinfer.contract.specs import InputSpec
+from airflow_provider_batchinfer.store.inputs import InputError
+from airflow_provider_batchinfer.store.stage import JOB_SPEC_FILE
 from tests.models import job_file, write_job_file
 
 
@@ -98,8 +98,8 @@ def test_pages_that_do_not_decode_fail_the_id_check_permanently_naming_the_file(
 
 def test_a_file_gone_between_the_listing_and_the_read_stays_retryable(tmp_path):
     """Not the input's bytes: a store (or a data_prep still writing) that a retry may find answering."""
-    from airflow_provider_batchinfer.inputs import InputReadError, inspect_input
     from airflow_provider_batchinfer.runtime.reporting import failure
+    from airflow_provider_batchinfer.store.inputs import InputReadError, inspect_input
 
     gone = tmp_path / "gone.parquet"
     with pytest.raises(InputReadError, match=rf"input file {gone} could not be read") as caught:

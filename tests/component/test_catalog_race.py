@@ -17,7 +17,7 @@ ROUNDS = 20
 
 
 def _catalog(root: str, n: int) -> dict[str, str]:
-    from airflow_provider_batchinfer.tables.catalog import embedded_catalog
+    from airflow_provider_batchinfer.store.iceberg.catalog import embedded_catalog
 
     return embedded_catalog(os.path.join(root, f"round-{n}", "stage"), os.path.join(root, "home"))
 
@@ -25,7 +25,7 @@ def _catalog(root: str, n: int) -> dict[str, str]:
 def _open_and_commit(worker: int, root: str, rounds: int, barrier: Any, results: Any) -> None:
     """One first run per round: open the round's fresh catalog when the other process does, then
     create a namespace (a commit to the catalog). Puts ``(round, worker, error)``."""
-    from airflow_provider_batchinfer.tables.catalog import open_catalog
+    from airflow_provider_batchinfer.store.iceberg.catalog import open_catalog
 
     open_catalog(_catalog(root, -1 - worker))  # imports done before the first round
     for n in range(rounds):

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, FileEntry, Manifest, part_name
-from airflow_provider_batchinfer.fence import CLAIMS_DIR, PAUSE_ENV
-from airflow_provider_batchinfer.markers import read_valid_manifest
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.store.commit import rundir
+from airflow_provider_batchinfer.store.commit.fence import CLAIMS_DIR, PAUSE_ENV
+from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.runs import OWNER, job_file, manifest_for, parquet_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,16 +39,16 @@ KEY_ID, SECRET = "AKIDFENCETEST", "fence-secret"
 COMMIT_DIR = r"""
 import json, sys
 from airflow_provider_batchinfer.contract import Manifest
-from airflow_provider_batchinfer.runtime.commit import commit
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.runtime.output.commit import commit
+from airflow_provider_batchinfer.store.stage import Stage
 args = json.loads(sys.argv[1])
 commit(Stage.open(args["location"], args["options"]), Manifest.from_json(args["manifest"]))
 """
 COMMIT_TABLE = r"""
 import json, sys
 from airflow_provider_batchinfer.contract import JobFile, Manifest
-from airflow_provider_batchinfer.runtime.table_commit import commit_table
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.runtime.output.table_commit import commit_table
+from airflow_provider_batchinfer.store.stage import Stage
 args = json.loads(sys.argv[1])
 commit_table(JobFile.from_json(args["job"]), Stage.open(args["location"]), Manifest.from_json(args["manifest"]))
 """
@@ -260,7 +260,7 @@ def test_on_s3_only_the_claims_holder_replaces_a_marker_it_finds(s3_server, s3_b
     run.child(SUCCESS_MARKER).write_bytes(late.to_json().encode())  # the zombie's marker, landed unchecked
     rundir.commit(run, newer)
     assert Manifest.from_json(run.child(SUCCESS_MARKER).read_bytes()) == newer
-    from airflow_provider_batchinfer.fence import ClaimLost, claims_for
+    from airflow_provider_batchinfer.store.commit.fence import ClaimLost, claims_for
 
     with pytest.raises(ClaimLost, match="a marker is there already and the claim moved"):
         claims_for(run).write_marker(zombie, late.to_json().encode())
@@ -272,13 +272,13 @@ def test_on_s3_only_the_claims_holder_replaces_a_marker_it_finds(s3_server, s3_b
 
 @pytest.fixture
 def catalog_props(tmp_path):
-    from airflow_provider_batchinfer.tables.catalog import embedded_catalog
+    from airflow_provider_batchinfer.store.iceberg.catalog import embedded_catalog
 
     return embedded_catalog(str(tmp_path / "stage"), str(tmp_path))
 
 
 def table_state(props: dict) -> tuple[int, dict[str, str], list[int]]:
-    from airflow_provider_batchinfer.tables.catalog import open_catalog
+    from airflow_provider_batchinfer.store.iceberg.catalog import open_catalog
     from tests.iceberg_support import data_files
     from tests.unit.test_iceberg_commit import TABLE
 
@@ -289,7 +289,7 @@ def table_state(props: dict) -> tuple[int, dict[str, str], list[int]]:
 
 @pytest.mark.parametrize("newer_commits", [True, False], ids=["newer-committed", "newer-only-claimed"])
 def test_a_zombie_iceberg_overwrite_never_replaces_the_newer_try(tmp_path, catalog_props, zombies, newer_commits):
-    from airflow_provider_batchinfer.runtime.table_commit import commit_table
+    from airflow_provider_batchinfer.runtime.output.table_commit import commit_table
     from tests.unit.test_iceberg_commit import written_attempt
 
     commit_table(*written_attempt(tmp_path, catalog_props, "day1", "t00first", range(100)))

@@ -18,14 +18,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, Manifest, ManifestError
+from airflow_provider_batchinfer.contract.specs import SaveMode
 from airflow_provider_batchinfer.contract.tables import TableOutput
-from airflow_provider_batchinfer.fence import claims_for
-from airflow_provider_batchinfer.markers import read_valid_manifest
-from airflow_provider_batchinfer.specs import SaveMode
-from airflow_provider_batchinfer.stage import Stage, StageError
-from airflow_provider_batchinfer.verdicts import Verdicts
+from airflow_provider_batchinfer.store.commit import rundir
+from airflow_provider_batchinfer.store.commit.fence import claims_for
+from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+from airflow_provider_batchinfer.store.commit.verdicts import Verdicts
+from airflow_provider_batchinfer.store.stage import Stage, StageError
 from tests.component.test_commit_race import NEWER_OWNER, contents, write_attempt
 from tests.runs import OWNER, job_file
 from tests.s3_proxy import FaultProxy

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.inputs import InputError
-from airflow_provider_batchinfer.specs import InputSpec
-from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER
+from airflow_provider_batchinfer.contract.specs import InputSpec
+from airflow_provider_batchinfer.store.inputs import InputError
+from airflow_provider_batchinfer.store.stage import JOB_SPEC_FILE, SUCCESS_MARKER
 from tests.models import committed_manifest, job_file, write_job_file
 
 
@@ -111,7 +111,7 @@ def empty_day_db(batchinfer_home, text_length_model, tmp_path, monkeypatch):
     from contextlib import closing
 
     from airflow_provider_batchinfer import BatchInferenceOperator
-    from airflow_provider_batchinfer.specs import OutputSpec
+    from airflow_provider_batchinfer.contract.specs import OutputSpec
 
     db = tmp_path / "tickets.db"
     with closing(sqlite3.connect(db)) as conn, conn:

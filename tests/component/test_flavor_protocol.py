@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from airflow_provider_batchinfer.runtime import flavors
-from airflow_provider_batchinfer.runtime.flavors.optimized_cache import BackendRefusedError
-from airflow_provider_batchinfer.runtime.flavors.protocol import Flavor, OptimizedBackend, no_preflight
+from airflow_provider_batchinfer.runtime.model import flavors
+from airflow_provider_batchinfer.runtime.model.flavors.optimized.optimized_cache import BackendRefusedError
+from airflow_provider_batchinfer.runtime.model.flavors.protocol import Flavor, OptimizedBackend, no_preflight
 
 # the capabilities as the flavor modules declared them before they were one typed object: the
 # runtime's behaviour for each flavor stays what it was
@@ -77,7 +77,9 @@ def test_a_flavor_with_a_mistyped_capability_is_refused_when_declared() -> None:
 
 def test_a_registered_module_without_a_flavor_object_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     # tabular_inputs is a real module of the package that declares no FLAVOR
-    monkeypatch.setitem(flavors._MODULES, "headless", "airflow_provider_batchinfer.runtime.flavors.tabular_inputs")
+    monkeypatch.setitem(
+        flavors._MODULES, "headless", "airflow_provider_batchinfer.runtime.model.flavors.tabular.tabular_inputs"
+    )
     with pytest.raises(TypeError, match=r"tabular_inputs must declare FLAVOR = Flavor\(name='headless'"):
         flavors.flavor("headless")
     with pytest.raises(ValueError, match="model flavor 'nope' is not supported by this runtime"):
@@ -100,7 +102,7 @@ def test_resolving_every_flavor_imports_no_model_library() -> None:
     code = textwrap.dedent(
         """
         import sys
-        from airflow_provider_batchinfer.runtime import flavors
+        from airflow_provider_batchinfer.runtime.model import flavors
         for name in flavors.names():
             flavors.flavor(name)
             flavors.optimized_backend(name)

@@ -4,8 +4,8 @@ No Ray: only the checks that run before it."""
 
 from __future__ import annotations
 
+from airflow_provider_batchinfer.contract.specs import InputSpec
 from airflow_provider_batchinfer.runtime import driver
-from airflow_provider_batchinfer.specs import InputSpec
 from tests.models import job_file, write_tickets
 
 

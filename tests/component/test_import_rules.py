@@ -93,13 +93,13 @@ def test_the_contract_and_the_storage_layer_import_neither_side():
     fresh interpreter loads neither Airflow nor Ray (nor pyarrow, for the contract alone)."""
     shared = [
         "airflow_provider_batchinfer.contract",
-        "airflow_provider_batchinfer.specs",
-        "airflow_provider_batchinfer.stage",
-        "airflow_provider_batchinfer.markers",
-        "airflow_provider_batchinfer.rundir",
-        "airflow_provider_batchinfer.inputs",
+        "airflow_provider_batchinfer.contract.specs",
+        "airflow_provider_batchinfer.store.stage",
+        "airflow_provider_batchinfer.store.commit.markers",
+        "airflow_provider_batchinfer.store.commit.rundir",
+        "airflow_provider_batchinfer.store.inputs",
         "airflow_provider_batchinfer.registry",
-        "airflow_provider_batchinfer.s3",
+        "airflow_provider_batchinfer.store.s3",
     ]
     code = (
         "import importlib, json, sys\n"

@@ -13,10 +13,10 @@ import time
 import pytest
 
 from airflow_provider_batchinfer.contract import JobFailure, JobFile, JobResult, ModelRef, RunOwner
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec
 from airflow_provider_batchinfer.launchers import LAUNCHER_NAMES, LAUNCHERS, launcher_class
 from airflow_provider_batchinfer.launchers.base import FAILED, SUCCEEDED, TIMEOUT, Launcher, LaunchError
 from airflow_provider_batchinfer.launchers.local import LocalLauncher, check_ray_version, cluster_ray_version
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec
 from airflow_provider_batchinfer.triggers.base import job_trigger
 
 LOG = logging.getLogger("test_launchers")
@@ -254,7 +254,7 @@ def test_ray_jobs_from_a_connection(tmp_path):
 def test_free_ports_are_distinct_even_when_many_are_asked_for():
     """The embedded Ray's nine ports: one at a time the kernel can hand out one twice, and Ray then
     refuses to start; ``free_ports`` holds every socket until all are picked."""
-    from airflow_provider_batchinfer.launchers.procs import free_ports
+    from airflow_provider_batchinfer.launchers.embedded.procs import free_ports
 
     ports = free_ports(64)
     assert len(ports) == len(set(ports)) == 64 and all(1024 < p < 65536 for p in ports)

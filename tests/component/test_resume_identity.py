@@ -21,12 +21,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER
-from airflow_provider_batchinfer.fence import PAUSE_ENV
-from airflow_provider_batchinfer.identity import RESULT_FIELDS, job_identity, result_differences, result_identity
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec, SaveMode
+from airflow_provider_batchinfer.store.commit import rundir
+from airflow_provider_batchinfer.store.commit.fence import PAUSE_ENV
+from airflow_provider_batchinfer.store.identity import RESULT_FIELDS, job_identity, result_differences, result_identity
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.models import committed_manifest, write_tickets
 from tests.task_context import TaskInstanceStandIn
 
@@ -303,7 +303,7 @@ def test_an_s3_input_rewritten_with_the_same_size_in_the_same_second_is_another_
     each object's ETag from the same listing, and the ETag names the content."""
     import boto3
 
-    from airflow_provider_batchinfer.identity import parquet_fingerprint
+    from airflow_provider_batchinfer.store.identity import parquet_fingerprint
 
     client = boto3.client(
         "s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id="AKIDTEST", aws_secret_access_key="x"

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_provider_batchinfer.runtime.attach import ray_init_kwargs
-from airflow_provider_batchinfer.runtime.flavors import torchscript, transfer_rows
-from airflow_provider_batchinfer.runtime.io import row_bytes
+from airflow_provider_batchinfer.runtime.model.flavors import torchscript, transfer_rows
+from airflow_provider_batchinfer.runtime.output.parts import row_bytes
 
 
 def test_no_configured_address_means_a_fresh_local_ray_never_a_stray_cluster():
@@ -67,7 +67,7 @@ def test_torchscript_calls_the_model_with_at_most_max_batch_rows(tmp_path):
 
 
 def test_small_tabular_models_are_called_in_cache_sized_calls_on_cpu_when_the_job_leaves_it_unset():
-    from airflow_provider_batchinfer.runtime.flavors import call_rows, torchscript
+    from airflow_provider_batchinfer.runtime.model.flavors import call_rows, torchscript
 
     # 256-row TorchScript calls paid a fixed cost 16 times as often (8x slower per row when Ray's
     # read and write tasks shared the two cores); whole 65,536-row batches left the CPU caches
@@ -81,8 +81,8 @@ def test_small_tabular_models_are_called_in_cache_sized_calls_on_cpu_when_the_jo
 
 
 def test_tree_and_scikit_learn_models_are_called_with_16384_rows_on_cpu_by_default():
-    from airflow_provider_batchinfer.runtime.flavors import call_rows
-    from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import CPU_CALL_ROWS
+    from airflow_provider_batchinfer.runtime.model.flavors import call_rows
+    from airflow_provider_batchinfer.runtime.model.flavors.tabular.tabular_inputs import CPU_CALL_ROWS
 
     # XGBoost over 1M rows: 2.63 s in 256-row calls, 1.42 s in 16,384-row ones
     assert CPU_CALL_ROWS == 16384
@@ -107,7 +107,7 @@ def test_the_nan_check_finds_nan_but_not_infinities_that_cancel():
 
 
 def test_a_batch_is_never_larger_than_what_one_input_file_holds():
-    from airflow_provider_batchinfer.runtime.plan import batch_rows_for_input
+    from airflow_provider_batchinfer.runtime.planning.pipeline import batch_rows_for_input
 
     # a block smaller than the batch waited ~20 s for Ray Data's end-of-input flush
     assert batch_rows_for_input(65536, 256, 100, 1) == 100
@@ -119,8 +119,8 @@ def test_a_batch_is_never_larger_than_what_one_input_file_holds():
 
 
 def test_sentence_transformers_calls_are_encodes_32_on_cpu_and_256_on_a_gpu_unless_the_job_says():
-    from airflow_provider_batchinfer.runtime.flavors import call_rows
-    from airflow_provider_batchinfer.runtime.flavors.sentence_transformers import encode_batch_size
+    from airflow_provider_batchinfer.runtime.model.flavors import call_rows
+    from airflow_provider_batchinfer.runtime.model.flavors.sentence_transformers import encode_batch_size
 
     assert call_rows("sentence_transformers", "cpu", None) == 32  # encode's own default
     assert call_rows("sentence_transformers", "cuda", None) == 256

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
 
 
 def test_output_spec_needs_exactly_one_location():
@@ -88,7 +88,7 @@ def test_on_empty_is_checked_when_built_and_travels_in_the_job_file(tmp_path):
     (job files and job identities written without it stay the same); it decides no row, so the result
     identity leaves it out and a RESUME is never refused over it."""
     from airflow_provider_batchinfer.contract import JobFile
-    from airflow_provider_batchinfer.identity import result_identity
+    from airflow_provider_batchinfer.store.identity import result_identity
     from tests.models import TextLength, job_file
 
     assert InputSpec().on_empty == "fail"

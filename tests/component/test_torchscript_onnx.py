@@ -18,9 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.runtime.flavors import load_predictor, optimized_cache, optimized_torchscript
-from airflow_provider_batchinfer.runtime.flavors.optimized_cache import BackendRefusedError
-from airflow_provider_batchinfer.runtime.in_driver import EMBEDDED_ENV
+from airflow_provider_batchinfer.runtime.engine.in_driver import EMBEDDED_ENV
+from airflow_provider_batchinfer.runtime.model.flavors import load_predictor
+from airflow_provider_batchinfer.runtime.model.flavors.optimized import optimized_cache, optimized_torchscript
+from airflow_provider_batchinfer.runtime.model.flavors.optimized.optimized_cache import BackendRefusedError
 from tests.models import committed_manifest, job_file, tiny_mlp, write_job_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -212,7 +213,7 @@ def test_models_the_export_cannot_express_are_refused_with_why(tmp_path):
 
 # --- the runtime, in its own process ---------------------------------------------------------------------------
 def _job(tmp_path: Path, mlp: dict, name: str, rows: int, **spec) -> tuple[Path, str, pa.Table]:
-    from airflow_provider_batchinfer.specs import InputSpec, JobSpec
+    from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec
 
     data = _features(rows, seed=3).append_column("row_id", pa.array(range(rows), pa.int64()))
     inputs = tmp_path / f"in-{name}"

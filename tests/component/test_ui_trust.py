@@ -28,7 +28,7 @@ import pytest
 from airflow.sdk import BaseOperator
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER, FileEntry, part_name
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.forged_tables import Listener, ambient_google_credentials, forge_snapshot, forged_run, gs_location, listening
 from tests.runs import manifest_for, write_part
 from tests.ui_seed import committed_run_with_dead_letters, seed_runs

@@ -15,8 +15,8 @@ import pytest
 from airflow_provider_batchinfer.contract import Manifest, ManifestError
 from airflow_provider_batchinfer.registry import fetch_version
 from airflow_provider_batchinfer.runtime import driver
-from airflow_provider_batchinfer.runtime.flavors import python_class
-from airflow_provider_batchinfer.runtime.flavors.python_class import unhashed_imports
+from airflow_provider_batchinfer.runtime.model.flavors import python_class
+from airflow_provider_batchinfer.runtime.model.flavors.python_class import unhashed_imports
 from tests.models import TextLength, ticket_job
 from tests.runs import committed_run
 

@@ -17,10 +17,10 @@ import boto3
 import pytest
 
 from airflow_provider_batchinfer.contract import ModelRef
-from airflow_provider_batchinfer.demo_models import build_tiny_chat_model
+from airflow_provider_batchinfer.contract.specs import JobSpec
 from airflow_provider_batchinfer.registry import ModelRegistry, TamperedModelError, verify_local_copy
-from airflow_provider_batchinfer.runtime import llm
-from airflow_provider_batchinfer.specs import JobSpec
+from airflow_provider_batchinfer.registry.demo_models import build_tiny_chat_model
+from airflow_provider_batchinfer.runtime.model import llm
 
 
 @pytest.fixture(scope="module")

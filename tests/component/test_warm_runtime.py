@@ -1,4 +1,4 @@
-"""Warm runtime processes (``launchers/warm_runtime.py``, ``runtime/spare.py``): a job the ``local``
+"""Warm runtime processes (``launchers/embedded/warm_runtime.py``, ``runtime/spare.py``): a job the ``local``
 launcher scores in the runtime's own process is handed to a spare that has already imported its
 model library, and the next spare is started once the job ends. Real launchers, real runtimes, real
 spares: each test has its own state directory, so its spares are its own."""
@@ -16,12 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import handover
-from airflow_provider_batchinfer.launchers import warm_runtime
+from airflow_provider_batchinfer.contract.specs import InputSpec
 from airflow_provider_batchinfer.launchers.base import FAILED, SUCCEEDED, TIMEOUT
+from airflow_provider_batchinfer.launchers.embedded import warm_runtime
+from airflow_provider_batchinfer.launchers.embedded.procs import proc_alive
 from airflow_provider_batchinfer.launchers.local import LocalLauncher
-from airflow_provider_batchinfer.launchers.procs import proc_alive
-from airflow_provider_batchinfer.specs import InputSpec
-from airflow_provider_batchinfer.stage import SUCCESS_MARKER
+from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER
 from tests.models import SlowLength, WhereLength, job_file, write_job_file, write_tickets
 
 LOG = logging.getLogger("test_warm_runtime")

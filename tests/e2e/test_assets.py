@@ -12,14 +12,14 @@ from datetime import datetime, timezone
 import pytest
 from airflow.sdk import Asset
 
+from airflow_provider_batchinfer.contract.specs import OutputSpec
 from airflow_provider_batchinfer.operators.assets import (
     attach_output_asset,
     event_extra,
     stage_asset,
     triggering_runs,
 )
-from airflow_provider_batchinfer.specs import OutputSpec
-from airflow_provider_batchinfer.stage import sanitize_run_key
+from airflow_provider_batchinfer.store.stage import sanitize_run_key
 from tests.conftest import run_dag, xcom_value
 from tests.models import committed_manifest, write_tickets
 

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from airflow.sdk import Connection
 
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec, SaveMode
 from airflow_provider_batchinfer.hooks.s3_credentials import (
     LIFETIME_MARGIN_S,
     credential_lifetime_problem,
@@ -28,7 +29,7 @@ from airflow_provider_batchinfer.hooks.s3_credentials import (
     role_options,
 )
 from airflow_provider_batchinfer.hooks.service_config import ServiceConfig
-from airflow_provider_batchinfer.s3 import (
+from airflow_provider_batchinfer.store.s3 import (
     S3StageError,
     check_bucket,
     credential_env,
@@ -36,8 +37,7 @@ from airflow_provider_batchinfer.s3 import (
     role_settings,
     worker_env,
 )
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode
-from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER, Stage
+from airflow_provider_batchinfer.store.stage import JOB_SPEC_FILE, SUCCESS_MARKER, Stage
 from tests.conftest import _free_port
 from tests.task_context import TaskInstanceStandIn
 
@@ -244,7 +244,7 @@ def test_a_role_filesystem_pickles_with_the_role_and_no_secret(monkeypatch):
     """What Ray ships to every read and write task: the role, so each task assumes it itself.
     The AWS SDK asks STS for the role's session as the filesystem is built: here it asks a closed
     port on this machine, once, instead of AWS's STS with the SDK's retries and backoff."""
-    from airflow_provider_batchinfer.s3 import filesystem
+    from airflow_provider_batchinfer.store.s3 import filesystem
 
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_ENDPOINT_URL_STS", f"http://127.0.0.1:{_free_port()}")

@@ -1,4 +1,4 @@
-"""The embedded default's one warm local Ray (launchers/embedded_ray.py): started by the first job,
+"""The embedded default's one warm local Ray (launchers/embedded/embedded_ray.py): started by the first job,
 reused by later and concurrent jobs, stopped after its idle timeout, replaced when stale. Jobs run
 with no Ray address configured (RAY_ADDRESS removed), each test on its own state directory."""
 
@@ -20,12 +20,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_provider_batchinfer.launchers import embedded_ray, ray_head, state_dirs
+from airflow_provider_batchinfer.contract.specs import JobSpec
 from airflow_provider_batchinfer.launchers.base import LaunchError
+from airflow_provider_batchinfer.launchers.embedded import embedded_ray, ray_head, state_dirs
+from airflow_provider_batchinfer.launchers.embedded.procs import group_cmdlines, proc_alive, proc_start_time
 from airflow_provider_batchinfer.launchers.local import PARENT_PID_ENV, LocalLauncher
-from airflow_provider_batchinfer.launchers.procs import group_cmdlines, proc_alive, proc_start_time
-from airflow_provider_batchinfer.specs import JobSpec
-from airflow_provider_batchinfer.stage import SUCCESS_MARKER
+from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER
 from tests.conftest import REPO
 from tests.models import committed_manifest, write_tickets
 
@@ -441,7 +441,7 @@ def test_concurrent_runs_share_one_warm_ray_which_stops_once_idle(ray_dir, text_
 
 def test_no_embedded_ray_module_imports_airflow_or_ray():
     code = (
-        "import sys; import airflow_provider_batchinfer.launchers.embedded_ray, airflow_provider_batchinfer.launchers.local;"
+        "import sys; import airflow_provider_batchinfer.launchers.embedded.embedded_ray, airflow_provider_batchinfer.launchers.local;"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('airflow', 'ray')]; print(bad); sys.exit(1 if bad else 0)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

@@ -25,10 +25,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import Counts, FileEntry, JobRecord, Manifest, ModelRef
-from airflow_provider_batchinfer.inputs import InputError
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
 from airflow_provider_batchinfer.runtime.errors import BadRowError, check_batch
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
-from airflow_provider_batchinfer.stage import (
+from airflow_provider_batchinfer.store.inputs import InputError
+from airflow_provider_batchinfer.store.stage import (
     JOB_SPEC_FILE,
     SUCCESS_MARKER,
     Stage,
@@ -263,7 +263,7 @@ def test_bad_input_wrong_credentials(tmp_path):
     """A store that checks credentials (moto_server with IAM auth on, its own process on 127.0.0.1)
     refuses an unknown key: the task fails at once (permanent), naming bucket and key, and the
     secret never appears in the message."""
-    from airflow_provider_batchinfer.s3 import S3StageError, check_bucket
+    from airflow_provider_batchinfer.store.s3 import S3StageError, check_bucket
     from tests.conftest import BackgroundServer, _free_port
 
     port = _free_port()
@@ -309,7 +309,7 @@ def test_bad_input_wrong_credentials(tmp_path):
 
 
 def test_bad_input_stage_location_does_not_exist(s3_server, tmp_path):
-    from airflow_provider_batchinfer.s3 import S3StageError, check_bucket
+    from airflow_provider_batchinfer.store.s3 import S3StageError, check_bucket
 
     stage = Stage.open("s3://no-such-stage-bucket/out/run1", {"endpoint_url": s3_server, "region": "us-east-1"})
     with pytest.raises(S3StageError, match="S3 bucket 'no-such-stage-bucket' does not exist") as info:
@@ -372,7 +372,7 @@ def test_a_zombie_attempts_late_commit_is_refused(tmp_path):
     wakes up and tries to commit, it is fenced off and t02's result stays as it was."""
     import hashlib
 
-    from airflow_provider_batchinfer.rundir import FencedError, commit
+    from airflow_provider_batchinfer.store.commit.rundir import FencedError, commit
 
     run_dir = tmp_path / "out"
     run_dir.mkdir()
@@ -404,7 +404,7 @@ def test_a_zombie_attempts_late_commit_is_refused(tmp_path):
         commit(Stage.open(str(run_dir)), late)
     assert (run_dir / SUCCESS_MARKER).read_text() == newer
     # nor can a zombie that starts late with RESUME clean up (delete) parts in the newer attempt's directory
-    from airflow_provider_batchinfer.runtime.resume import resume_state
+    from airflow_provider_batchinfer.runtime.rows.resume import resume_state
 
     (run_dir / "part-00001-t02newer.parquet").write_bytes(b"PAR1 being written")
     zombie = job_file(
@@ -487,8 +487,8 @@ def test_dead_letter_isolates_bad_rows_and_the_manifest_reconciles(batchinfer_ho
 
     # the same dead letters over a 1% limit: the driver refuses to commit (check_error_fraction runs
     # while the manifest is built, before rundir.commit), quoting the first errors
-    from airflow_provider_batchinfer.runtime.commit import check_error_fraction
     from airflow_provider_batchinfer.runtime.errors import JobError
+    from airflow_provider_batchinfer.runtime.output.commit import check_error_fraction
 
     (out / SUCCESS_MARKER).unlink()
     strict = JobSpec(on_error="dead_letter", max_error_fraction=0.01)
@@ -503,8 +503,8 @@ def test_dead_letter_isolates_bad_rows_and_the_manifest_reconciles(batchinfer_ho
 
 
 def _replica(registry, model, policy):
-    from airflow_provider_batchinfer.runtime.plan import plan_columns, with_id_column
-    from airflow_provider_batchinfer.runtime.replica import ModelReplica
+    from airflow_provider_batchinfer.runtime.model.replica import ModelReplica
+    from airflow_provider_batchinfer.runtime.planning.pipeline import plan_columns, with_id_column
 
     schema = pa.schema([("ticket_id", pa.int64()), ("text", pa.string())])
     plan = with_id_column(plan_columns(schema, SIGNATURE, InputSpec(), "in.parquet"), policy.get("id_column"))
@@ -744,8 +744,8 @@ def test_task_killed_mid_job_then_retried_with_overwrite_and_with_resume(
 def test_resume_refuses_parts_that_repeat_rows_and_recounts_them(tmp_path):
     """Two complete parts holding the same row (a retried write under another attempt id) must not
     both be listed: the older attempt's (in the claim's order) is dropped and its rows are scored again."""
-    from airflow_provider_batchinfer.runtime.done_set import DoneSet
-    from airflow_provider_batchinfer.runtime.resume import collect_committed
+    from airflow_provider_batchinfer.runtime.rows.done_set import DoneSet
+    from airflow_provider_batchinfer.runtime.rows.resume import collect_committed
 
     pq.write_table(_table(["a", "b"], ids=[1, 2]), tmp_path / "part-00000-t01a.parquet")
     pq.write_table(_table(["b", "c"], ids=[2, 3]), tmp_path / "part-00001-t02b.parquet")
@@ -774,11 +774,11 @@ def test_bad_input_file_column_traversal_and_unreadable_reference_fail_or_dead_l
     """A file column holding a path that escapes the allowed roots (``..``, elsewhere) or a file that
     cannot be read: by default the batch fails naming the row's path; with ``dead_letter`` only those
     rows go to ``_errors/`` with that message. An escaping file is never opened, even when it exists."""
-    from airflow_provider_batchinfer.runtime import dereference
-    from airflow_provider_batchinfer.runtime.dereference import FileReferenceError
     from airflow_provider_batchinfer.runtime.errors import split_errors
-    from airflow_provider_batchinfer.runtime.plan import plan_columns
-    from airflow_provider_batchinfer.runtime.replica import ModelReplica
+    from airflow_provider_batchinfer.runtime.model import dereference
+    from airflow_provider_batchinfer.runtime.model.dereference import FileReferenceError
+    from airflow_provider_batchinfer.runtime.model.replica import ModelReplica
+    from airflow_provider_batchinfer.runtime.planning.pipeline import plan_columns
 
     root = tmp_path / "stage"
     (root / "docs").mkdir(parents=True)

@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.inputs import InputError
+from airflow_provider_batchinfer.contract.specs import InputSpec
 from airflow_provider_batchinfer.registry import ModelRegistry, RegistryError, TamperedModelError
-from airflow_provider_batchinfer.specs import InputSpec
-from airflow_provider_batchinfer.stage import sanitize_run_key
+from airflow_provider_batchinfer.store.inputs import InputError
+from airflow_provider_batchinfer.store.stage import sanitize_run_key
 from tests import hf_support as hf
 from tests.models import committed_manifest
 
@@ -63,7 +63,7 @@ def hf_top_k() -> str:
 
 
 def _predictor(registry: ModelRegistry, name: str, max_rows: int = 16):
-    from airflow_provider_batchinfer.runtime.flavors import load_predictor
+    from airflow_provider_batchinfer.runtime.model.flavors import load_predictor
 
     model_dir = registry.local_copy(name, "v1")
     return load_predictor(model_dir, json.loads((model_dir / "MODEL.json").read_text()), "cpu", 1, max_rows)
@@ -160,7 +160,7 @@ def test_speech_recognition_reads_wav_bytes_and_matches_the_pipeline(hf_home):
     clips.append(hf.wav_bytes(0.3, 300, rate=8000))  # another rate: resampled to the model's 16 kHz
     predict = _predictor(registry, "automatic_speech_recognition", max_rows=4)
     out = predict(pa.table({"audio": pa.array(clips, pa.binary())}), {})
-    from airflow_provider_batchinfer.runtime.flavors.transformers_pipeline import decode_wav
+    from airflow_provider_batchinfer.runtime.model.flavors.transformers_pipeline import decode_wav
 
     pipe = _pipe(dirs["automatic-speech-recognition"], "automatic-speech-recognition")
     expected = [pipe(decode_wav(c, "audio", 16000))["text"] for c in clips]
@@ -315,7 +315,7 @@ def test_dag_scores_text_and_transcribes_audio_files(hf_home, monkeypatch):
     assert manifest["counts"] == {"input_rows": 24, "output_rows": 24, "error_rows": 0}
     out = pq.read_table([f"{manifest['run_dir']}/{f['name']}" for f in manifest["files"]]).sort_by("id")
     assert out.column_names == ["id", "text"]
-    from airflow_provider_batchinfer.runtime.flavors.transformers_pipeline import decode_wav
+    from airflow_provider_batchinfer.runtime.model.flavors.transformers_pipeline import decode_wav
 
     pipe = _pipe(dirs["automatic-speech-recognition"], "automatic-speech-recognition")
     expected = [pipe(decode_wav(Path(p).read_bytes(), "audio", 16000))["text"] for p in paths]

@@ -22,7 +22,6 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.base import BaseEstimator, TransformerMixin
 
-from airflow_provider_batchinfer.inputs import InputError
 from airflow_provider_batchinfer.registry import (
     MODEL_MANIFEST,
     ModelRegistry,
@@ -35,7 +34,8 @@ from airflow_provider_batchinfer.registry.digest import version_digest
 from airflow_provider_batchinfer.registry.tabular import UntrustedModelError
 from airflow_provider_batchinfer.runtime.driver import check_before_ray
 from airflow_provider_batchinfer.runtime.errors import BadRowError, check_batch
-from airflow_provider_batchinfer.runtime.flavors import load_predictor
+from airflow_provider_batchinfer.runtime.model.flavors import load_predictor
+from airflow_provider_batchinfer.store.inputs import InputError
 from tests.models import job_file
 
 ROWS = 3000

@@ -20,10 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import JobFile, Manifest
+from airflow_provider_batchinfer.contract.specs import OutputSpec, SaveMode, SpecError
 from airflow_provider_batchinfer.contract.tables import SUMMARY_PREFIX, TableInput, TableOutput
-from airflow_provider_batchinfer.specs import OutputSpec, SaveMode, SpecError
-from airflow_provider_batchinfer.tables import iceberg_input
-from airflow_provider_batchinfer.tables.catalog import public_catalog
+from airflow_provider_batchinfer.store.iceberg import iceberg_input
+from airflow_provider_batchinfer.store.iceberg.catalog import public_catalog
 from tests.iceberg_support import SIGNATURE, data_files, operator, read_in_fresh_process
 from tests.runs import job_file, manifest_for
 from tests.task_context import TaskInstanceStandIn
@@ -85,7 +85,7 @@ def test_table_sections_round_trip_through_the_job_file_and_manifest(tmp_path):
 
 
 def test_the_connection_names_the_catalog_else_the_embedded_sqlite_one():
-    from airflow_provider_batchinfer.tables.catalog import CatalogError, catalog_config
+    from airflow_provider_batchinfer.store.iceberg.catalog import CatalogError, catalog_config
 
     local = catalog_config({}, "/data/stage", "/home/bi")
     assert local == {
@@ -130,7 +130,7 @@ def world(tmp_path_factory):
 
 
 def _catalog(world):
-    from airflow_provider_batchinfer.tables.catalog import embedded_catalog, open_catalog
+    from airflow_provider_batchinfer.store.iceberg.catalog import embedded_catalog, open_catalog
 
     props = embedded_catalog(str(world["home"] / "stage"), str(world["home"]))
     return props, open_catalog(props)
@@ -139,7 +139,7 @@ def _catalog(world):
 @slow
 def test_a_run_commits_one_snapshot_that_every_reader_sees(world):
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
-    from airflow_provider_batchinfer.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
 
     op = operator(TABLE, world["inputs"])
     xcom = op.execute({"ti": ti("run1")})
@@ -376,7 +376,7 @@ def test_on_a_cluster_ray_tasks_read_the_pinned_snapshot_one_task_per_data_file(
 
     import pyarrow as pa
 
-    from airflow_provider_batchinfer.runtime import table_input
+    from airflow_provider_batchinfer.runtime.inputs import table_input
 
     props, catalog = _catalog(world)
     _raw_tickets(catalog, "d9", range(5000, 5030))

@@ -21,7 +21,7 @@ TABLE = "ml.s3_scores"
 @pytest.fixture
 def s3_world(s3_server, s3_bucket, monkeypatch, tmp_path):
     from airflow_provider_batchinfer.registry import ModelRegistry
-    from airflow_provider_batchinfer.stage import Stage
+    from airflow_provider_batchinfer.store.stage import Stage
     from tests.models import TextLength, write_tickets
 
     monkeypatch.setenv("BATCHINFER_HOME", str(tmp_path / "home"))  # the SQLite catalog lives here
@@ -51,7 +51,7 @@ def s3_world(s3_server, s3_bucket, monkeypatch, tmp_path):
 @pytest.mark.usefixtures("airflow_db")
 def test_a_table_with_an_s3_warehouse_commits_one_snapshot(s3_world):
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
-    from airflow_provider_batchinfer.tables.catalog import io_properties, open_catalog
+    from airflow_provider_batchinfer.store.iceberg.catalog import io_properties, open_catalog
 
     xcom = operator(TABLE, s3_world["inputs"]).execute({"ti": TaskInstanceStandIn(run_id="day1")})
     props = ModelServiceHook().catalog_properties()
@@ -81,7 +81,7 @@ def test_a_table_with_an_s3_warehouse_commits_one_snapshot(s3_world):
 def _manifest(xcom: dict) -> dict:
     """The committed manifest of the run, as the sensor pushes it to XCom."""
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
-    from airflow_provider_batchinfer.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
 
     manifest = read_valid_manifest(
         xcom["output_location"], ModelServiceHook().table_read_options(), verify_checksums=True

@@ -1,5 +1,5 @@
 """On the embedded Ray, one-replica CPU jobs and small jobs are scored in the driver process
-(runtime/in_driver.py), reading, scoring and writing on three threads (runtime/in_driver_io.py).
+(runtime/engine/in_driver.py), reading, scoring and writing on three threads (runtime/engine/in_driver_io.py).
 
 The fast tests drive the runtime's ``run`` in this process with Ray refused outright: the in-driver
 path must never start or attach to Ray. The slow one runs the same input through the operator on a
@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import placement
-from airflow_provider_batchinfer.runtime import in_driver
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, SpecError
+from airflow_provider_batchinfer.runtime.engine import in_driver
 from airflow_provider_batchinfer.runtime.errors import JobError, ModelBatchError
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SpecError
-from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER
+from airflow_provider_batchinfer.store.stage import JOB_SPEC_FILE, SUCCESS_MARKER
 from tests.e2e.test_embedded_ray import _starts, ray_dir  # noqa: F401  (ray_dir: a fixture, this test's own embedded Ray)
 from tests.models import committed_manifest, job_file, write_job_file, write_tickets
 
@@ -133,7 +133,7 @@ def test_the_driver_reads_one_row_group_at_a_time_in_batches_of_at_most_16384_ro
     import numpy as np
     import pyarrow as pa
 
-    from airflow_provider_batchinfer.runtime.in_driver_io import Pipe, driver_batch_rows, read_batches
+    from airflow_provider_batchinfer.runtime.engine.in_driver_io import Pipe, driver_batch_rows, read_batches
 
     path = tmp_path / "in.parquet"
     ids = np.arange(60_000, dtype=np.int64)
@@ -295,8 +295,8 @@ def test_a_failing_read_or_write_fails_the_job_with_its_own_error_and_commits_no
 ):
     """The reader's or the writer's thread fails on the second input file: the job raises that
     error (no hang on a full queue), and nothing is committed."""
-    from airflow_provider_batchinfer.runtime import in_driver_io
     from airflow_provider_batchinfer.runtime.driver import run
+    from airflow_provider_batchinfer.runtime.engine import in_driver_io
 
     data = write_tickets(tmp_path / "in", rows=2000, files=2)
     run_dir, spec = in_driver_job(data, max_batch_rows=10)
@@ -326,7 +326,7 @@ def test_a_failing_read_or_write_fails_the_job_with_its_own_error_and_commits_no
 def test_a_pipe_wakes_its_reader_and_its_writer_when_the_other_side_aborts():
     import threading
 
-    from airflow_provider_batchinfer.runtime.in_driver_io import Aborted, Pipe
+    from airflow_provider_batchinfer.runtime.engine.in_driver_io import Aborted, Pipe
 
     pipe = Pipe(size=1)
     pipe.put("first")
@@ -505,7 +505,7 @@ def test_on_the_embedded_ray_the_driver_and_the_pool_commit_the_same_rows(
     pool's run starts the embedded Ray; both commit the same rows. Each run is the operator's
     execute, as a worker's task process runs it."""
     from airflow_provider_batchinfer import BatchInferenceOperator, OutputSpec, SaveMode
-    from airflow_provider_batchinfer.launchers import embedded_ray
+    from airflow_provider_batchinfer.launchers.embedded import embedded_ray
     from tests.task_context import TaskInstanceStandIn
 
     data = write_tickets(tmp_path / "in", rows=400, files=2)

@@ -20,9 +20,9 @@ import pytest
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER, Manifest, ManifestError
 from airflow_provider_batchinfer.contract.reuse import key_file_name
-from airflow_provider_batchinfer.runtime.reuse_keys import context_digest, row_keys
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
+from airflow_provider_batchinfer.runtime.incremental.keys import context_digest, row_keys
+from airflow_provider_batchinfer.store.stage import Stage
 from tests import reuse_runs
 from tests.incremental_support import (
     SIGNATURE,
@@ -109,8 +109,8 @@ def test_the_context_changes_with_model_params_schema_and_version(change):
 def test_the_gatherer_copies_predictions_from_the_row_groups_that_hold_them(tmp_path):
     import numpy as np
 
-    from airflow_provider_batchinfer.runtime.reuse import Gatherer
-    from airflow_provider_batchinfer.runtime.reuse_source import Source
+    from airflow_provider_batchinfer.runtime.incremental.scoring import Gatherer
+    from airflow_provider_batchinfer.runtime.incremental.source import Source
 
     for n in range(2):  # two earlier parts, written one row group per batch as the datasink does
         with pq.ParquetWriter(
@@ -128,9 +128,9 @@ def test_the_gatherer_copies_predictions_from_the_row_groups_that_hold_them(tmp_
 
 
 def test_resume_keeps_the_key_files_of_kept_parts_and_drops_broken_ones(tmp_path):
-    from airflow_provider_batchinfer.runtime.resume import nothing_kept
-    from airflow_provider_batchinfer.runtime.reuse import section
-    from airflow_provider_batchinfer.runtime.reuse_source import ReusePlan
+    from airflow_provider_batchinfer.runtime.incremental.scoring import section
+    from airflow_provider_batchinfer.runtime.incremental.source import ReusePlan
+    from airflow_provider_batchinfer.runtime.rows.resume import nothing_kept
     from tests.runs import write_part
 
     run = tmp_path / "run"
@@ -193,8 +193,8 @@ def test_a_reuse_section_that_does_not_add_up_is_refused(tmp_path, edit, match):
 
 def test_xcom_and_the_lineage_run_facet_carry_the_reuse_counts(text_length_model, tmp_path):
     from airflow_provider_batchinfer import BatchInferenceOperator
-    from airflow_provider_batchinfer.lineage import RUN_FACET
     from airflow_provider_batchinfer.operators.finalize import committed_result
+    from airflow_provider_batchinfer.operators.lineage import RUN_FACET
 
     run = tmp_path / "base" / "run1"
     manifest = _reuse_manifest(run)
@@ -226,8 +226,8 @@ def test_a_run_with_reuse_off_has_no_reuse_section_and_no_reuse_counts(tmp_path)
     import logging
 
     from airflow_provider_batchinfer.operators.finalize import committed_result
-    from airflow_provider_batchinfer.runtime.resume import nothing_kept
-    from airflow_provider_batchinfer.runtime.reuse import section
+    from airflow_provider_batchinfer.runtime.incremental.scoring import section
+    from airflow_provider_batchinfer.runtime.rows.resume import nothing_kept
 
     run = tmp_path / "run"
     manifest = dataclasses.replace(
@@ -247,7 +247,7 @@ _source_job = reuse_runs.source_job
 
 
 def test_the_newest_compatible_valid_run_is_chosen_and_every_skip_is_noted(tmp_path):
-    from airflow_provider_batchinfer.runtime.reuse_source import find_source
+    from airflow_provider_batchinfer.runtime.incremental.source import find_source
 
     base = tmp_path / "base"
     oldest = _committed(base, "d1", "2026-11-20T00:00:00+00:00")
@@ -270,7 +270,7 @@ def test_the_newest_compatible_valid_run_is_chosen_and_every_skip_is_noted(tmp_p
 
 
 def test_without_a_compatible_run_nothing_is_reused_and_the_note_says_so(tmp_path):
-    from airflow_provider_batchinfer.runtime.reuse_source import find_source
+    from airflow_provider_batchinfer.runtime.incremental.source import find_source
 
     base = tmp_path / "base"
     _committed(base, "d1", "2026-11-20T00:00:00+00:00", context="f" * 64)
@@ -281,7 +281,7 @@ def test_without_a_compatible_run_nothing_is_reused_and_the_note_says_so(tmp_pat
 
 
 def test_a_run_directory_outside_a_base_location_is_refused(tmp_path):
-    from airflow_provider_batchinfer.runtime.reuse_source import ReuseSpecError, base_of
+    from airflow_provider_batchinfer.runtime.incremental.source import ReuseSpecError, base_of
 
     job = _source_job(tmp_path, "not-the-run-key")
     job = job.__class__(**{**job.__dict__, "run_dir": str(tmp_path / "fixed")})
@@ -293,7 +293,7 @@ def test_a_run_directory_outside_a_base_location_is_refused(tmp_path):
 def _plan(tmp_path, **input_spec):
     import dataclasses
 
-    from airflow_provider_batchinfer.runtime.plan import plan_columns
+    from airflow_provider_batchinfer.runtime.planning.pipeline import plan_columns
 
     job = _source_job(tmp_path / "base", "run1")
     job = dataclasses.replace(
@@ -305,7 +305,7 @@ def _plan(tmp_path, **input_spec):
 
 
 def test_new_params_give_a_new_context_so_nothing_of_the_old_run_matches(tmp_path):
-    from airflow_provider_batchinfer.runtime.reuse_source import plan_reuse
+    from airflow_provider_batchinfer.runtime.incremental.source import plan_reuse
 
     (tmp_path / "base").mkdir()
     contexts = set()
@@ -322,7 +322,7 @@ def test_new_params_give_a_new_context_so_nothing_of_the_old_run_matches(tmp_pat
 def test_a_new_model_version_reuses_nothing_of_the_old_versions_runs(tmp_path):
     """A run of version v1 is the source of the next v1 run; v2 (another version and sha256) gets
     another context and takes nothing from it, so every row goes to the new model."""
-    from airflow_provider_batchinfer.runtime.reuse_source import plan_reuse
+    from airflow_provider_batchinfer.runtime.incremental.source import plan_reuse
 
     job, columns, schema = _plan(tmp_path)
     v1 = plan_reuse(job, columns, schema, None)
@@ -344,7 +344,7 @@ def test_a_new_model_version_reuses_nothing_of_the_old_versions_runs(tmp_path):
     ],
 )
 def test_the_runtime_refuses_reuse_it_cannot_key_before_ray(tmp_path, input_spec, engine, match):
-    from airflow_provider_batchinfer.runtime.reuse_source import ReuseSpecError, plan_reuse
+    from airflow_provider_batchinfer.runtime.incremental.source import ReuseSpecError, plan_reuse
 
     job, columns, schema = _plan(tmp_path, **input_spec)
     with pytest.raises(ReuseSpecError, match=match) as err:
@@ -401,7 +401,7 @@ REUSED = ROWS - len(DELETED) - CHANGED  # the rest of day 2's rows
 
 
 def _read(manifest: dict) -> pa.Table:
-    from airflow_provider_batchinfer.markers import read_committed
+    from airflow_provider_batchinfer.store.commit.markers import read_committed
 
     return read_committed(manifest).sort_by("product_id")
 
@@ -538,8 +538,8 @@ def test_an_s3_stage_through_dag_test_reuses_and_dead_letters(
     airflow_db, ray_cluster, s3_server, s3_bucket, monkeypatch, tmp_path
 ):
     from airflow_provider_batchinfer import BatchInferenceOperator
-    from airflow_provider_batchinfer.markers import read_committed, read_valid_manifest
     from airflow_provider_batchinfer.registry import ModelRegistry
+    from airflow_provider_batchinfer.store.commit.markers import read_committed, read_valid_manifest
     from tests.conftest import run_dag, xcom_value
     from tests.e2e.test_s3 import KEY_ID, SECRET, options
 

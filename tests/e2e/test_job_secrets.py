@@ -16,8 +16,8 @@ import uuid
 import pytest
 
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE
-from airflow_provider_batchinfer.specs import JobSpec, OutputSpec
-from airflow_provider_batchinfer.stage import SUCCESS_MARKER, Stage
+from airflow_provider_batchinfer.contract.specs import JobSpec, OutputSpec
+from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER, Stage
 from tests.conftest import _free_port
 from tests.task_context import TaskInstanceStandIn
 
@@ -278,8 +278,8 @@ def test_a_role_on_the_connection_gives_the_job_that_roles_session_only(
 def test_a_jobs_environment_holds_a_derived_session_never_the_connections_keys(s3_server, monkeypatch):
     from datetime import datetime, timedelta, timezone
 
-    from airflow_provider_batchinfer.job_session import JobSessionError, session_seconds
     from airflow_provider_batchinfer.launchers.job_env import job_env
+    from airflow_provider_batchinfer.launchers.job_session import JobSessionError, session_seconds
 
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     keys = {"endpoint_url": s3_server, "region": "us-east-1", "access_key": "AKIDCONN", "secret_key": "conn-secret-x"}
@@ -336,7 +336,7 @@ def test_ray_init_passes_no_credential_and_repeats_no_variable_of_the_jobs_runti
 
 
 def test_the_secrets_package_round_trips_and_a_wrong_name_is_refused(tmp_path, monkeypatch):
-    from airflow_provider_batchinfer.delivery import DeliveryError, apply_delivered_env, write_package
+    from airflow_provider_batchinfer.store.delivery import DeliveryError, apply_delivered_env, write_package
 
     path, name = write_package(str(tmp_path), {"AWS_SECRET_ACCESS_KEY": "s-x", "PYICEBERG_CATALOG__C__TOKEN": "t"})
     assert oct(os.stat(path).st_mode & 0o777) == "0o700"
@@ -358,7 +358,7 @@ def test_the_secrets_package_round_trips_and_a_wrong_name_is_refused(tmp_path, m
 
 
 def test_uris_lose_their_credentials_and_known_secrets_are_scrubbed():
-    from airflow_provider_batchinfer.redact import redact_uri, scrub, secret_values
+    from airflow_provider_batchinfer.store.redact import redact_uri, scrub, secret_values
 
     assert redact_uri("https://TOKEN123@catalog:8181/v1") == "https://***@catalog:8181/v1"
     assert redact_uri("postgresql+psycopg2://user:pw-x@db:5432/cat") == "postgresql+psycopg2://user:***@db:5432/cat"
@@ -395,7 +395,11 @@ def _catalog_props(uri: str) -> dict[str, str]:
 def test_only_allowed_catalog_properties_reach_job_files_and_manifests(tmp_path):
     from airflow_provider_batchinfer.contract import JobFile, Manifest
     from airflow_provider_batchinfer.contract.tables import TableInput, TableOutput
-    from airflow_provider_batchinfer.tables.catalog import catalog_env_properties, catalog_secret_env, public_catalog
+    from airflow_provider_batchinfer.store.iceberg.catalog import (
+        catalog_env_properties,
+        catalog_secret_env,
+        public_catalog,
+    )
     from tests.runs import job_file, manifest_for
 
     for uri, secret in (
@@ -426,7 +430,7 @@ def test_only_allowed_catalog_properties_reach_job_files_and_manifests(tmp_path)
 
 
 def test_open_catalog_takes_what_the_environment_delivers_and_its_errors_hold_no_secret(tmp_path, monkeypatch):
-    from airflow_provider_batchinfer.tables.catalog import (
+    from airflow_provider_batchinfer.store.iceberg.catalog import (
         CatalogError,
         catalog_secret_env,
         open_catalog,

@@ -21,11 +21,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.chat import response_columns, sampling_params, text_to_messages
 from airflow_provider_batchinfer.contract import ERROR_PREFIX
-from airflow_provider_batchinfer.demo_models import build_tiny_chat_model, build_tiny_image_classifier, color_image
-from airflow_provider_batchinfer.runtime import dereference, llm
-from airflow_provider_batchinfer.runtime.dereference import (
+from airflow_provider_batchinfer.contract.chat import response_columns, sampling_params, text_to_messages
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, SpecError
+from airflow_provider_batchinfer.registry.demo_models import (
+    build_tiny_chat_model,
+    build_tiny_image_classifier,
+    color_image,
+)
+from airflow_provider_batchinfer.runtime.model import dereference, llm
+from airflow_provider_batchinfer.runtime.model.dereference import (
     FileReferenceError,
     check_location,
     dereference_inputs,
@@ -33,8 +38,7 @@ from airflow_provider_batchinfer.runtime.dereference import (
     normalize_roots,
     read_location,
 )
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SpecError
-from airflow_provider_batchinfer.stage import SUCCESS_MARKER, Stage, sanitize_run_key
+from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER, Stage, sanitize_run_key
 from tests.models import committed_manifest, job_file, write_job_file
 
 
@@ -361,7 +365,7 @@ def test_vllm_pre_and_postprocess_map_rows_to_the_response_columns(stage_root):
     rows = [post(r) for r in engine_rows]
     table = llm.to_response_table(pa.Table.from_pylist(rows), ["ticket_id"])
     assert table.column_names == ["ticket_id", "choices", "usage"]
-    from airflow_provider_batchinfer.chat import response_types
+    from airflow_provider_batchinfer.contract.chat import response_types
 
     assert (table.schema.field("choices").type, table.schema.field("usage").type) == response_types()
     expected = response_columns(
@@ -392,7 +396,7 @@ def test_vllm_pre_and_postprocess_map_rows_to_the_response_columns(stage_root):
 
 
 def test_transformers_engine_honours_row_overrides_stop_strings_and_seeds(registry, chat_model_dir):
-    from airflow_provider_batchinfer.runtime.flavors import load_predictor
+    from airflow_provider_batchinfer.runtime.model.flavors import load_predictor
 
     mv = registry.log_model("chat", "v1", "text_generation", str(chat_model_dir))
     model_dir = registry.local_copy("chat", "v1")
@@ -437,8 +441,8 @@ def test_transformers_engine_honours_row_overrides_stop_strings_and_seeds(regist
 def test_model_replica_reads_files_and_fails_a_row_with_its_path(
     registry, image_model_dir, stage_root, tmp_path, monkeypatch
 ):
-    from airflow_provider_batchinfer.runtime.plan import plan_columns
-    from airflow_provider_batchinfer.runtime.replica import ModelReplica
+    from airflow_provider_batchinfer.runtime.model.replica import ModelReplica
+    from airflow_provider_batchinfer.runtime.planning.pipeline import plan_columns
 
     mv = registry.log_model("labeler", "v1", "image_classification", str(image_model_dir))
     spec = InputSpec(column_mapping={"path": "image"}, column_handling={"path": "bytes"})

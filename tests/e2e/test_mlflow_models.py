@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.inputs import InputError
 from airflow_provider_batchinfer.registry import ModelRegistry, RegistryError, TamperedModelError
-from airflow_provider_batchinfer.stage import sanitize_run_key
+from airflow_provider_batchinfer.store.inputs import InputError
+from airflow_provider_batchinfer.store.stage import sanitize_run_key
 from tests import hf_support as hf
 from tests.models import committed_manifest
 
@@ -103,7 +103,7 @@ def logged(ml):
 
 
 def _predictor(registry: ModelRegistry, name: str, version: str, max_rows: int = 256):
-    from airflow_provider_batchinfer.runtime.flavors import load_predictor
+    from airflow_provider_batchinfer.runtime.model.flavors import load_predictor
 
     model_dir = registry.local_copy(name, version)
     return load_predictor(model_dir, json.loads((model_dir / "MODEL.json").read_text()), "cpu", 1, max_rows)

@@ -18,9 +18,9 @@ from unittest import mock
 import psutil
 import pytest
 
-from airflow_provider_batchinfer.launchers import embedded_ray, warm_runtime
+from airflow_provider_batchinfer.launchers.embedded import embedded_ray, warm_runtime
 from airflow_provider_batchinfer.launchers.local import LocalLauncher
-from airflow_provider_batchinfer.stage import JOB_SPEC_FILE, SUCCESS_MARKER
+from airflow_provider_batchinfer.store.stage import JOB_SPEC_FILE, SUCCESS_MARKER
 from tests.conftest import REPO
 from tests.e2e import test_reattach
 from tests.e2e.test_reattach import gated_tickets
@@ -95,7 +95,7 @@ def _kill_the_task_process_mid_job(
     SIGKILL that process once the job's log shows ``scoring``, and check that the runtime ends
     within 30 s (for a pool job, its actor then too: no Ray worker scores for it afterwards) and
     that no _SUCCESS appears. ``warm``: a spare runtime process waits for the job
-    (launchers/warm_runtime.py), else none may take it."""
+    (launchers/embedded/warm_runtime.py), else none may take it."""
     data = gated_tickets(tmp_path / "in", rows=200, files=2, gate=gate)  # scored once the gate opens: never
     out = tmp_path / "out"
     args = {"input": str(data), "out": str(out)}

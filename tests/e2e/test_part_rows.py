@@ -1,5 +1,5 @@
 """``JobSpec.rows_per_part``'s streaming repartition runs at the read and write tasks' CPU share
-(``runtime/part_rows.py``): a 1-CPU repartition task took the whole share beside one replica and the
+(``runtime/engine/part_rows.py``): a 1-CPU repartition task took the whole share beside one replica and the
 job idled ~20 s after its first part."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import textwrap
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_batchinfer.runtime.resources import IO_TASK_CPU
+from airflow_provider_batchinfer.runtime.planning.resources import IO_TASK_CPU
 
 # Runs in its own process on the session's 2-CPU cluster, in the job's shape (a 2-CPU placement group that Ray
 # Data budgets with, a filter and reads at the io share, one 1-CPU replica), rows_per_part=40.
@@ -23,7 +23,7 @@ _PIPELINE = textwrap.dedent(
     from ray.data._internal.execution.interfaces import ExecutionResources
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-    from airflow_provider_batchinfer.runtime.part_rows import cut_into_parts, repartition_remote_args
+    from airflow_provider_batchinfer.runtime.engine.part_rows import cut_into_parts, repartition_remote_args
 
     ray.init(address=sys.argv[3], log_to_driver=False, logging_level="ERROR")
     ctx = ray.data.DataContext.get_current()

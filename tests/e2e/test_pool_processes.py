@@ -1,10 +1,10 @@
 """A job on the actor pool starts no Ray worker process beyond its replicas and its write tasks.
 
-A small input (``runtime/small_input.py``) is read in the driver and handed to Ray Data as one block:
+A small input (``runtime/inputs/small_input.py``) is read in the driver and handed to Ray Data as one block:
 no listing task, footer-reading actor, read task or write task starts for it. A larger one is read with
-``ray.data.read_parquet``, whose footer readers are sized to its files (``runtime/io.py``), in the
-replicas themselves (``runtime/pool_dataset.py``). The
-replicas report to the cluster's one usage board (``runtime/usage_board.py``) instead of a counter
+``ray.data.read_parquet``, whose footer readers are sized to its files (``runtime/output/parts.py``), in the
+replicas themselves (``runtime/engine/pool_dataset.py``). The
+replicas report to the cluster's one usage board (``runtime/model/usage_board.py``) instead of a counter
 actor per job. The test counts what two real jobs started on the session's real Ray cluster."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from airflow_provider_batchinfer.runtime.io import footer_actors
+from airflow_provider_batchinfer.runtime.output.parts import footer_actors
 from tests.models import committed_manifest, ticket_job, write_job_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,7 +95,7 @@ def _new(after: list[str], before: list[str]) -> list[str]:
 def test_a_small_input_starts_no_read_task_and_a_larger_one_one_footer_reader_and_both_share_one_usage_board(
     ray_cluster, registry, text_length_model, tmp_path
 ):
-    from airflow_provider_batchinfer.runtime.small_input import byte_limit
+    from airflow_provider_batchinfer.runtime.inputs.small_input import byte_limit
 
     before = _cluster_state(ray_cluster["dashboard"])
     first = _run_on_the_pool(tmp_path, registry, text_length_model, "small")

@@ -19,15 +19,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import JobFile, RunOwner
-from airflow_provider_batchinfer.identity import (
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, SaveMode
+from airflow_provider_batchinfer.launchers.ray_jobs import belongs_to, job_metadata, submission_id_for
+from airflow_provider_batchinfer.store.identity import (
     job_identity,
     parquet_fingerprint,
     result_identity,
     sql_fingerprint,
     task_key,
 )
-from airflow_provider_batchinfer.launchers.ray_jobs import belongs_to, job_metadata, submission_id_for
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SaveMode
 from tests.e2e import test_ray_jobs
 from tests.e2e.test_ray_jobs import jobs_of_run
 from tests.models import committed_manifest, write_tickets

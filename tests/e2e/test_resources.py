@@ -20,8 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, JobFailure, last_failure
-from airflow_provider_batchinfer.runtime.plan import size_actor_pool
-from airflow_provider_batchinfer.runtime.resources import (
+from airflow_provider_batchinfer.contract.specs import JobSpec
+from airflow_provider_batchinfer.runtime.planning.pipeline import size_actor_pool
+from airflow_provider_batchinfer.runtime.planning.resources import (
     ResourceError,
     check_ever_fits,
     cluster_summary,
@@ -30,7 +31,6 @@ from airflow_provider_batchinfer.runtime.resources import (
     reservation,
     spread,
 )
-from airflow_provider_batchinfer.specs import JobSpec
 from tests.models import SlowLength, committed_manifest, ticket_job, write_job_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,8 +110,8 @@ def test_the_pool_autoscales_within_what_was_reserved_and_says_why_it_is_smaller
 
 def test_the_manifest_records_the_pool_and_where_its_replicas_ran(tmp_path):
     from airflow_provider_batchinfer.contract import Manifest
-    from airflow_provider_batchinfer.runtime.commit import pool_record
-    from airflow_provider_batchinfer.runtime.io import replicas_per_node
+    from airflow_provider_batchinfer.runtime.output.commit import pool_record
+    from airflow_provider_batchinfer.runtime.output.parts import replicas_per_node
     from tests.runs import manifest_for
 
     job = JobSpec(replicas=3, num_workers=2)
@@ -148,7 +148,7 @@ def test_the_manifest_records_the_pool_and_where_its_replicas_ran(tmp_path):
 def test_a_replica_given_a_gpu_that_cuda_cannot_see_fails_saying_so():
     import ray
 
-    from airflow_provider_batchinfer.runtime.replica import NoCudaError, check_cuda
+    from airflow_provider_batchinfer.runtime.model.replica import NoCudaError, check_cuda
 
     check_cuda(1, ("a", "node", "10.0.0.1"), cuda_available=True)
     with pytest.raises(
@@ -162,7 +162,7 @@ def test_a_replica_given_a_gpu_that_cuda_cannot_see_fails_saying_so():
     # attached this process to a cluster (ray.get_gpu_ids() starts ray.init())
     assert not ray.is_initialized() and "GPU ids none" in str(exc.value)
     # Ray hands the driver an ActorDiedError that carries it as text; the driver restores it
-    from airflow_provider_batchinfer.runtime.replica import replica_init_error
+    from airflow_provider_batchinfer.runtime.model.replica import replica_init_error
 
     restored = replica_init_error(
         RuntimeError(f"ActorDiedError: The actor died ...\n{type(exc.value).__module__}.NoCudaError: {exc.value}\n")
@@ -340,7 +340,7 @@ def test_a_job_that_cannot_get_its_minimum_fails_after_resource_wait_s_naming_wh
 def test_read_and_write_tasks_run_one_per_replica_and_at_least_two():
     """Ray would start up to eight read workers per two CPUs at 0.25 CPU each; their start-ups
     crowd the replicas' own on a small machine."""
-    from airflow_provider_batchinfer.runtime.plan import io_tasks
+    from airflow_provider_batchinfer.runtime.planning.pipeline import io_tasks
 
     for replicas, tasks in ((1, 2), (2, 2), (5, 5)):
         job = JobSpec(replicas=replicas)

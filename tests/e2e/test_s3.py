@@ -21,8 +21,8 @@ import pytest
 
 from airflow_provider_batchinfer.contract import FileEntry, RunOwner, part_name
 from airflow_provider_batchinfer.registry.fetch import cached_copy
-from airflow_provider_batchinfer.s3 import S3StageError, check_bucket
-from airflow_provider_batchinfer.stage import (
+from airflow_provider_batchinfer.store.s3 import S3StageError, check_bucket
+from airflow_provider_batchinfer.store.stage import (
     JOB_SPEC_FILE,
     SUCCESS_MARKER,
     Stage,
@@ -194,7 +194,7 @@ def test_storage_options_never_carry_credentials_into_the_spec(airflow_db, s3_se
 
 
 def test_ray_workers_get_only_the_aws_variables_of_the_runtime_environment():
-    from airflow_provider_batchinfer.s3 import worker_env
+    from airflow_provider_batchinfer.store.s3 import worker_env
 
     env = {
         "AWS_ACCESS_KEY_ID": KEY_ID,

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec
 from tests.task_context import TaskInstanceStandIn
 
 pytestmark = pytest.mark.usefixtures("airflow_db")
@@ -84,8 +84,8 @@ def test_the_job_reads_the_query_in_shards_and_no_listing_log_or_file_holds_the_
     from airflow_provider_batchinfer import BatchInferenceOperator
     from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV, SqlInput
     from airflow_provider_batchinfer.operators.sql_input import database_url
-    from airflow_provider_batchinfer.runtime.sql_input import stream
-    from airflow_provider_batchinfer.stage import Stage
+    from airflow_provider_batchinfer.runtime.inputs.sql_input import stream
+    from airflow_provider_batchinfer.store.stage import Stage
 
     caplog.set_level(logging.DEBUG)
     out = tmp_path / "out"
@@ -166,8 +166,8 @@ def test_a_connection_that_is_not_sql_fails_before_any_job(batchinfer_home, tmp_
 
 def test_the_database_url_reaches_workers_by_the_setup_hook_and_is_scrubbed(monkeypatch):
     from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV
-    from airflow_provider_batchinfer.redact import scrub, secret_values
     from airflow_provider_batchinfer.runtime.attach import worker_runtime_env
+    from airflow_provider_batchinfer.store.redact import scrub, secret_values
 
     url = "postgresql+psycopg2://scorer:pg-pass-77x@db:5432/crm"
     runtime_env = worker_runtime_env({SQL_URL_ENV: url, "AWS_DEFAULT_REGION": "eu"})
@@ -186,8 +186,8 @@ def test_the_database_url_reaches_workers_by_the_setup_hook_and_is_scrubbed(monk
 def test_the_query_section_round_trips_and_bad_arguments_are_refused(tmp_path):
     from airflow_provider_batchinfer import BatchInferenceOperator
     from airflow_provider_batchinfer.contract import ContractError, JobFile
+    from airflow_provider_batchinfer.contract.specs import SpecError
     from airflow_provider_batchinfer.contract.sql_input import SqlInput
-    from airflow_provider_batchinfer.specs import SpecError
     from tests.runs import job_file
 
     query = SqlInput(query=QUERY, conn_id="crm", chunk_rows=500, shard_column="ticket_id", kept_digest="ab" * 32)
@@ -216,7 +216,7 @@ def test_a_database_that_cannot_hash_the_column_is_streamed_by_the_driver(
 
     from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV, SqlInput
     from airflow_provider_batchinfer.operators.sql_input import database_url
-    from airflow_provider_batchinfer.runtime.sql_input import read_sql_input
+    from airflow_provider_batchinfer.runtime.inputs.sql_input import read_sql_input
     from tests.runs import job_file
 
     monkeypatch.setenv(SQL_URL_ENV, database_url("bi_sql_tickets"))

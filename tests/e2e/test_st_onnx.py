@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.runtime.flavors import optimized_text
-from airflow_provider_batchinfer.runtime.flavors.optimized_text import BackendRefusedError
-from airflow_provider_batchinfer.specs import JobSpec, SpecError
+from airflow_provider_batchinfer.contract.specs import JobSpec, SpecError
+from airflow_provider_batchinfer.runtime.model.flavors.optimized import optimized_text
+from airflow_provider_batchinfer.runtime.model.flavors.optimized.optimized_text import BackendRefusedError
 from tests.models import committed_manifest, ticket_job, write_job_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def test_the_int8_embeddings_match_pytorch_without_importing_torch(minilm):
     texts = ["the export is slow again", "refund for my order please", "x " * 400, "", "login"]
     code = (
         "import json, sys; from pathlib import Path\n"
-        "from airflow_provider_batchinfer.runtime.flavors.optimized_text import OrtEncoder\n"
+        "from airflow_provider_batchinfer.runtime.model.flavors.optimized.optimized_text import OrtEncoder\n"
         f"e = OrtEncoder(Path({str(minilm['dir'])!r}), threads=1).encode({texts!r}, batch_size=2)\n"
         "print(json.dumps({'torch': 'torch' in sys.modules, 'emb': e.tolist()}))\n"
     )
@@ -208,9 +208,9 @@ def test_a_stricter_threshold_refuses_the_cached_export_and_scores_nothing(minil
     (tests/services/test_multinode.py runs that one through Ray)."""
     import ray
 
-    from airflow_provider_batchinfer.runtime import in_driver
     from airflow_provider_batchinfer.runtime.driver import run
-    from airflow_provider_batchinfer.runtime.replica import replica_init_error
+    from airflow_provider_batchinfer.runtime.engine import in_driver
+    from airflow_provider_batchinfer.runtime.model.replica import replica_init_error
 
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("the job started Ray"))
     monkeypatch.setenv(in_driver.EMBEDDED_ENV, "1")
@@ -239,8 +239,8 @@ def test_a_job_in_the_driver_scores_with_two_one_thread_calls_as_one_encoder_wou
     come back in their input order, each embedding as one encoder computes it."""
     import ray
 
-    from airflow_provider_batchinfer.runtime import in_driver
     from airflow_provider_batchinfer.runtime.driver import run
+    from airflow_provider_batchinfer.runtime.engine import in_driver
 
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("the job started Ray"))
     monkeypatch.setenv(in_driver.EMBEDDED_ENV, "1")

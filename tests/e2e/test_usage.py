@@ -18,8 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import Manifest
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
 from airflow_provider_batchinfer.contract.usage import BASIS, Usage, check_prices, estimate_cost
-from airflow_provider_batchinfer.runtime.usage import (
+from airflow_provider_batchinfer.runtime.model.usage import (
     STOP_MARGIN_S,
     BudgetError,
     Meter,
@@ -27,7 +28,6 @@ from airflow_provider_batchinfer.runtime.usage import (
     batch_tokens,
     percentile,
 )
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
 from tests.models import TextLength, committed_manifest, job_file, write_tickets
 from tests.runs import manifest_for, write_part
 from tests.task_context import TaskInstanceStandIn
@@ -118,7 +118,7 @@ def test_percentiles_tokens_and_cost_arithmetic():
     assert estimate_cost(3600.0, 0.0, {}) is None
     assert estimate_cost(7200.0, 1800.0, {"price_per_cpu_hour": 0.5, "price_per_gpu_hour": 2.0}) == 2.0
 
-    from airflow_provider_batchinfer.chat import response_types
+    from airflow_provider_batchinfer.contract.chat import response_types
 
     _, usage_type = response_types()
     scored = pa.table(
@@ -151,9 +151,9 @@ def test_percentiles_tokens_and_cost_arithmetic():
 def test_a_text_generation_batch_reports_its_tokens(registry, tmp_path):
     """What the metered replica reports for a real tiny Llama's batch (built in-process): the prompt
     and completion tokens of the model's ``usage`` column."""
-    from airflow_provider_batchinfer.chat import text_to_messages
-    from airflow_provider_batchinfer.demo_models import build_tiny_chat_model
-    from airflow_provider_batchinfer.runtime.flavors import load_predictor
+    from airflow_provider_batchinfer.contract.chat import text_to_messages
+    from airflow_provider_batchinfer.registry.demo_models import build_tiny_chat_model
+    from airflow_provider_batchinfer.runtime.model.flavors import load_predictor
 
     registry.log_model("chat", "v1", "text_generation", str(build_tiny_chat_model(tmp_path / "chat")))
     model_dir = registry.local_copy("chat", "v1")
@@ -401,7 +401,7 @@ def test_the_budget_guard_stops_the_job_and_a_resume_with_a_higher_budget_comple
 def test_the_usage_section_is_present_and_plausible(budget_run):
     """The retry's usage section (in the manifest, XCom and the lineage run facet): what it held,
     for how long, at what price, for the rows it scored."""
-    from airflow_provider_batchinfer.lineage import operator_lineage
+    from airflow_provider_batchinfer.operators.lineage import operator_lineage
 
     manifest = Manifest.from_dict(committed_manifest(str(budget_run["out"])))
     usage, rows = manifest.usage, manifest.resume.processed_rows

@@ -1,4 +1,4 @@
-"""The actor pool's write tasks gather ``rows_per_write`` rows into one part (``runtime/io.py``,
+"""The actor pool's write tasks gather ``rows_per_write`` rows into one part (``runtime/output/parts.py``,
 ``pool_dataset.rows_per_write``): without it Ray Data starts a write task, and the job writes a part,
 for every scored block."""
 
@@ -18,7 +18,7 @@ _WRITE = textwrap.dedent(
     import json, sys
     import pyarrow as pa
     import ray, ray.data
-    from airflow_provider_batchinfer.runtime.io import make_datasink
+    from airflow_provider_batchinfer.runtime.output.parts import make_datasink
 
     ray.init(address=sys.argv[2], log_to_driver=False, logging_level="ERROR")
     ray.data.DataContext.get_current().enable_progress_bars = False

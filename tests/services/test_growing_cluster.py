@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_batchinfer.launchers.procs import free_ports
+from airflow_provider_batchinfer.launchers.embedded.procs import free_ports
 from tests.models import TextLength, committed_manifest, ticket_job, write_job_file
 
 pytestmark = pytest.mark.timeout(300)

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER, JobFailure, last_failure
+from airflow_provider_batchinfer.contract.specs import JobSpec
 from airflow_provider_batchinfer.registry import MODEL_MANIFEST, ModelRegistry
-from airflow_provider_batchinfer.specs import JobSpec
 from tests.models import SlowLength, TextLength, committed_manifest, ticket_job, write_job_file
 
 pytestmark = pytest.mark.timeout(900)
@@ -128,7 +128,7 @@ def test_the_vllm_engine_reads_a_verified_node_local_copy_never_the_registry_loc
     re-hashed there; the engine gets that copy's path, never the registry's location
     (tests/component/test_vllm_verified_source.py swaps files under it)."""
     from airflow_provider_batchinfer.contract import ModelRef
-    from airflow_provider_batchinfer.runtime import llm
+    from airflow_provider_batchinfer.runtime.model import llm
 
     monkeypatch.setenv("BATCHINFER_MODEL_CACHE", str(tmp_path / "driver-cache"))
     model = ModelRef.from_dict(
@@ -154,8 +154,8 @@ def test_an_iceberg_inputs_read_tasks_run_on_both_nodes(two_node_cluster, tmp_pa
     import pyarrow as pa
 
     from airflow_provider_batchinfer.contract.tables import TableInput
-    from airflow_provider_batchinfer.runtime import table_input
-    from airflow_provider_batchinfer.tables.catalog import embedded_catalog, open_catalog, public_catalog
+    from airflow_provider_batchinfer.runtime.inputs import table_input
+    from airflow_provider_batchinfer.store.iceberg.catalog import embedded_catalog, open_catalog, public_catalog
     from tests.runs import job_file
 
     props = embedded_catalog(str(tmp_path / "stage"), str(tmp_path / "home"))

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.runtime.flavors import call_rows
-from airflow_provider_batchinfer.runtime.flavors.tabular_inputs import chunked
+from airflow_provider_batchinfer.contract.specs import JobSpec, SpecError
+from airflow_provider_batchinfer.runtime.model.flavors import call_rows
+from airflow_provider_batchinfer.runtime.model.flavors.tabular.tabular_inputs import chunked
 from airflow_provider_batchinfer.runtime.tuning import TUNING, Tuning
-from airflow_provider_batchinfer.specs import JobSpec, SpecError
 
 ROWS = 5000
 
@@ -85,8 +85,8 @@ def _replica_calls(tmp_path, registry, model, monkeypatch, job_spec: JobSpec) ->
     import torch
 
     from airflow_provider_batchinfer.runtime.driver import check_before_ray
-    from airflow_provider_batchinfer.runtime.pool_dataset import replica_kwargs
-    from airflow_provider_batchinfer.runtime.replica import ModelReplica
+    from airflow_provider_batchinfer.runtime.engine.pool_dataset import replica_kwargs
+    from airflow_provider_batchinfer.runtime.model.replica import ModelReplica
     from tests.models import job_file
 
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the replica sets them for its threads
@@ -130,7 +130,7 @@ def _checked(flavor: str, max_batch_rows: int | None, backend: str | None = None
 
 
 def test_the_driver_gives_concurrent_calls_their_whole_batch_only_when_the_job_leaves_the_rows_unset() -> None:
-    from airflow_provider_batchinfer.runtime.in_driver import whole_batch_calls
+    from airflow_provider_batchinfer.runtime.engine.in_driver import whole_batch_calls
 
     assert whole_batch_calls(_checked("xgboost", None), workers=2)
     assert not whole_batch_calls(_checked("xgboost", 100), workers=2)  # the job's 100 rows hold
@@ -141,7 +141,7 @@ def test_the_driver_gives_concurrent_calls_their_whole_batch_only_when_the_job_l
 
 
 def test_vllms_batch_size_is_the_jobs_rows_per_call(tmp_path) -> None:
-    from airflow_provider_batchinfer.runtime import llm
+    from airflow_provider_batchinfer.runtime.model import llm
 
     def batch_size(spec: JobSpec) -> int:
         return llm.processor_config(tmp_path, spec, multimodal=False)["batch_size"]
@@ -178,8 +178,8 @@ def test_a_replica_that_reads_its_own_blocks_scores_them_in_the_jobs_batches(
     import torch
 
     from airflow_provider_batchinfer.runtime.driver import check_before_ray
-    from airflow_provider_batchinfer.runtime.pool_dataset import replica_kwargs
-    from airflow_provider_batchinfer.runtime.usage import MeteredReplica
+    from airflow_provider_batchinfer.runtime.engine.pool_dataset import replica_kwargs
+    from airflow_provider_batchinfer.runtime.model.usage import MeteredReplica
     from tests.models import job_file
 
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):

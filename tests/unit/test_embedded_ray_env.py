@@ -1,12 +1,12 @@
 """The environment and parameters the embedded Ray's head starts with (``launchers/embedded_ray.head_env``,
-``launchers/ray_head.py``)."""
+``launchers/embedded/ray_head.py``)."""
 
 from __future__ import annotations
 
 import sys
 
-from airflow_provider_batchinfer.launchers.embedded_ray import WORKER_SOFT_LIMIT_ENV, head_env
-from airflow_provider_batchinfer.launchers.ray_head import (
+from airflow_provider_batchinfer.launchers.embedded.embedded_ray import WORKER_SOFT_LIMIT_ENV, head_env
+from airflow_provider_batchinfer.launchers.embedded.ray_head import (
     PORTS,
     START_HOOK_ENV,
     call_operator_hook,
@@ -68,7 +68,7 @@ def test_an_operators_own_start_hook_is_called_after_the_heads_choices_and_wins(
 
 
 def test_the_heads_registration_lookup_leaves_the_decision_to_ray_when_it_cannot_ask():
-    from airflow_provider_batchinfer.launchers.ray_head import _registered
+    from airflow_provider_batchinfer.launchers.embedded.ray_head import _registered
 
     class Node:
         def __init__(self, hex_id: str) -> None:

@@ -14,13 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import FileEntry, JobFile, Manifest
 from airflow_provider_batchinfer.contract.tables import MODEL_VERSION_COLUMN, RUN_KEY_COLUMN, TableOutput
-from airflow_provider_batchinfer.rundir import FencedError
-from airflow_provider_batchinfer.runtime.table_commit import TableCommitError, commit_table
-from airflow_provider_batchinfer.stage import Stage
-from airflow_provider_batchinfer.tables.catalog import embedded_catalog, open_catalog
+from airflow_provider_batchinfer.runtime.output.table_commit import TableCommitError, commit_table
+from airflow_provider_batchinfer.store.commit import rundir
+from airflow_provider_batchinfer.store.commit.rundir import FencedError
+from airflow_provider_batchinfer.store.iceberg.catalog import embedded_catalog, open_catalog
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.iceberg_support import data_files
 from tests.runs import job_file, manifest_for
 
@@ -138,7 +138,7 @@ def test_a_table_another_run_created_since_the_check_is_used_not_a_failure(tmp_p
     """Two first runs of a new table: both see no table, both create it, and the SQL catalog refuses
     the second create with a commit failure ("Table already exists"). The second run then uses the
     table the first created."""
-    from airflow_provider_batchinfer.runtime import table_commit
+    from airflow_provider_batchinfer.runtime.output import table_commit
 
     schema = pa.schema([("id", pa.int64()), (RUN_KEY_COLUMN, pa.string())])
     target = TableOutput(TABLE, {}, "r1", "error", str(tmp_path / "claims" / "r1"), "")

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_batchinfer.redact import MASK, scrub
-from airflow_provider_batchinfer.runtime.dereference import FileReferenceError, normalize_roots, read_location
+from airflow_provider_batchinfer.runtime.model.dereference import FileReferenceError, normalize_roots, read_location
+from airflow_provider_batchinfer.store.redact import MASK, scrub
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY"
 
@@ -79,7 +79,7 @@ def _resolver(table: dict[str, list[str]]) -> Any:
     ],
 )
 def test_an_address_a_gateway_translates_to_ipv4_is_not_public(address, message):
-    from airflow_provider_batchinfer.runtime.url_fetch import UrlReferenceError, check_url
+    from airflow_provider_batchinfer.runtime.model.url_fetch import UrlReferenceError, check_url
 
     dns = _resolver({"img.example.com": [address]})
     for allowed in (("*",), ("*.example.com",)):  # a pattern never reaches it
@@ -93,7 +93,7 @@ def test_an_address_a_gateway_translates_to_ipv4_is_not_public(address, message)
 
 
 def test_a_public_ipv6_address_is_still_fetched_under_a_pattern():
-    from airflow_provider_batchinfer.runtime.url_fetch import check_url
+    from airflow_provider_batchinfer.runtime.model.url_fetch import check_url
 
     dns = _resolver({"cdn.example.com": ["2606:4700::6810:84e5"]})
     assert check_url("https://cdn.example.com/a.png", ("*",), resolve=dns).addresses == ("2606:4700::6810:84e5",)
@@ -103,7 +103,7 @@ def test_a_public_ipv6_address_is_still_fetched_under_a_pattern():
 def test_a_message_cut_through_a_secret_shows_none_of_it(monkeypatch):
     """A database error that echoes the server's URL with its password, cut at 200 characters: the
     password is scrubbed first, so the cut never leaves a piece of it."""
-    from airflow_provider_batchinfer.redact import clip, mask_cut
+    from airflow_provider_batchinfer.store.redact import clip, mask_cut
 
     password = "Tr0ub4dor-and-3-horses-9f2c1e"
     monkeypatch.setenv("BATCHINFER_SQL_URL", f"postgresql://etl:{password}@db.internal:5432/lake")
@@ -138,7 +138,7 @@ def test_a_secret_in_json_reaches_the_scrub_escaped():
 
 # --- everything printed is scrubbed --------------------------------------------------------------------
 def test_a_secret_written_in_pieces_with_flushes_between_never_shows():
-    from airflow_provider_batchinfer.redact import ScrubbingStream
+    from airflow_provider_batchinfer.store.redact import ScrubbingStream
 
     out = io.StringIO()
     stream = ScrubbingStream(out, [SECRET])
@@ -158,7 +158,7 @@ def test_a_secret_written_in_pieces_with_flushes_between_never_shows():
 
 
 def test_bytes_and_concurrent_writers_are_scrubbed_too():
-    from airflow_provider_batchinfer.redact import ScrubbingStream
+    from airflow_provider_batchinfer.store.redact import ScrubbingStream
 
     out = io.StringIO()
     stream = ScrubbingStream(out, [SECRET])
@@ -183,7 +183,7 @@ def test_bytes_and_concurrent_writers_are_scrubbed_too():
 
 
 def test_scrubbed_output_covers_print_stderr_and_log_handlers_made_before(capsys):
-    from airflow_provider_batchinfer import redact
+    from airflow_provider_batchinfer.store import redact
 
     logger = logging.getLogger("test_local_boundaries.early")
     handler = logging.StreamHandler(sys.stderr)  # made before: holds the original stream
@@ -214,7 +214,7 @@ def test_scrubbed_output_covers_print_stderr_and_log_handlers_made_before(capsys
 
 
 def test_scrubbing_stream_delegates_what_callers_ask_a_stream(tmp_path: Path):
-    from airflow_provider_batchinfer.redact import ScrubbingStream
+    from airflow_provider_batchinfer.store.redact import ScrubbingStream
 
     with open(tmp_path / "out.txt", "w", encoding="utf-8") as real:
         stream = ScrubbingStream(real, [SECRET])

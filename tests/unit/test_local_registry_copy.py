@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_batchinfer.registry import ModelRegistry, TamperedModelError, fetch_version, verify_local_copy
-from airflow_provider_batchinfer.runtime.flavors import load_predictor
+from airflow_provider_batchinfer.runtime.model.flavors import load_predictor
 
 SIG = {"inputs": {"text": "string"}, "outputs": {"length": "int64"}}
 HONEST = """class Length:

@@ -179,7 +179,7 @@ def write_legacy_version(root: Path, name: str, version: str | None, class_name:
 
 @pytest.mark.parametrize("version", ["v1", None])
 def test_a_version_logged_in_the_files_only_format_still_resolves_and_loads(registry, version):
-    from airflow_provider_batchinfer.runtime.flavors import load_predictor
+    from airflow_provider_batchinfer.runtime.model.flavors import load_predictor
 
     target = write_legacy_version(Path(registry.root), "len", version)
     mv = registry.get("len", target.name)

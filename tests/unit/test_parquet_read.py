@@ -1,4 +1,4 @@
-"""The driver's reader reads the row groups its checks found in the footers (runtime/parquet_read.py)."""
+"""The driver's reader reads the row groups its checks found in the footers (runtime/inputs/parquet_read.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.inputs import InputError, inspect_input
-from airflow_provider_batchinfer.runtime.parquet_read import row_group_batches
+from airflow_provider_batchinfer.runtime.inputs.parquet_read import row_group_batches
+from airflow_provider_batchinfer.store.inputs import InputError, inspect_input
 
 
 def test_the_read_returns_every_row_of_the_row_groups_once_in_order(tmp_path):
@@ -64,7 +64,7 @@ def test_a_file_whose_footer_does_not_read_fails_the_checks_permanently_naming_i
 def test_pages_that_do_not_decode_fail_the_drivers_reads_permanently_naming_the_file(tmp_path):
     """The footer is intact, so the checks pass; the in-driver engine's reader and the pool's read of
     a small input in its driver each find the damage and name the file."""
-    from airflow_provider_batchinfer.runtime.small_input import read_small_input
+    from airflow_provider_batchinfer.runtime.inputs.small_input import read_small_input
 
     files = _good_and_damaged(tmp_path, "bad_pages")
     assert inspect_input(files, None)[0] == 150
@@ -84,7 +84,7 @@ def test_a_stores_failure_is_not_taken_for_a_corrupt_file():
     """pyarrow reports an object store's failures as OSError too: those stay retryable."""
     import pyarrow as pa
 
-    from airflow_provider_batchinfer.inputs import is_corrupt_parquet
+    from airflow_provider_batchinfer.store.inputs import is_corrupt_parquet
 
     assert is_corrupt_parquet(pa.ArrowInvalid("Parquet magic bytes not found in footer"))
     assert is_corrupt_parquet(OSError("Couldn't deserialize thrift: No more data to read."))

@@ -3,13 +3,13 @@
 Ray Data packs Parquet row groups into read tasks of up to 128 MiB by default; each read task's
 rows go through one replica call stream and one write task as blocks of about that size, and the
 workers keep the memory they touched, so a job's peak memory grew with its files. ``read_input``
-plans the read with ``Tuning.read_task_bytes`` instead (``runtime/io.py``)."""
+plans the read with ``Tuning.read_task_bytes`` instead (``runtime/output/parts.py``)."""
 
 from __future__ import annotations
 
 import inspect
 
-from airflow_provider_batchinfer.runtime.io import FOOTER_ACTORS_ENV, READ_TASK_BYTES_ENV, read_env
+from airflow_provider_batchinfer.runtime.output.parts import FOOTER_ACTORS_ENV, READ_TASK_BYTES_ENV, read_env
 from airflow_provider_batchinfer.runtime.tuning import TUNING
 
 
@@ -27,7 +27,7 @@ def test_ray_data_still_reads_the_read_task_size_from_that_variable():
 
 
 def test_replicas_that_read_their_own_input_take_larger_blocks_but_never_fewer_than_two_each():
-    from airflow_provider_batchinfer.runtime.pool_dataset import replica_read_bytes
+    from airflow_provider_batchinfer.runtime.engine.pool_dataset import replica_read_bytes
 
     mib = 1 << 20
     assert TUNING.replica_read_task_bytes == 64 * mib
@@ -41,7 +41,7 @@ def test_replicas_that_read_their_own_input_take_larger_blocks_but_never_fewer_t
 def test_a_write_task_gathers_a_fixed_share_of_input_bytes_unless_the_parts_rows_are_set_upstream():
     from types import SimpleNamespace
 
-    from airflow_provider_batchinfer.runtime.pool_dataset import rows_per_write
+    from airflow_provider_batchinfer.runtime.engine.pool_dataset import rows_per_write
 
     def checked(row_bytes: float, rows_per_part: int | None = None, reuse: object = None) -> SimpleNamespace:
         spec = SimpleNamespace(rows_per_part=rows_per_part)

@@ -11,7 +11,7 @@ import sys
 import pyarrow as pa
 
 from airflow_provider_batchinfer.registry import ModelRegistry, verify_local_copy
-from airflow_provider_batchinfer.runtime.flavors import python_class
+from airflow_provider_batchinfer.runtime.model.flavors import python_class
 from tests.models import TextLength
 
 

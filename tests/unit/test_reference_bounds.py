@@ -19,8 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from airflow_provider_batchinfer.runtime import dereference
-from airflow_provider_batchinfer.runtime.dereference import (
+from airflow_provider_batchinfer.runtime.model import dereference
+from airflow_provider_batchinfer.runtime.model.dereference import (
     FileReferenceError,
     check_location,
     dereference_messages,
@@ -180,7 +180,7 @@ def _resolver(table: dict[str, list[str]]) -> Any:
 
 
 def test_allowed_hosts_and_every_resolved_address_are_checked():
-    from airflow_provider_batchinfer.runtime.url_fetch import UrlReferenceError, check_url
+    from airflow_provider_batchinfer.runtime.model.url_fetch import UrlReferenceError, check_url
 
     dns = _resolver(
         {
@@ -259,7 +259,7 @@ def image_server() -> Iterator[dict[str, Any]]:
 
 
 def test_an_allowed_host_is_fetched_by_the_runtime_and_handed_on_as_a_data_url(boxed, image_server, monkeypatch):
-    from airflow_provider_batchinfer.runtime import url_fetch
+    from airflow_provider_batchinfer.runtime.model import url_fetch
 
     roots = normalize_roots([str(boxed["root"])])
     base, seen = image_server["base"], image_server["seen"]
@@ -334,7 +334,7 @@ def _model_version() -> Any:
 
 @pytest.fixture(scope="module")
 def chat_model_dir(tmp_path_factory) -> Path:
-    from airflow_provider_batchinfer.demo_models import build_tiny_chat_model
+    from airflow_provider_batchinfer.registry.demo_models import build_tiny_chat_model
 
     return build_tiny_chat_model(tmp_path_factory.mktemp("chat") / "model")
 
@@ -343,10 +343,10 @@ def test_bad_references_are_dead_lettered_rows_and_the_rest_are_scored(registry,
     """The replica (what each Ray actor runs) with ``on_error="dead_letter"``: the metadata URL, a
     NUL byte and a symlink swapped in after the check each fail their own row with
     FileReferenceError; the text rows are generated, and the row counts add up."""
+    from airflow_provider_batchinfer.contract.specs import InputSpec
     from airflow_provider_batchinfer.runtime.errors import split_errors
-    from airflow_provider_batchinfer.runtime.plan import plan_columns
-    from airflow_provider_batchinfer.runtime.replica import ModelReplica
-    from airflow_provider_batchinfer.specs import InputSpec
+    from airflow_provider_batchinfer.runtime.model.replica import ModelReplica
+    from airflow_provider_batchinfer.runtime.planning.pipeline import plan_columns
 
     mv = registry.log_model("chat", "v1", "text_generation", str(chat_model_dir))
     swapped = str(boxed["root"] / "docs" / "ok.png")

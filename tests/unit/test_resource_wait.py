@@ -1,11 +1,12 @@
-"""How a job waits for its resources (``runtime/resources.py``), without Ray: a placement group
+"""How a job waits for its resources (``runtime/planning/resources.py``), without Ray: a placement group
 that a fake clock grants (or never grants), and the nodes a cluster reports."""
 
 from __future__ import annotations
 
 import pytest
 
-from airflow_provider_batchinfer.runtime.resources import (
+from airflow_provider_batchinfer.contract.specs import JobSpec
+from airflow_provider_batchinfer.runtime.planning.resources import (
     ResourceError,
     minimum_need,
     one_node_need,
@@ -13,7 +14,6 @@ from airflow_provider_batchinfer.runtime.resources import (
     wait_for_free,
     wait_on,
 )
-from airflow_provider_batchinfer.specs import JobSpec
 
 
 class Clock:

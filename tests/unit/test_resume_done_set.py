@@ -1,4 +1,4 @@
-"""SaveMode.RESUME's done set (runtime/done_set.py, runtime/resume.py): the rows left to score are
+"""SaveMode.RESUME's done set (runtime/rows/done_set.py, runtime/rows/resume.py): the rows left to score are
 found under a fixed memory budget, exactly, whatever the order the kept parts hold the ids in."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_batchinfer.rundir import claim
 from airflow_provider_batchinfer.runtime import tuning
-from airflow_provider_batchinfer.runtime.resume import REMAINING_DIR, discard_remaining, resume_state
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.runtime.rows.resume import REMAINING_DIR, discard_remaining, resume_state
+from airflow_provider_batchinfer.store.commit.rundir import claim
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.runs import job_file
 
 

@@ -21,13 +21,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import INPUT_DIR, ContractError, JobFile, RunOwner, part_name
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, SaveMode
 from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV, SqlInput
-from airflow_provider_batchinfer.identity import materialized_digest, result_identity
-from airflow_provider_batchinfer.rundir import Preparation, claim, prepare, read_claim
-from airflow_provider_batchinfer.runtime import sql_input
-from airflow_provider_batchinfer.runtime.resume import collect_committed, resume_state
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SaveMode
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.runtime.inputs import sql_input
+from airflow_provider_batchinfer.runtime.rows.resume import collect_committed, resume_state
+from airflow_provider_batchinfer.store.commit.rundir import Preparation, claim, prepare, read_claim
+from airflow_provider_batchinfer.store.identity import materialized_digest, result_identity
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.runs import MODEL, OWNER, job_file
 
 OLD, NEW, THIRD = "t01aaaa", "t02bbbb", "t03cccc"

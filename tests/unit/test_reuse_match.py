@@ -1,4 +1,4 @@
-"""Incremental scoring's key match (``runtime/reuse_match.py``): hash-partitioned spill files, one
+"""Incremental scoring's key match (``runtime/incremental/match.py``): hash-partitioned spill files, one
 partition at a time, equal to a plain in-memory lookup. About 1 s."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.runtime.reuse_keys import (
+from airflow_provider_batchinfer.runtime.incremental.keys import (
     KEY_COLUMN,
     SOURCE_PART_COLUMN,
     SOURCE_ROW_COLUMN,
@@ -17,8 +17,8 @@ from airflow_provider_batchinfer.runtime.reuse_keys import (
     key_array,
     row_keys,
 )
-from airflow_provider_batchinfer.runtime.reuse_match import ReuseMatch
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.runtime.incremental.match import ReuseMatch
+from airflow_provider_batchinfer.store.stage import Stage
 
 CONTEXT = "ab" * 32
 BUDGET = 50

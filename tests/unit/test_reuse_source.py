@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.reuse_runs import CONTEXT, committed, owner, source_job
 
 
@@ -19,7 +19,7 @@ def _at(**delta: float) -> str:
 
 
 def _find(base, job=None):
-    from airflow_provider_batchinfer.runtime.reuse_source import find_source
+    from airflow_provider_batchinfer.runtime.incremental.source import find_source
 
     notes: list[str] = []
     return find_source(Stage.open(str(base)), job or source_job(base), CONTEXT, notes), "\n".join(notes)

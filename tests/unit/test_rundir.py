@@ -17,9 +17,9 @@ from airflow_provider_batchinfer.contract import (
     RunOwner,
     part_name,
 )
-from airflow_provider_batchinfer.identity import result_identity
-from airflow_provider_batchinfer.markers import read_valid_manifest
-from airflow_provider_batchinfer.rundir import (
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, SaveMode
+from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+from airflow_provider_batchinfer.store.commit.rundir import (
     FencedError,
     ForeignRunDirectoryError,
     Preparation,
@@ -33,8 +33,8 @@ from airflow_provider_batchinfer.rundir import (
     prepare,
     read_claim,
 )
-from airflow_provider_batchinfer.specs import InputSpec, JobSpec, SaveMode
-from airflow_provider_batchinfer.stage import Stage, StageError
+from airflow_provider_batchinfer.store.identity import result_identity
+from airflow_provider_batchinfer.store.stage import Stage, StageError
 from tests.runs import MODEL, OWNER, committed_run, job_file, manifest_for, write_part
 
 SHA = MODEL.sha256

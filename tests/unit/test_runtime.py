@@ -5,10 +5,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from airflow_provider_batchinfer.inputs import InputError
-from airflow_provider_batchinfer.runtime.plan import plan_columns
+from airflow_provider_batchinfer.contract.specs import InputSpec
+from airflow_provider_batchinfer.runtime.planning.pipeline import plan_columns
 from airflow_provider_batchinfer.runtime.reporting import _root_message
-from airflow_provider_batchinfer.specs import InputSpec
+from airflow_provider_batchinfer.store.inputs import InputError
 
 SCHEMA = pa.schema([("ticket_id", pa.int64()), ("body", pa.string()), ("score", pa.float64())])
 SIG = {"inputs": {"text": "string"}, "outputs": {"embedding": "list<float32>"}}
@@ -94,8 +94,8 @@ def test_the_counter_times_the_batches_reports_for_a_job_shorter_than_one_progre
     """The progress log's steady rate needs a report that saw rows and rows after it; a job that
     scores within one interval gets its rate from the counter instead: the rows reported after the
     first report, over the time from the first report to the last (empty reports start nothing)."""
-    from airflow_provider_batchinfer.runtime import io
-    from airflow_provider_batchinfer.runtime.progress import ProgressLog
+    from airflow_provider_batchinfer.runtime.engine.progress import ProgressLog
+    from airflow_provider_batchinfer.runtime.output import parts as io
 
     clock = iter([9.0, 10.0, 12.0, 14.0])
     monkeypatch.setattr(io.time, "monotonic", lambda: next(clock))

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_provider_batchinfer.contract import FileEntry
-from airflow_provider_batchinfer.runtime.done_set import DoneSet
-from airflow_provider_batchinfer.runtime.io import HashingSink, _PartWriter
-from airflow_provider_batchinfer.runtime.resume import collect_committed
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.runtime.output.parts import HashingSink, _PartWriter
+from airflow_provider_batchinfer.runtime.rows.done_set import DoneSet
+from airflow_provider_batchinfer.runtime.rows.resume import collect_committed
+from airflow_provider_batchinfer.store.stage import Stage
 
 
 def _sha(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""The GPU path of the sentence_transformers flavor (runtime/flavors/sentence_gpu.py), checked on CPU:
+"""The GPU path of the sentence_transformers flavor (runtime/model/flavors/sentence_gpu.py), checked on CPU:
 its tokenizing is the library's own, its embeddings are ``encode``'s bit for bit, and a model whose
 preprocessing it cannot reproduce keeps ``encode``."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from airflow_provider_batchinfer.runtime.flavors import call_rows, transfer_rows
-from airflow_provider_batchinfer.runtime.flavors.sentence_gpu import CHECK_TEXTS, fast_features, overlapped_encode
+from airflow_provider_batchinfer.runtime.model.flavors import call_rows, transfer_rows
+from airflow_provider_batchinfer.runtime.model.flavors.sentence_gpu import CHECK_TEXTS, fast_features, overlapped_encode
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_a_gpu_job_hands_the_replica_larger_batches_to_sort():
 
 
 def test_a_tokenizer_the_fast_path_cannot_copy_keeps_encode(minilm, monkeypatch):
-    from airflow_provider_batchinfer.runtime.flavors import sentence_gpu
+    from airflow_provider_batchinfer.runtime.model.flavors import sentence_gpu
 
     def cannot_copy(model, tokenizer):
         raise TypeError("pad_token must be a string")  # what tokenizers says of a tokenizer without one

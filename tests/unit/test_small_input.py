@@ -1,4 +1,4 @@
-"""What the actor pool's driver reads itself (``runtime/small_input.py``): a small input, whole and in
+"""What the actor pool's driver reads itself (``runtime/inputs/small_input.py``): a small input, whole and in
 order; nothing past the file or byte limits, counted from the footers and in memory."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_batchinfer.runtime import small_input
+from airflow_provider_batchinfer.runtime.inputs import small_input
 from airflow_provider_batchinfer.runtime.tuning import TUNING
 
 

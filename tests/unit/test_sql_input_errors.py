@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 
 from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV, SqlInput
-from airflow_provider_batchinfer.runtime import sql_input
-from airflow_provider_batchinfer.stage import Stage
+from airflow_provider_batchinfer.runtime.inputs import sql_input
+from airflow_provider_batchinfer.store.stage import Stage
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_batchinfer.contract import Manifest
-from airflow_provider_batchinfer.stage import (
+from airflow_provider_batchinfer.store.stage import (
     SUCCESS_MARKER,
     ManifestError,
     Stage,

@@ -22,15 +22,15 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_batchinfer import rundir
 from airflow_provider_batchinfer.contract import ManifestError
-from airflow_provider_batchinfer.markers import read_valid_manifest
-from airflow_provider_batchinfer.roots import Refused
-from airflow_provider_batchinfer.runtime.table_commit import commit_table
-from airflow_provider_batchinfer.stage import Stage
-from airflow_provider_batchinfer.tables.catalog import embedded_catalog
-from airflow_provider_batchinfer.tables.read import CATALOG_OPTION, ROOTS_OPTION, WAREHOUSE_ROOT, read_roots
-from airflow_provider_batchinfer.verdicts import Verdicts
+from airflow_provider_batchinfer.runtime.output.table_commit import commit_table
+from airflow_provider_batchinfer.store.commit import rundir
+from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+from airflow_provider_batchinfer.store.commit.verdicts import Verdicts
+from airflow_provider_batchinfer.store.iceberg.catalog import embedded_catalog
+from airflow_provider_batchinfer.store.iceberg.read import CATALOG_OPTION, ROOTS_OPTION, WAREHOUSE_ROOT, read_roots
+from airflow_provider_batchinfer.store.roots import Refused
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.forged_tables import (
     Listener,
     ambient_google_credentials,

@@ -11,7 +11,7 @@ import pytest
 from airflow_provider_batchinfer import BatchInferenceOperator
 from airflow_provider_batchinfer.contract import FileEntry
 from airflow_provider_batchinfer.contract.tables import TableOutput
-from airflow_provider_batchinfer.roots import Placed, Refused, check_local, open_placed, place
+from airflow_provider_batchinfer.store.roots import Placed, Refused, check_local, open_placed, place
 from airflow_provider_batchinfer.ui.identity import OPERATOR_CLASS, OPERATOR_MODULE, operator_tasks
 from airflow_provider_batchinfer.ui.views import (
     MAX_PAGE_SIZE,
@@ -163,7 +163,7 @@ def test_a_local_path_is_checked_after_its_symlinks(tmp_path):
 
 def test_a_placed_location_is_opened_from_its_root_and_keeps_its_spelling(tmp_path):
     """The root is opened (the connection's way), never the location; a refused one opens nothing."""
-    from airflow_provider_batchinfer.stage import Stage
+    from airflow_provider_batchinfer.store.stage import Stage
 
     (tmp_path / "stage" / "run").mkdir(parents=True)
     opened: list[str] = []

@@ -1,4 +1,4 @@
-"""The id column's uniqueness check (runtime/unique_ids.py) on its own: partitioned and in-memory
+"""The id column's uniqueness check (runtime/rows/unique_ids.py) on its own: partitioned and in-memory
 checks agree, name the same duplicated id, refuse nulls and missing columns, leave no spill file,
 and the partitioned one holds a fixed amount of memory. Local Parquet files only: no Ray."""
 
@@ -20,10 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import Manifest
-from airflow_provider_batchinfer.inputs import InputError
-from airflow_provider_batchinfer.runtime import id_hash, unique_ids
 from airflow_provider_batchinfer.runtime.errors import check_unique_ids
+from airflow_provider_batchinfer.runtime.rows import id_hash, unique_ids
 from airflow_provider_batchinfer.runtime.tuning import TUNING
+from airflow_provider_batchinfer.store.inputs import InputError
 from tests.runs import manifest_for
 
 ROWS = 10_000
@@ -116,8 +116,8 @@ def test_a_file_without_the_id_column_is_named(tmp_path, budget):
 def test_pages_that_do_not_decode_are_named_as_a_corrupt_file(tmp_path, budget):
     """The footer reads (the row count and schema checks pass), the pages do not: the check is the
     first read of any page, so its error names the file and is permanent, as the engines' reads are."""
-    from airflow_provider_batchinfer.inputs import CorruptInputError
     from airflow_provider_batchinfer.runtime.reporting import failure
+    from airflow_provider_batchinfer.store.inputs import CorruptInputError
     from tests.corrupt_inputs import damage
 
     files = _write(tmp_path / "in", list(range(ROWS)))

@@ -1,4 +1,4 @@
-"""The cluster's usage board keeps each job's counter apart (runtime/usage_board.py), here without Ray."""
+"""The cluster's usage board keeps each job's counter apart (runtime/model/usage_board.py), here without Ray."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 
-from airflow_provider_batchinfer.runtime import usage_board
-from airflow_provider_batchinfer.runtime.usage_board import COUNTER_METHODS, JobCounter, UsageBoard, board_name
+from airflow_provider_batchinfer.runtime.model import usage_board
+from airflow_provider_batchinfer.runtime.model.usage_board import COUNTER_METHODS, JobCounter, UsageBoard, board_name
 
 
 def test_jobs_on_one_board_count_apart_and_a_finished_job_is_dropped():

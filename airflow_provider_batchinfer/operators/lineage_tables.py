@@ -1,0 +1,108 @@
+"""OpenLineage datasets for Iceberg tables, used by ``lineage.py``.
+
+A table is named the way OpenLineage's Spark integration names Iceberg tables: by its physical
+location per the dataset naming spec (``file`` + absolute path, or ``s3://bucket`` + key), with a
+``symlinks`` facet carrying the catalog's name for it (``<namespace>.<table>``, type ``TABLE``), so
+a lineage backend joins it with what Spark, Trino or Flink report for the same table.
+
+The catalog itself appears in lineage only as :func:`catalog_namespace`: its URI's scheme, host,
+port and path. A catalog URI often carries a database password or a token (``postgresql://user:
+password@host/db``, ``?token=``); lineage events go to a backend that every reader of lineage
+can query, so no userinfo and no query string reaches them, whichever path names the table (a
+committed location, a planned one, or the catalog alone when the table does not exist yet or the
+catalog cannot be reached).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from airflow_provider_batchinfer.contract import Manifest
+    from airflow_provider_batchinfer.operators.batch_inference import BatchInferenceOperator
+
+
+#: the namespace of a table named by its catalog when the catalog has no usable URI
+UNNAMED_CATALOG = "iceberg"
+
+
+def catalog_namespace(uri: str) -> str:
+    """A catalog URI as lineage may carry it: ``scheme://host[:port]/path``, without userinfo (a
+    user name, password or bare token) and without query or fragment (where tokens and passwords
+    go as parameters). Built from what is kept rather than by removing what is known to be secret,
+    so a credential in an unforeseen parameter stays out too. A plain path is kept as it is; a URI
+    that does not parse is :data:`UNNAMED_CATALOG`."""
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError:
+        return UNNAMED_CATALOG
+    if not parts.scheme:
+        return parts.path or UNNAMED_CATALOG
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 address keeps its brackets
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port is not None else host
+    named = f"{parts.scheme}://{netloc}{parts.path}"
+    return named if "@" not in named else UNNAMED_CATALOG  # ``user:pw@host`` without a scheme
+
+
+def _symlinks(catalog: Mapping[str, str], identifier: str) -> Any:
+    """The catalog's name for the table; the catalog named by its warehouse (a SQL catalog) or its
+    URI (:func:`catalog_namespace`)."""
+    from openlineage.client.generated.symlinks_dataset import Identifier, SymlinksDatasetFacet
+
+    if catalog.get("uri"):
+        namespace = catalog_namespace(catalog["uri"])
+    else:
+        namespace = catalog.get("warehouse") or catalog.get("name", UNNAMED_CATALOG)
+    if catalog.get("type") == "sql" and catalog.get("warehouse"):
+        namespace = catalog_namespace(catalog["warehouse"])
+    return SymlinksDatasetFacet(identifiers=[Identifier(namespace=namespace, name=identifier, type="TABLE")])
+
+
+def table_dataset(operator: BatchInferenceOperator, identifier: str, output: bool, manifest: Manifest | None) -> Any:
+    """An ``InputDataset``/``OutputDataset`` for ``identifier``, with its statistics once committed."""
+    from airflow.providers.common.compat.openlineage.facet import InputDataset, OutputDataset
+
+    from airflow_provider_batchinfer.operators.lineage import dataset_name
+    from airflow_provider_batchinfer.store.iceberg.catalog import open_catalog, planned_location, public_catalog
+    from airflow_provider_batchinfer.store.iceberg.read import load_table
+
+    props = operator.hook.catalog_properties()
+    location = manifest.table.location if output and manifest is not None and manifest.table else ""
+    if not location:
+        try:
+            table = load_table(open_catalog(props, operator.hook.storage_options), identifier)
+        except Exception:  # lineage must never fail the task
+            table = None
+        location = table.location() if table is not None else planned_location(props, identifier) or ""
+    if location:
+        namespace, name = dataset_name(location)
+    else:  # a catalog that picks locations itself, before the table exists (or cannot be reached)
+        namespace, name = catalog_namespace(props.get("uri", "")), identifier
+    facets = {"symlinks": _symlinks(public_catalog(props), identifier)}
+    if not output:
+        return InputDataset(namespace=namespace, name=name, facets=facets)
+    output_facets: dict[str, Any] = {}
+    if manifest is not None:
+        from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
+
+        output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(
+            rowCount=manifest.counts.output_rows,
+            size=sum(f.size for f in manifest.files),
+            fileCount=len(manifest.files),
+        )
+    return OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=output_facets)
+
+
+def table_manifest(operator: BatchInferenceOperator, task_instance: Any) -> Manifest | None:
+    """The committed run's manifest (from the table's snapshot), or None."""
+    from airflow_provider_batchinfer.contract.specs.tables import run_location
+    from airflow_provider_batchinfer.operators.table_io import run_key
+    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+
+    location = run_location(str(operator.table), run_key(task_instance))
+    return read_valid_manifest(location, operator.hook.table_read_options())

@@ -1,0 +1,1 @@
+"""Incremental scoring (``JobSpec(reuse="unchanged")``): keys, the earlier run, the match."""

@@ -1,0 +1,1 @@
+"""Reading a job's input on the Ray side: small and Parquet inputs, SQL queries, Iceberg snapshots."""

@@ -1,0 +1,1 @@
+"""Tabular flavors (scikit-learn, XGBoost, LightGBM, ONNX) and their shared input handling."""
