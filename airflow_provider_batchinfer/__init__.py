@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_batchinfer import _moved
+
+# modules that moved into concept folders keep their old import path for one release (_moved.py)
+_moved.install()
+
 __version__ = "0.1.0"
 
 _EXPORTS = {

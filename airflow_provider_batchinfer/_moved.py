@@ -1,6 +1,22 @@
-"""Old import paths of the modules that moved into concept folders, kept for one release."""
+"""Old import paths of the modules that moved into concept folders, kept for one release.
+
+Each old path names the same module object as its new one, so a DAG file or a plugin that imports
+an old path keeps working (``isinstance`` and patching included) and is told, once per import, with
+a ``DeprecationWarning`` where to import from instead. Nothing is copied or wrapped: the finder
+below only answers for the names in :data:`MOVED`, after the real module has been imported under
+its own name. ``airflow_provider_batchinfer/__init__.py`` installs it; it imports nothing else.
+"""
 
 from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from types import FrameType, ModuleType
+
+_PACKAGE = "airflow_provider_batchinfer"
 
 # old path -> new path, both under the package
 MOVED: dict[str, str] = {
@@ -92,3 +108,57 @@ MOVED: dict[str, str] = {
     "verdicts": "store.commit.verdicts",
 }
 # (the rows above: every module the move into concept folders renamed)
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points the warning at the import statement, past the import machinery
+    (``warnings`` itself steps over the frozen ``importlib._bootstrap`` frames without counting them)."""
+    level = 1
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith(("importlib", __name__)):
+        frame = frame.f_back
+        if frame is not None and not (
+            "importlib" in frame.f_code.co_filename and "_bootstrap" in frame.f_code.co_filename
+        ):
+            level += 1
+    return level
+
+
+class _Alias(importlib.abc.Loader):
+    """Loads an old name as the module already imported under its new one."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+        self.spec = module.__spec__
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return self.module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # the import system has just set the old name's spec on the module: it keeps its own
+        module.__spec__ = self.spec
+
+
+class MovedModules(importlib.abc.MetaPathFinder):
+    """Answers an old module path with its new module and a DeprecationWarning; None for any other."""
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        new = MOVED.get(fullname[len(_PACKAGE) + 1 :]) if fullname.startswith(_PACKAGE + ".") else None
+        if new is None:
+            return None
+        module = importlib.import_module(f"{_PACKAGE}.{new}")
+        warnings.warn(
+            f"{fullname} moved to {module.__name__}; import it from there (the old path goes in the next release)",
+            DeprecationWarning,
+            stacklevel=_caller_level(),
+        )
+        return importlib.machinery.ModuleSpec(fullname, _Alias(module), is_package=hasattr(module, "__path__"))
+
+
+def install() -> None:
+    """Put the finder first on ``sys.meta_path``, once: first, so that a folder an old checkout left
+    behind (a stray ``__pycache__``) is not taken for an empty namespace package."""
+    if not any(isinstance(finder, MovedModules) for finder in sys.meta_path):
+        sys.meta_path.insert(0, MovedModules())
