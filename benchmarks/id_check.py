@@ -6,7 +6,7 @@ Run by hand (not part of the suite)::
     .venv/bin/python benchmarks/id_check.py --rows 2000000 --budget 200000
 
 It writes N unique int64 ids (scattered, so no two files hold a range) in ``--files`` Parquet files
-to a temporary directory, then runs ``runtime.errors.check_unique_ids`` on them in a fresh
+to a temporary directory, then runs ``runtime.rows.unique_ids.check_input_ids`` on them in a fresh
 subprocess, sampling that subprocess's resident memory every 0.2 s; then the same for N/10 rows in
 as many files. With the check's memory fixed, the peak
 RSS ratio of N to N/10 stays near 1 once N is above the per-partition budget; a check that holds
@@ -29,9 +29,9 @@ _MIX = 0x9E3779B97F4A7C15 >> 1  # odd: multiplying by it modulo 2**63 is a permu
 
 _CHECK = """
 import json, sys
-from airflow_provider_batchinfer.runtime.errors import check_unique_ids
+from airflow_provider_batchinfer.runtime.rows.unique_ids import check_input_ids
 files, rows, budget = json.loads(sys.argv[1])
-check_unique_ids(files, "id", None, rows, rows_per_partition=budget)
+check_input_ids(files, "id", None, rows, rows_per_partition=budget)
 """
 
 

@@ -26,12 +26,13 @@ from airflow_provider_batchinfer.runtime.attach import cluster_can_grow, init_ra
 from airflow_provider_batchinfer.runtime.engine import empty_input, in_driver
 from airflow_provider_batchinfer.runtime.engine.pool_dataset import build_dataset, rows_per_write
 from airflow_provider_batchinfer.runtime.engine.progress import ProgressLog
-from airflow_provider_batchinfer.runtime.errors import JobError, check_unique_ids
+from airflow_provider_batchinfer.runtime.errors import JobError
 from airflow_provider_batchinfer.runtime.incremental import match as reuse_match
 from airflow_provider_batchinfer.runtime.incremental import scoring as reuse
-from airflow_provider_batchinfer.runtime.incremental.source import ReusePlan, plan_reuse
+from airflow_provider_batchinfer.runtime.incremental.source import plan_reuse
 from airflow_provider_batchinfer.runtime.inputs import sql_input, table_input
 from airflow_provider_batchinfer.runtime.inputs.parquet_read import corrupt_read_error
+from airflow_provider_batchinfer.runtime.job import CheckedJob, PipelineRun
 from airflow_provider_batchinfer.runtime.model import llm, usage
 from airflow_provider_batchinfer.runtime.model.dereference import dereference_plan
 from airflow_provider_batchinfer.runtime.model.flavors import call_rows, flavor, transfer_rows
@@ -48,75 +49,18 @@ from airflow_provider_batchinfer.runtime.output.parts import (
 from airflow_provider_batchinfer.runtime.planning import resources
 from airflow_provider_batchinfer.runtime.planning.pipeline import (
     ActorPool,
-    ColumnPlan,
     batch_rows_for_input,
     io_tasks,
     plan_columns,
     size_actor_pool,
     with_id_column,
 )
-from airflow_provider_batchinfer.runtime.rows.resume import KeptParts, discard_remaining, resume_state
+from airflow_provider_batchinfer.runtime.rows.resume import REMAINING_DIR, discard_remaining, resume_state
+from airflow_provider_batchinfer.runtime.rows.unique_ids import check_input_ids
 from airflow_provider_batchinfer.store.inputs import inspect_input, list_input_files
 from airflow_provider_batchinfer.store.stage import Stage
 
 log = logging.getLogger("batchinfer.runtime")
-
-
-@dataclass(frozen=True)
-class CheckedJob:
-    """A job that passed every check that needs no Ray, with what those checks found."""
-
-    job: JobFile
-    run_dir: Stage
-    storage: dict[str, Any] | None
-    registry: ModelRegistry
-    files: list[str]
-    file_groups: list[list[int]]  # each input file's rows per row group, from its footer
-    input_rows: int
-    plan: ColumnPlan
-    kept: KeptParts
-    batch_rows: int  # rows per batch handed to a replica
-    engine: str | None
-    # the most rows of one model call (flavors.call_rows): JobSpec.max_batch_rows, or the kind's own
-    call_rows: int
-    # incremental scoring: the key context and the earlier run to copy from (None: reuse off)
-    reuse: ReusePlan | None = None
-    # seconds the check that InputSpec.id_column is unique took (None: no id column)
-    id_check_s: float | None = None
-    # uncompressed bytes a row of the columns read holds, from the first file's footer (sizes reads)
-    row_bytes: float = 0.0
-    # "module:Class" the model imports from installed packages, outside its digest (python_class.py)
-    unhashed_imports: tuple[str, ...] = ()
-
-    @property
-    def todo_rows(self) -> int:
-        return self.input_rows - self.kept["rows"] - self.kept["error_rows"]
-
-    @property
-    def read_files(self) -> list[str]:
-        """The files this attempt reads: the input's, or what RESUME left of it (``resume.py``)."""
-        read = self.kept["read"]
-        return self.files if read is None else read.files
-
-    @property
-    def read_groups(self) -> list[list[int]]:
-        """Each of :attr:`read_files`' rows per row group."""
-        read = self.kept["read"]
-        return self.file_groups if read is None else read.groups
-
-
-@dataclass(frozen=True)
-class PipelineRun:
-    """What the Ray pipeline did: the files it wrote, the pool it ran on, and its timings."""
-
-    written: commit.Written
-    pool: ActorPool
-    ray_ready_at: float  # time.monotonic() when Ray was up
-    pipeline_s: float
-    steady_rows_per_s: float | None
-    placements: list[dict[str, Any]]  # replicas per node (io.replicas_per_node)
-    waited_s: float  # for the reservation
-    meter: usage.Meter  # what the reservation held, for the manifest's usage
 
 
 def read_job_file(location: str) -> JobFile:
@@ -169,7 +113,7 @@ def check_before_ray(job: JobFile) -> CheckedJob:
     plan = with_id_column(plan_columns(schema, signature, input_spec, files[0]), input_spec.id_column)
     if flavor(model.flavor).allows_missing:  # trees take null/NaN as missing values
         plan["missing_ok"] = list(plan["model_inputs"])
-    id_check_s = check_unique_ids(files, input_spec.id_column, storage, input_rows) if input_spec.id_column else None
+    id_check_s = check_input_ids(files, input_spec.id_column, storage, input_rows) if input_spec.id_column else None
     kept = resume_state(job, run_dir, files, file_groups, plan["read"])  # RESUME: what is left to read
     read_bytes = row_bytes(files[0], plan["read"], storage)
     gpu = job.job_spec.num_gpus > 0  # the replica's device: plan.size_actor_pool picks "cuda" exactly then
@@ -361,7 +305,11 @@ def run(spec_location: str) -> Manifest:
     if checked.input_rows == 0:  # InputSpec(on_empty="commit"): nothing to read, score or start
         on_pool_because, pipeline = None, empty_input.run(checked)
     else:
-        reuse_match.prepare(checked)  # incremental: where an earlier run scored each row, before Ray
+        # incremental: where an earlier run scored each row, before Ray
+        remaining = checked.run_dir.child(REMAINING_DIR, checked.job.attempt)
+        reuse_match.prepare(
+            checked.reuse, remaining, checked.storage, checked.read_files, checked.plan["read"], checked.todo_rows
+        )
         on_pool_because = in_driver.why_not(checked)  # None: a small job, scored in this process
         if on_pool_because is None:
             table_input.leave_ray()  # a table input read on Ray that left few rows to score

@@ -189,29 +189,21 @@ def split_errors(table: Any, keep_columns: list[str]) -> tuple[Any, Any]:
     return (good if good.num_rows else None), (bad if bad.num_rows else None)
 
 
-def check_unique_ids(
-    files: list[str],
-    id_column: str,
-    storage_options: dict[str, Any] | None,
-    total_rows: int,
-    rows_per_partition: int | None = None,
-) -> float:
-    """Fail before any compute when ``id_column`` is missing, null or holds a value twice: resuming
-    and dead-lettering both identify rows by it. Reads only that one column, and holds at most
-    ``Tuning.id_check_rows_per_partition`` ids at once (``total_rows``, from the footers, sizes the
-    partitions it spills; runtime/rows/unique_ids.py). Returns the seconds it took, for the manifest's
-    ``timings.id_check_s``."""
-    import time
+#: exception types Ray raises as a message-less marker in front of the real cause
+EMPTY_MARKERS = ("SystemException",)
 
-    import pyarrow as pa
 
-    from airflow_provider_batchinfer.runtime.rows import unique_ids
-
-    started = time.monotonic()
-    try:
-        unique_ids.check_unique_ids(files, id_column, storage_options, total_rows, rows_per_partition)
-    finally:  # Arrow keeps the pages its Parquet reads freed for reuse; the job's pipeline comes next
-        pa.default_memory_pool().release_unused()
-    seconds = round(time.monotonic() - started, 3)
-    print(f"[batchinfer] input: {total_rows:,} ids of {id_column!r} checked unique in {seconds:.3f} s", flush=True)
-    return seconds
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """The exception and what lies behind it, one step at a time: ``__cause__``, else what a Ray
+    wrapper carries as ``cause`` (the worker's own exception), else ``__context__``. A message-less
+    marker as ``__cause__`` is stepped over, so the wrapper's ``cause`` is still reached."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not c for c in chain):
+        chain.append(current)
+        explicit = current.__cause__
+        if explicit is not None and type(explicit).__name__ in EMPTY_MARKERS:
+            explicit = None
+        cause = getattr(current, "cause", None)
+        current = explicit or (cause if isinstance(cause, BaseException) else None) or current.__context__
+    return chain

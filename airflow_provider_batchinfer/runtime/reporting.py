@@ -16,7 +16,7 @@ import re
 import sys
 
 from airflow_provider_batchinfer.contract import JobFailure, JobResult
-from airflow_provider_batchinfer.runtime.errors import JobError, ModelBatchError
+from airflow_provider_batchinfer.runtime.errors import EMPTY_MARKERS, JobError, ModelBatchError, exception_chain
 from airflow_provider_batchinfer.store.inputs import InputError
 from airflow_provider_batchinfer.store.redact import scrub, scrubbed_output, secret_values
 from airflow_provider_batchinfer.store.stage import StageError
@@ -27,7 +27,6 @@ _RAY_WRAPPERS = ("UserCodeException", "RayTaskError", "RayActorError", "RaySyste
 
 # markers that carry no message of their own: Ray Data raises a failed datasink's error "from
 # SystemException()", which hides the Ray wrapper's ``cause`` from a plain __cause__ walk
-_EMPTY_MARKERS = ("SystemException",)
 
 # errors whose message is written for the user (what failed, where, and what to do next); an
 # InputError names the file or column that pyarrow's error behind it does not
@@ -41,28 +40,12 @@ _RAY_RETRY_NOTE = re.compile(r"\n\s*Failed to [^\n]* after \d+/\d+ attempts \(to
 _ERROR_LINE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)): (?P<msg>.*)$", re.MULTILINE)
 
 
-def _exception_chain(exc: BaseException) -> list[BaseException]:
-    """The exception and what lies behind it, one step at a time: ``__cause__``, else what a Ray
-    wrapper carries as ``cause`` (the worker's own exception), else ``__context__``. A message-less
-    marker as ``__cause__`` is stepped over, so the wrapper's ``cause`` is still reached."""
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and all(current is not c for c in chain):
-        chain.append(current)
-        explicit = current.__cause__
-        if explicit is not None and type(explicit).__name__ in _EMPTY_MARKERS:
-            explicit = None
-        cause = getattr(current, "cause", None)
-        current = explicit or (cause if isinstance(cause, BaseException) else None) or current.__context__
-    return chain
-
-
 def is_permanent(exc: BaseException) -> bool:
     """Whether any error in the chain says no retry can fix it (an S3 bucket that does not exist,
     access denied): the operator then fails the task without Airflow retries. A store that stopped
     answering mid-job is not permanent here: the operator reached it just before the launch, so it
     is an outage (a crashed or restarting server), and the task's retries are what recovers it."""
-    return any(getattr(e, "permanent", False) and not getattr(e, "unreachable", False) for e in _exception_chain(exc))
+    return any(getattr(e, "permanent", False) and not getattr(e, "unreachable", False) for e in exception_chain(exc))
 
 
 def _root_message(exc: BaseException) -> str:
@@ -71,8 +54,8 @@ def _root_message(exc: BaseException) -> str:
     retries or a traceback; the innermost non-wrapper exception is what the user needs to see,
     unless one of ours (a StageError, a ModelBatchError: it names what failed and what to do) is
     in the chain."""
-    chain = _exception_chain(exc)
-    plain = [e for e in chain if not any(w in type(e).__name__ for w in _RAY_WRAPPERS + _EMPTY_MARKERS)]
+    chain = exception_chain(exc)
+    plain = [e for e in chain if not any(w in type(e).__name__ for w in _RAY_WRAPPERS + EMPTY_MARKERS)]
     if plain:
         ours = [e for e in plain if isinstance(e, _OURS)]
         root = ours[0] if ours else plain[-1]

@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import Manifest
-from airflow_provider_batchinfer.runtime.errors import check_unique_ids
 from airflow_provider_batchinfer.runtime.rows import id_hash, unique_ids
+from airflow_provider_batchinfer.runtime.rows.unique_ids import check_input_ids
 from airflow_provider_batchinfer.runtime.tuning import TUNING
 from airflow_provider_batchinfer.store.inputs import InputError
 from tests.runs import manifest_for
@@ -194,7 +194,7 @@ def test_an_input_that_fits_one_partition_spills_nothing(tmp_path, monkeypatch):
 
 def test_the_check_returns_its_seconds_and_logs_them(tmp_path, capsys):
     files = _write(tmp_path / "in", list(range(ROWS)))
-    seconds = check_unique_ids(files, "id", None, ROWS, rows_per_partition=BUDGET)
+    seconds = check_input_ids(files, "id", None, ROWS, rows_per_partition=BUDGET)
     assert isinstance(seconds, float) and seconds >= 0
     assert f"[batchinfer] input: {ROWS:,} ids of 'id' checked unique in {seconds:.3f} s" in capsys.readouterr().out
     assert TUNING.id_check_rows_per_partition > 0
@@ -232,12 +232,12 @@ _PEAK = textwrap.dedent(
     """
     import json, sys, tracemalloc
     import pyarrow as pa, pyarrow.parquet as pq
-    from airflow_provider_batchinfer.runtime.errors import check_unique_ids
+    from airflow_provider_batchinfer.runtime.rows.unique_ids import check_input_ids
     files, rows, budget, tiny = json.loads(sys.argv[1])
     pq.write_table(pa.table({"id": list(range(10))}), tiny)
-    check_unique_ids([tiny], "id", None, 10, rows_per_partition=3)  # what the check imports lazily
+    check_input_ids([tiny], "id", None, 10, rows_per_partition=3)  # what the check imports lazily
     tracemalloc.start()  # numpy's arrays; Arrow's own allocations are in its pool's peak
-    check_unique_ids(files, "id", None, rows, rows_per_partition=budget)
+    check_input_ids(files, "id", None, rows, rows_per_partition=budget)
     print(pa.default_memory_pool().max_memory() + tracemalloc.get_traced_memory()[1])
     """
 )

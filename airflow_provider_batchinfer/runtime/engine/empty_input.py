@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_batchinfer.runtime.job import CheckedJob, PipelineRun
 from airflow_provider_batchinfer.runtime.model import usage
 from airflow_provider_batchinfer.runtime.planning import resources
 from airflow_provider_batchinfer.runtime.planning.pipeline import (
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
     from airflow_provider_batchinfer.contract import JobFile
     from airflow_provider_batchinfer.registry import ModelRegistry
-    from airflow_provider_batchinfer.runtime.driver import CheckedJob, PipelineRun
     from airflow_provider_batchinfer.store.stage import Stage
 
 
@@ -66,7 +66,6 @@ def checked_empty(
     file_groups: list[list[int]],
 ) -> CheckedJob:
     """The checked job for an input of 0 rows whose spec says to commit it."""
-    from airflow_provider_batchinfer.runtime.driver import CheckedJob
 
     where = ", ".join(files[:3]) + (" …" if len(files) > 3 else "") if files else ", ".join(job.input_locations)
     print(
@@ -94,7 +93,6 @@ def run(checked: CheckedJob) -> PipelineRun:
     """What :func:`driver.run_pipeline` returns, for a job that reads and writes nothing."""
     import time
 
-    from airflow_provider_batchinfer.runtime.driver import PipelineRun
     from airflow_provider_batchinfer.runtime.output import commit
 
     spec = checked.job.job_spec

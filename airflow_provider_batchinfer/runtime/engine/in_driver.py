@@ -40,7 +40,7 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow_provider_batchinfer.contract import placement
 from airflow_provider_batchinfer.runtime.engine.in_driver_io import (
@@ -52,12 +52,10 @@ from airflow_provider_batchinfer.runtime.engine.in_driver_io import (
 )
 from airflow_provider_batchinfer.runtime.engine.progress import ProgressLog
 from airflow_provider_batchinfer.runtime.errors import JobError
+from airflow_provider_batchinfer.runtime.job import CheckedJob, PipelineRun
 from airflow_provider_batchinfer.runtime.model import usage
 from airflow_provider_batchinfer.runtime.planning import resources
 from airflow_provider_batchinfer.runtime.planning.pipeline import ActorPool, size_actor_pool
-
-if TYPE_CHECKING:
-    from airflow_provider_batchinfer.runtime.driver import CheckedJob
 
 log = logging.getLogger("batchinfer.runtime")
 EMBEDDED_ENV = placement.EMBEDDED_RAY_ENV  # set by the local launcher for a driver on the embedded default
@@ -183,7 +181,6 @@ def whole_batch_calls(checked: CheckedJob, workers: int) -> bool:
 
 def run(checked: CheckedJob) -> Any:
     """Score the job here and return what :func:`driver.run_pipeline` returns for the pool."""
-    from airflow_provider_batchinfer.runtime.driver import PipelineRun
     from airflow_provider_batchinfer.runtime.output import commit
 
     spec = checked.job.job_spec

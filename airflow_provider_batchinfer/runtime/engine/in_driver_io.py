@@ -27,14 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import FileEntry, part_name
 from airflow_provider_batchinfer.runtime.inputs.parquet_read import row_group_batches
+from airflow_provider_batchinfer.runtime.job import CheckedJob
 from airflow_provider_batchinfer.runtime.output.parts import _PartWriter, finish_rows
 from airflow_provider_batchinfer.runtime.output.table_commit import provenance_of
 from airflow_provider_batchinfer.runtime.tuning import TUNING
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from airflow_provider_batchinfer.runtime.driver import CheckedJob
 
 
 def driver_batch_rows(checked: CheckedJob, concurrent_calls: bool = False) -> int:

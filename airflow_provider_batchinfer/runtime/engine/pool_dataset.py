@@ -12,6 +12,7 @@ from airflow_provider_batchinfer.registry import MODEL_CACHE_ENV
 from airflow_provider_batchinfer.runtime.engine.part_rows import cut_into_parts
 from airflow_provider_batchinfer.runtime.incremental import scoring as reuse
 from airflow_provider_batchinfer.runtime.inputs.small_input import read_small_input
+from airflow_provider_batchinfer.runtime.job import CheckedJob
 from airflow_provider_batchinfer.runtime.model import llm, usage
 from airflow_provider_batchinfer.runtime.output.parts import read_input
 from airflow_provider_batchinfer.runtime.planning.pipeline import ActorPool, io_tasks
@@ -20,8 +21,6 @@ from airflow_provider_batchinfer.store.stage import Stage
 
 if TYPE_CHECKING:
     from ray.data import Dataset
-
-    from airflow_provider_batchinfer.runtime.driver import CheckedJob
 
 
 #: who read a pool job's input: the runtime's driver, the replicas themselves, or read tasks of their own

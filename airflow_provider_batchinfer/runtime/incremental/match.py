@@ -40,6 +40,7 @@ from airflow_provider_batchinfer.runtime.incremental.keys import (
     key_array,
     row_keys,
 )
+from airflow_provider_batchinfer.runtime.incremental.source import ReusePlan
 from airflow_provider_batchinfer.runtime.rows.done_set import Spill, read_spill
 from airflow_provider_batchinfer.runtime.rows.unique_ids import READ_BATCH_ROWS
 from airflow_provider_batchinfer.store.stage import Stage
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from airflow_provider_batchinfer.runtime.driver import CheckedJob
 
 #: an earlier row's place: its part's number in the bits above these, its row in the part in these
 _ROW_BITS = 40
@@ -307,26 +307,30 @@ class _Aligned:
             raise RuntimeError(f"reuse match: {self.at} rows copied, but the input has {self.total}")
 
 
-def prepare(checked: CheckedJob) -> None:
-    """Before Ray: match the rows this attempt reads against the earlier run's keys and write the
-    keyed copies the pool reads (``ReusePlan.state``: ``files``, ``loaded``, ``reuse_s``). A key file
-    that fails its checks leaves every row to be scored (a note), never half-reuse."""
-    from airflow_provider_batchinfer.runtime.rows.resume import REMAINING_DIR
-
-    plan = checked.reuse
+def prepare(
+    plan: ReusePlan | None,
+    dest: Stage,
+    storage: dict[str, Any] | None,
+    read_files: list[str],
+    read_columns: list[str],
+    todo_rows: int,
+) -> None:
+    """Before Ray: match the rows this attempt reads (``read_files``, ``todo_rows`` of them) against
+    the earlier run's keys and write the keyed copies the pool reads into ``dest`` (``ReusePlan.state``:
+    ``files``, ``loaded``, ``reuse_s``). A key file that fails its checks leaves every row to be
+    scored (a note), never half-reuse."""
     if plan is None or plan.source is None:
         return
     started = time.monotonic()
     source = plan.source
-    dest = checked.run_dir.child(REMAINING_DIR, checked.job.attempt)
-    with ReuseMatch(plan.context, plan.columns, checked.storage) as matcher:
+    with ReuseMatch(plan.context, plan.columns, storage) as matcher:
         try:
-            found = matcher.match(source.key_files, checked.read_files, checked.todo_rows)
+            found = matcher.match(source.key_files, read_files, todo_rows)
         except ReuseIndexError as exc:
             plan.notes.append(f"not reusing {source.run_dir}: {exc}; every row is scored")
             plan.state["reuse_s"] = round(time.monotonic() - started, 3)
             return
-        plan.state["files"] = matcher.write_keyed(checked.read_files, checked.plan["read"], dest)
+        plan.state["files"] = matcher.write_keyed(read_files, read_columns, dest)
         plan.state["loaded"] = True
         seconds = plan.state["reuse_s"] = round(time.monotonic() - started, 3)
         print(

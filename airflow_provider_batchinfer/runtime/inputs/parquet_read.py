@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_batchinfer.runtime.errors import exception_chain
 from airflow_provider_batchinfer.store.inputs import (
     CorruptInputError,
     corrupt_file,
@@ -64,9 +65,7 @@ def corrupt_read_error(exc: BaseException, files: Sequence[str]) -> CorruptInput
 
     Ray Data wraps the read's error (``RayTaskError(OSError)`` with the pyarrow error as ``cause``)
     and says which file it was reading only in the text; the file is named as ``files`` name it."""
-    from airflow_provider_batchinfer.runtime.reporting import _exception_chain
-
-    chain = _exception_chain(exc)
+    chain = exception_chain(exc)
     found = next((m for e in chain if (m := _FAILED_FRAGMENT.search(str(e)))), None)
     inner = [e for e in chain if not any(w in type(e).__name__ for w in _RAY_WRAPPERS)]
     if found is None or not inner or not is_corrupt_parquet(inner[-1]):

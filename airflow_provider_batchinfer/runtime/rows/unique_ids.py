@@ -289,3 +289,29 @@ def _input_rows_of(arrays: Iterator[Any], partitions: int, local: dict[int, int]
         seen += counts
         offset += len(ids)
     return rows
+
+
+def check_input_ids(
+    files: list[str],
+    id_column: str,
+    storage_options: dict[str, Any] | None,
+    total_rows: int,
+    rows_per_partition: int | None = None,
+) -> float:
+    """Fail before any compute when ``id_column`` is missing, null or holds a value twice: resuming
+    and dead-lettering both identify rows by it. Reads only that one column, and holds at most
+    ``Tuning.id_check_rows_per_partition`` ids at once (``total_rows``, from the footers, sizes the
+    partitions it spills: :func:`check_unique_ids`). Returns the seconds it took, for the manifest's
+    ``timings.id_check_s``."""
+    import time
+
+    import pyarrow as pa
+
+    started = time.monotonic()
+    try:
+        check_unique_ids(files, id_column, storage_options, total_rows, rows_per_partition)
+    finally:  # Arrow keeps the pages its Parquet reads freed for reuse; the job's pipeline comes next
+        pa.default_memory_pool().release_unused()
+    seconds = round(time.monotonic() - started, 3)
+    print(f"[batchinfer] input: {total_rows:,} ids of {id_column!r} checked unique in {seconds:.3f} s", flush=True)
+    return seconds
