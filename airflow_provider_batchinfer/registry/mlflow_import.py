@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -36,8 +36,7 @@ from airflow_provider_batchinfer.registry.pipelines import (
 from airflow_provider_batchinfer.registry.versions import FLAVORS, RegistryError
 
 if TYPE_CHECKING:
-    from airflow_provider_batchinfer.registry.store import ModelRegistry
-    from airflow_provider_batchinfer.registry.versions import ModelVersion
+    pass
 
 PYFUNC_FLAVOR = "mlflow_pyfunc"
 MLMODEL_DIR = "artifact"  # the MLflow model directory, as downloaded, inside the version
@@ -230,23 +229,32 @@ def _stage_tabular_copy(
     return {**options, "mlflow_dir": "mlflow"}, sig
 
 
-def import_mlflow_model(
-    registry: ModelRegistry,
-    name: str,
-    version: str | None,
+@dataclass(frozen=True)
+class StagedModel:
+    """An MLflow model staged for the registry: the directory the store commits, and what its
+    manifest says (the ``mlflow`` section is where the model came from)."""
+
+    directory: Path
+    flavor: str
+    signature: dict[str, Any]
+    options: dict[str, Any]
+    origin: dict[str, Any]
+
+
+def stage_mlflow_model(
     uri: Any,
+    workdir: Path,
     *,
     signature: dict[str, Any] | None = None,
-    description: str = "",
-    if_exists: str = "error",
     tracking_uri: str | None = None,
     registry_uri: str | None = None,
     trust_pickle: bool = False,
     native: bool = True,
     task: str | None = None,
     trusted_types: list[str] | None = None,
-) -> ModelVersion:
-    """Copy the MLflow model at ``uri`` into ``registry`` as ``name``/``version`` (see the module doc).
+) -> StagedModel:
+    """Download the MLflow model at ``uri`` into ``workdir`` (an empty directory the caller removes)
+    and stage it as a version's files (see the module doc); the registry commits it.
 
     ``native=False`` runs it as ``mlflow_pyfunc`` even where a native flavor exists; ``task``
     overrides the task an MLflow transformers model records; ``trusted_types`` names the types of
@@ -260,54 +268,51 @@ def import_mlflow_model(
     from mlflow.artifacts import download_artifacts
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    with tempfile.TemporaryDirectory(prefix="batchinfer-mlflow-") as tmp:
-        staging = Path(tmp) / "version"
-        staging.mkdir()
-        downloaded = Path(
-            download_artifacts(artifact_uri=location, dst_path=str(Path(tmp) / "dl"), tracking_uri=tracking_uri)
+    staging = workdir / "version"
+    staging.mkdir()
+    downloaded = Path(
+        download_artifacts(artifact_uri=location, dst_path=str(workdir / "dl"), tracking_uri=tracking_uri)
+    )
+    os.replace(downloaded, staging / MLMODEL_DIR)
+    model_dir = staging / MLMODEL_DIR
+    mlmodel = read_mlmodel(model_dir)
+    flavor, source = choose_flavor(mlmodel, native)
+    staged = None
+    if flavor in TABULAR_NATIVE and source is not None:
+        staged = _stage_tabular_copy(
+            staging, flavor, mlmodel["flavors"][source], signature, trust_pickle, trusted_types
         )
-        os.replace(downloaded, staging / MLMODEL_DIR)
-        model_dir = staging / MLMODEL_DIR
-        mlmodel = read_mlmodel(model_dir)
-        flavor, source = choose_flavor(mlmodel, native)
-        staged = None
-        if flavor in TABULAR_NATIVE and source is not None:
-            staged = _stage_tabular_copy(
-                staging, flavor, mlmodel["flavors"][source], signature, trust_pickle, trusted_types
+        if staged is None:
+            flavor = PYFUNC_FLAVOR
+    if staged is not None:
+        options, sig = staged
+    elif flavor == PIPELINE_FLAVOR:
+        options = _transformers_options(model_dir, mlmodel["flavors"]["transformers"], task)
+        sig = pipeline_signature(options["task"], signature)
+    else:
+        if not trust_pickle:
+            raise RegistryError(
+                f"MLflow model {uri} runs as {PYFUNC_FLAVOR} (flavors: {sorted(mlmodel.get('flavors') or {})}), "
+                "whose loader may unpickle and so run code from the model files; log it with trust_pickle=True "
+                "if you trust its source (recorded in the version's manifest and printed in the job log)"
             )
-            if staged is None:
-                flavor = PYFUNC_FLAVOR
-        if staged is not None:
-            options, sig = staged
-        elif flavor == PIPELINE_FLAVOR:
-            options = _transformers_options(model_dir, mlmodel["flavors"]["transformers"], task)
-            sig = pipeline_signature(options["task"], signature)
-        else:
-            if not trust_pickle:
-                raise RegistryError(
-                    f"MLflow model {uri} runs as {PYFUNC_FLAVOR} (flavors: {sorted(mlmodel.get('flavors') or {})}), "
-                    "whose loader may unpickle and so run code from the model files; log it with trust_pickle=True "
-                    "if you trust its source (recorded in the version's manifest and printed in the job log)"
-                )
-            given = signature or mlflow_signature(mlmodel)
-            if given is None:
-                raise RegistryError(
-                    f"MLflow model {uri} has no column signature (none, or tensor-based); pass "
-                    "signature={'inputs': {column: dtype}, 'outputs': {column: dtype}}"
-                )
-            from airflow_provider_batchinfer.registry.artifacts import normalize_signature
+        given = signature or mlflow_signature(mlmodel)
+        if given is None:
+            raise RegistryError(
+                f"MLflow model {uri} has no column signature (none, or tensor-based); pass "
+                "signature={'inputs': {column: dtype}, 'outputs': {column: dtype}}"
+            )
+        from airflow_provider_batchinfer.registry.artifacts import normalize_signature
 
-            sig = normalize_signature(given, flavor)
-            options = {"dir": MLMODEL_DIR, "trust_pickle": True}
-        origin.update(
-            tracking_uri=_redact(tracking_uri),
-            flavors=sorted(mlmodel.get("flavors") or {}),
-            mlflow_version=mlmodel.get("mlflow_version"),
-            model_uuid=mlmodel.get("model_uuid"),
-        )
-        return registry.commit_staged(
-            name, version, flavor, sig, options, staging, description, if_exists, extra={"mlflow": origin}
-        )
+        sig = normalize_signature(given, flavor)
+        options = {"dir": MLMODEL_DIR, "trust_pickle": True}
+    origin.update(
+        tracking_uri=_redact(tracking_uri),
+        flavors=sorted(mlmodel.get("flavors") or {}),
+        mlflow_version=mlmodel.get("mlflow_version"),
+        model_uuid=mlmodel.get("model_uuid"),
+    )
+    return StagedModel(staging, flavor, sig, options, origin)
 
 
-__all__ = ["PYFUNC_FLAVOR", "import_mlflow_model", "mlflow_signature", "resolve_mlflow_uri"]
+__all__ = ["PYFUNC_FLAVOR", "StagedModel", "mlflow_signature", "resolve_mlflow_uri", "stage_mlflow_model"]

@@ -22,6 +22,7 @@ from airflow_provider_batchinfer.registry.digest import (
 from airflow_provider_batchinfer.registry.fetch import (
     fetch_version,
 )
+from airflow_provider_batchinfer.registry.mlflow_import import stage_mlflow_model
 from airflow_provider_batchinfer.registry.pipelines import PIPELINE_FLAVOR, pipeline_signature, stage_pipeline
 from airflow_provider_batchinfer.registry.tabular import TABULAR_FLAVORS, stage_tabular
 from airflow_provider_batchinfer.registry.versions import (
@@ -136,18 +137,19 @@ class ModelRegistry:
         """
         check_name(name, "name")
         if flavor == "mlflow":  # resolved to a native flavor or mlflow_pyfunc there
-            from airflow_provider_batchinfer.registry.mlflow_import import import_mlflow_model
-
-            return import_mlflow_model(
-                self,
-                name,
-                version,
-                artifact,
-                signature=signature,
-                description=description,
-                if_exists=if_exists,
-                **flavor_options,
-            )
+            with tempfile.TemporaryDirectory(prefix="batchinfer-mlflow-") as tmp:
+                staged = stage_mlflow_model(artifact, Path(tmp), signature=signature, **flavor_options)
+                return self.commit_staged(
+                    name,
+                    version,
+                    staged.flavor,
+                    staged.signature,
+                    staged.options,
+                    staged.directory,
+                    description,
+                    if_exists,
+                    extra={"mlflow": staged.origin},
+                )
         if flavor == "mlflow_pyfunc":
             raise RegistryError(
                 "an mlflow_pyfunc version is logged from MLflow: flavor='mlflow', artifact='models:/...'"

@@ -15,14 +15,21 @@ pickles you produced yourself.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_batchinfer.registry import tabular_native as native
 from airflow_provider_batchinfer.registry.artifacts import normalize_signature
+from airflow_provider_batchinfer.registry.tabular_base import (
+    chosen_methods,
+    copy_model_file,
+    example_dtypes,
+    is_path,
+    output_columns,
+    read_feature_names,
+)
 from airflow_provider_batchinfer.registry.versions import RegistryError
 
 TABULAR_FLAVORS = ("sklearn", "xgboost", "lightgbm", "onnx")
@@ -80,98 +87,6 @@ def read_settings(model_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
 # --- shared helpers ----------------------------------------------------------------------------------
 
 
-def arrow_dtype(arrow_type: Any) -> str:
-    """A signature dtype for an Arrow type: what ``runtime/planning/pipeline.py`` checks input columns against."""
-    import pyarrow as pa
-
-    if pa.types.is_dictionary(arrow_type):
-        return "category"
-    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
-        return "string"
-    if pa.types.is_boolean(arrow_type):
-        return "bool"
-    if pa.types.is_integer(arrow_type):
-        return str(arrow_type)
-    if pa.types.is_floating(arrow_type):
-        return f"float{arrow_type.bit_width}"
-    return "any"
-
-
-def _example_dtypes(example: Any) -> dict[str, str]:
-    """``{column: dtype}`` of an input example (pandas DataFrame or pyarrow Table), in its order."""
-    import pyarrow as pa
-
-    table = example if isinstance(example, pa.Table) else pa.Table.from_pandas(example, preserve_index=False)
-    return {f.name: arrow_dtype(f.type) for f in table.schema}
-
-
-def _feature_names(options: dict[str, Any], known: list[str] | None, count: int | None, what: str) -> list[str]:
-    """The model's features in fit order: its own names, else ``feature_names``, else the example's."""
-    given = options.get("feature_names")
-    example = options.get("input_example")
-    if known:
-        if given is not None and list(given) != list(known):
-            raise RegistryError(f"feature_names {list(given)} differ from the names the {what} was fitted with {known}")
-        return list(known)
-    names = list(given) if given is not None else list(_example_dtypes(example)) if example is not None else []
-    if not names:
-        raise RegistryError(
-            f"the {what} was fitted without feature names: pass feature_names=[...] (the input columns in fit "
-            "order) or input_example=<a few rows as a DataFrame>"
-        )
-    if count is not None and len(names) != count:
-        raise RegistryError(f"feature_names has {len(names)} names but the {what} takes {count} features")
-    if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
-        raise RegistryError(f"feature_names must be distinct non-empty strings, got {names}")
-    return names
-
-
-def _class_column(cls: Any) -> str:
-    """``proba_<class>``: a column name for one class's probability."""
-    return "proba_" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(cls))
-
-
-def _copy_file(artifact: Any, art: Path, name: str) -> None:
-    src = Path(artifact)
-    if not src.is_file():
-        raise RegistryError(f"model file {src} does not exist")
-    shutil.copyfile(src, art / name)
-
-
-def _is_path(artifact: Any) -> bool:
-    return isinstance(artifact, (str, os.PathLike))
-
-
-def _methods(options: dict[str, Any], allowed: tuple[str, ...]) -> list[str]:
-    method = options.get("method", "predict")
-    methods = [method] if isinstance(method, str) else list(method)
-    bad = [m for m in methods if m not in allowed]
-    if bad or not methods:
-        raise RegistryError(f"method must be one of {list(allowed)} (or a list of them), got {method!r}")
-    return methods
-
-
-def _outputs(methods: list[str], classes: list[Any] | None, proba: str, prediction_dtype: str) -> dict[str, str]:
-    """Output columns: ``prediction``; with ``predict_proba`` one ``proba_<class>`` column per class
-    (``proba="columns"``) or one ``probabilities`` list column (``proba="list"``)."""
-    if proba not in ("columns", "list"):
-        raise RegistryError(f"proba must be 'columns' or 'list', got {proba!r}")
-    out: dict[str, str] = {}
-    if "predict" in methods:
-        out["prediction"] = prediction_dtype
-    if "predict_proba" in methods:
-        if not classes:
-            raise RegistryError("method='predict_proba' needs a classifier (the model has no classes_)")
-        if proba == "list":
-            out["probabilities"] = "list<float64>"
-        else:
-            names = [_class_column(c) for c in classes]
-            if len(set(names)) != len(names):
-                raise RegistryError(f"classes {classes} give clashing column names; use proba='list'")
-            out.update(dict.fromkeys(names, "float64"))
-    return out
-
-
 # --- scikit-learn --------------------------------------------------------------------------------------
 
 
@@ -182,7 +97,7 @@ def _sklearn_dump(art: Path, artifact: Any, options: dict[str, Any]) -> tuple[di
     trust_pickle = options.get("trust_pickle", False)
     if not isinstance(trust_pickle, bool):
         raise RegistryError(f"trust_pickle must be True or False, got {trust_pickle!r}")
-    if (_is_path(artifact) and str(artifact).endswith(PICKLE_SUFFIXES)) or (trust_pickle and not _is_path(artifact)):
+    if (is_path(artifact) and str(artifact).endswith(PICKLE_SUFFIXES)) or (trust_pickle and not is_path(artifact)):
         if not trust_pickle:
             raise UntrustedModelError(
                 f"{artifact} is a pickle, and unpickling runs arbitrary code: log the fitted estimator object "
@@ -190,15 +105,15 @@ def _sklearn_dump(art: Path, artifact: Any, options: dict[str, Any]) -> tuple[di
             )
         import joblib
 
-        if _is_path(artifact):
-            _copy_file(artifact, art, "model.joblib")
+        if is_path(artifact):
+            copy_model_file(artifact, art, "model.joblib")
         else:
             joblib.dump(artifact, art / "model.joblib")
         model = joblib.load(art / "model.joblib")
         return {"file": "model.joblib", "format": "joblib", "trust_pickle": True, "trusted_types": []}, model
     path = art / "model.skops"
-    if _is_path(artifact):
-        _copy_file(artifact, art, "model.skops")
+    if is_path(artifact):
+        copy_model_file(artifact, art, "model.skops")
         found = sio.get_untrusted_types(file=path)
         trusted = list(options.get("trusted_types", []))
         extra = sorted(set(found) - set(trusted))
@@ -253,7 +168,7 @@ def _sklearn_input_dtypes(model: Any, features: list[str], options: dict[str, An
     (a model that needs strings, e.g. a OneHotEncoder on text, gets "any")."""
     example = options.get("input_example")
     if example is not None:
-        dtypes = _example_dtypes(example)
+        dtypes = example_dtypes(example)
         missing = [f for f in features if f not in dtypes]
         if missing:
             raise RegistryError(f"input_example lacks the model's features {missing}")
@@ -278,8 +193,8 @@ def _stage_sklearn(art: Path, artifact: Any, options: dict[str, Any]) -> tuple[d
     if not callable(getattr(model, "predict", None)) and not callable(getattr(model, "predict_proba", None)):
         raise RegistryError(f"a sklearn model must be a fitted estimator with predict(), got {type(model).__name__}")
     known = [str(f) for f in getattr(model, "feature_names_in_", [])]
-    features = _feature_names(options, known, getattr(model, "n_features_in_", None), type(model).__name__)
-    methods = _methods(options, ("predict", "predict_proba"))
+    features = read_feature_names(options, known, getattr(model, "n_features_in_", None), type(model).__name__)
+    methods = chosen_methods(options, ("predict", "predict_proba"))
     classes = getattr(model, "classes_", None)
     classes = [c.item() if hasattr(c, "item") else c for c in classes] if classes is not None else None
     if classes and isinstance(classes[0], str):
@@ -288,7 +203,7 @@ def _stage_sklearn(art: Path, artifact: Any, options: dict[str, Any]) -> tuple[d
         pred_dtype = "int64" if all(isinstance(c, int) for c in classes) else "any"
     else:
         pred_dtype = "float64"
-    outputs = _outputs(methods, classes, options.get("proba", "columns"), pred_dtype)
+    outputs = output_columns(methods, classes, options.get("proba", "columns"), pred_dtype)
     settings.update(
         methods=methods,
         proba=options.get("proba", "columns"),
@@ -304,8 +219,6 @@ Stager = Callable[[Path, Any, dict[str, Any]], tuple[dict[str, Any], dict[str, A
 
 def _stager(flavor: str) -> tuple[Stager, tuple[str, ...]]:
     """The flavor's staging function and the keywords it accepts."""
-    from airflow_provider_batchinfer.registry import tabular_native as native
-
     return {
         "sklearn": (_stage_sklearn, (*_COMMON, "trust_pickle", "trusted_types")),
         "xgboost": (native.stage_xgboost, (*_COMMON, "format")),

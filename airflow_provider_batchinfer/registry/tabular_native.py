@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_batchinfer.registry.tabular import (
-    _copy_file,
-    _feature_names,
-    _is_path,
-    _methods,
-    _outputs,
+from airflow_provider_batchinfer.registry.tabular_base import (
+    chosen_methods,
+    copy_model_file,
+    is_path,
+    output_columns,
+    read_feature_names,
 )
 from airflow_provider_batchinfer.registry.versions import RegistryError
 
@@ -31,12 +31,12 @@ def stage_xgboost(art: Path, artifact: Any, options: dict[str, Any]) -> tuple[di
     if fmt not in ("json", "ubj"):
         raise RegistryError(f"an xgboost model is stored as format='json' or 'ubj', got {fmt!r}")
     estimator = None
-    if _is_path(artifact):
+    if is_path(artifact):
         suffix = Path(artifact).suffix.lstrip(".")
         if suffix not in ("json", "ubj"):
             raise RegistryError(f"{artifact}: an xgboost model file must be .json or .ubj (never a pickle)")
         fmt = suffix
-        _copy_file(artifact, art, f"model.{fmt}")
+        copy_model_file(artifact, art, f"model.{fmt}")
         booster = xgb.Booster(model_file=str(art / f"model.{fmt}"))
     elif isinstance(artifact, xgb.XGBModel):
         estimator = type(artifact).__name__
@@ -50,10 +50,10 @@ def stage_xgboost(art: Path, artifact: Any, options: dict[str, Any]) -> tuple[di
     if estimator is None:
         saved = xgb.Booster(model_file=str(art / f"model.{fmt}"))
         estimator = _xgb_estimator_of(saved)
-    features = _feature_names(options, booster.feature_names, booster.num_features(), "xgboost booster")
+    features = read_feature_names(options, booster.feature_names, booster.num_features(), "xgboost booster")
     types = booster.feature_types or ["float"] * len(features)
     inputs = {f: _XGB_TYPES.get(t, "number") for f, t in zip(features, types, strict=True)}
-    methods = _methods(options, ("predict", "predict_proba"))
+    methods = chosen_methods(options, ("predict", "predict_proba"))
     if estimator is None and methods != ["predict"]:
         raise RegistryError("predict_proba needs an XGBClassifier; a bare Booster gives predict (its raw output)")
     classes = None
@@ -62,7 +62,7 @@ def stage_xgboost(art: Path, artifact: Any, options: dict[str, Any]) -> tuple[di
         loaded.load_model(str(art / f"model.{fmt}"))
         classes = [int(c) for c in loaded.classes_]
     pred = "int64" if estimator == "XGBClassifier" else "float32"
-    outputs = _outputs(methods, classes, options.get("proba", "columns"), pred)
+    outputs = output_columns(methods, classes, options.get("proba", "columns"), pred)
     if estimator is None and booster.num_boosted_rounds() and _xgb_groups(booster) > 1:
         outputs = {"prediction": "list<float32>"}
     settings = {
@@ -99,8 +99,8 @@ def stage_lightgbm(art: Path, artifact: Any, options: dict[str, Any]) -> tuple[d
     import lightgbm as lgb
 
     classes = None
-    if _is_path(artifact):
-        _copy_file(artifact, art, "model.txt")
+    if is_path(artifact):
+        copy_model_file(artifact, art, "model.txt")
         booster = lgb.Booster(model_file=str(art / "model.txt"))
         estimator = None
     elif isinstance(artifact, lgb.LGBMModel):
@@ -115,20 +115,20 @@ def stage_lightgbm(art: Path, artifact: Any, options: dict[str, Any]) -> tuple[d
         raise RegistryError(f"a lightgbm model must be a Booster, an LGBMModel or a text model path, got {artifact!r}")
     saved = lgb.Booster(model_file=str(art / "model.txt"))
     names = saved.feature_name()
-    features = _feature_names(options, names, saved.num_feature(), "lightgbm booster")
+    features = read_feature_names(options, names, saved.num_feature(), "lightgbm booster")
     cat_index = saved.params.get("categorical_feature") or []
     cat_index = [
         int(i) for i in (cat_index if isinstance(cat_index, list) else str(cat_index).split(",") if cat_index else [])
     ]
     categorical = [features[i] for i in cat_index]
     inputs = {f: "category" if f in categorical else "number" for f in features}
-    methods = _methods(options, ("predict", "predict_proba"))
+    methods = chosen_methods(options, ("predict", "predict_proba"))
     if classes is None and methods != ["predict"]:
         raise RegistryError("predict_proba needs an LGBMClassifier; a bare Booster gives predict (its raw output)")
     pred = "float64"
     if classes:
         pred = "string" if isinstance(classes[0], str) else "int64"
-    outputs = _outputs(methods, classes, options.get("proba", "columns"), pred)
+    outputs = output_columns(methods, classes, options.get("proba", "columns"), pred)
     if classes is None and saved.num_model_per_iteration() > 1:
         outputs = {"prediction": "list<float64>"}
     settings = {
@@ -165,8 +165,8 @@ def stage_onnx(art: Path, artifact: Any, options: dict[str, Any]) -> tuple[dict[
     single input, ``{input: [columns]}`` for several) stacked in that order."""
     import onnx
 
-    if _is_path(artifact):
-        _copy_file(artifact, art, "model.onnx")
+    if is_path(artifact):
+        copy_model_file(artifact, art, "model.onnx")
     elif isinstance(artifact, onnx.ModelProto):
         onnx.save(artifact, str(art / "model.onnx"))
     elif isinstance(artifact, (bytes, bytearray)):
