@@ -108,6 +108,12 @@ MOVED: dict[str, str] = {
     "verdicts": "store.commit.verdicts",
 }
 # (the rows above: every module the move into concept folders renamed)
+# modules folded into another one later: the old path is the module that now holds their names
+MOVED.update(
+    {
+        "operators.lineage_methods": "operators.lineage",
+    }
+)
 
 
 def _caller_level() -> int:

@@ -49,7 +49,7 @@ from airflow_provider_batchinfer.operators.errors import (
     job_failed,
 )
 from airflow_provider_batchinfer.operators.finalize import committed_result
-from airflow_provider_batchinfer.operators.lineage_methods import OpenLineageMethods
+from airflow_provider_batchinfer.operators.lineage import OpenLineageMethods
 from airflow_provider_batchinfer.operators.runs import run_directory, run_owner
 from airflow_provider_batchinfer.operators.sql_input import job_secrets as sql_job_secrets
 from airflow_provider_batchinfer.registry import RegistryError

@@ -2,7 +2,7 @@
 
 Airflow's OpenLineage provider calls ``get_openlineage_facets_on_start`` /
 ``..._on_complete`` / ``..._on_failure`` of an operator when it is installed and configured; the
-operator's methods delegate here. Everything OpenLineage is imported inside the functions, so the
+operator's methods (:class:`OpenLineageMethods`, mixed into it) delegate here. Everything OpenLineage is imported inside the functions, so the
 provider works (and parses DAG files) without it.
 
 What a lineage backend (Marquez, DataHub, ...) gets:
@@ -21,37 +21,27 @@ absolute path as the name; ``s3://bucket/key`` is namespace ``s3://bucket`` with
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract.specs.tables import is_table_input, parse_table_input
+from airflow_provider_batchinfer.operators.lineage_tables import (
+    LineageSource,
+    dataset_name,
+    table_dataset,
+    table_manifest,
+)
 from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
-from airflow_provider_batchinfer.store.s3 import is_s3, split_uri
 from airflow_provider_batchinfer.store.stage import Stage, join
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     from airflow_provider_batchinfer.contract import Manifest
-    from airflow_provider_batchinfer.operators.batch_inference import BatchInferenceOperator
 
 RUN_FACET = "batchinference"
 # the facet's JSON schema ships in docs/openlineage/BatchInferenceRunFacet.json
 FACET_SCHEMA_URL = "https://pypi.org/project/airflow-provider-batchinfer/#/$defs/BatchInferenceRunFacet"
-
-
-def dataset_name(location: str) -> tuple[str, str]:
-    """``(namespace, name)`` of a location, per OpenLineage's dataset naming spec."""
-    from openlineage.client.naming.dataset import S3, LocalFileSystem
-
-    if is_s3(location):
-        bucket, key = split_uri(location)
-        naming: Any = S3(bucket_name=bucket, object_key=key or "/")
-    else:
-        path = location[len("file://") :] if location.startswith("file://") else location
-        naming = LocalFileSystem(path=os.path.normpath(os.path.abspath(path)))
-    return naming.get_namespace(), naming.get_name()
 
 
 def _run_facet_class() -> type:
@@ -97,7 +87,7 @@ def _parquet_fields(location: str, storage_options: dict[str, Any] | None) -> li
     return [(field.name, str(field.type)) for field in schema]
 
 
-def _sql_lineage(operator: BatchInferenceOperator) -> OperatorLineage:
+def _sql_lineage(operator: LineageSource) -> OperatorLineage:
     """The tables an ``sql=`` input reads, parsed the way Airflow's SQL operators do: only hooks that
     describe their database to OpenLineage (Postgres, MySQL, Snowflake, ...) give table datasets;
     others still get the query as the ``sql`` job facet."""
@@ -128,7 +118,7 @@ def _sql_lineage(operator: BatchInferenceOperator) -> OperatorLineage:
     )
 
 
-def _model_record(operator: BatchInferenceOperator, manifest: Manifest | None) -> dict[str, Any]:
+def _model_record(operator: LineageSource, manifest: Manifest | None) -> dict[str, Any]:
     """The model: from the manifest when committed, else from the registry (no re-hash: lineage
     only; a version the registry does not know still leaves the task's other datasets to report)."""
     if manifest is not None:
@@ -147,7 +137,7 @@ def _model_record(operator: BatchInferenceOperator, manifest: Manifest | None) -
     }
 
 
-def _input_datasets(operator: BatchInferenceOperator, manifest: Manifest | None) -> list[Any]:
+def _input_datasets(operator: LineageSource, manifest: Manifest | None) -> list[Any]:
     """One dataset per input location, with its schema and statistics once a manifest lists its files."""
     from airflow.providers.common.compat.openlineage.facet import InputDataset
     from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
@@ -157,8 +147,6 @@ def _input_datasets(operator: BatchInferenceOperator, manifest: Manifest | None)
     hook = operator.hook
     raw = [operator.input] if isinstance(operator.input, str) else list(operator.input)
     if is_table_input(operator.input):
-        from airflow_provider_batchinfer.operators.lineage_tables import table_dataset
-
         return [table_dataset(operator, parse_table_input(str(operator.input)).identifier, False, None)]
     locations = [hook.resolve_location(loc) for loc in raw]
     input_files = list(manifest.input_files) if manifest else []
@@ -202,9 +190,7 @@ def _output_dataset(location: str, manifest: Manifest | None, signature: dict[st
     return OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=output_facets)
 
 
-def operator_lineage(
-    operator: BatchInferenceOperator, task_instance: Any = None, committed: bool = True
-) -> OperatorLineage:
+def operator_lineage(operator: LineageSource, task_instance: Any = None, committed: bool = True) -> OperatorLineage:
     """Inputs, output and facets of one task instance.
 
     Without ``task_instance`` (the task is starting), only what is known before the job runs: the
@@ -223,10 +209,8 @@ def operator_lineage(
         location = operator.resolve_run_directory({"ti": task_instance})
     elif operator.stage_location:
         location = hook.resolve_location(operator.stage_location)
-    table = getattr(operator, "table", None)  # an Iceberg table output (lineage_tables.py)
+    table = operator.table  # an Iceberg table output (lineage_tables.py)
     if table and committed and task_instance is not None:
-        from airflow_provider_batchinfer.operators.lineage_tables import table_manifest
-
         manifest = table_manifest(operator, task_instance)
     else:
         read = committed and task_instance is not None and not table
@@ -240,8 +224,6 @@ def operator_lineage(
         namespace, name = dataset_name(model["uri"])
         inputs.append(InputDataset(namespace=namespace, name=name))
     if table:  # the table, not the claim directory
-        from airflow_provider_batchinfer.operators.lineage_tables import table_dataset
-
         outputs = [table_dataset(operator, str(table), True, manifest)]
     else:
         outputs = [] if location is None else [_output_dataset(location, manifest, signature, storage)]
@@ -260,3 +242,21 @@ def operator_lineage(
         job_facets=lineage.job_facets,
         run_facets={**lineage.run_facets, RUN_FACET: run_facet},
     )
+
+
+class OpenLineageMethods:
+    """Mixed into the operator; Airflow's OpenLineage provider calls these when it is installed.
+    ``self`` is typed as the :class:`LineageSource` the operator is, so this module needs no import
+    of the operator class."""
+
+    def get_openlineage_facets_on_start(self: LineageSource) -> Any:
+        """Inputs, the model and (with a fixed ``stage_location``) the output, before the job runs."""
+        return operator_lineage(self)
+
+    def get_openlineage_facets_on_complete(self: LineageSource, task_instance: Any) -> Any:
+        """Inputs, the model and the run directory, with schemas and statistics from ``_SUCCESS``."""
+        return operator_lineage(self, task_instance)
+
+    def get_openlineage_facets_on_failure(self: LineageSource, task_instance: Any) -> Any:
+        """What the task meant to read and write; nothing from a manifest (none of this try's)."""
+        return operator_lineage(self, task_instance, committed=False)

@@ -1,4 +1,5 @@
-"""OpenLineage datasets for Iceberg tables, used by ``lineage.py``.
+"""OpenLineage datasets, used by ``lineage.py``: how a location and an Iceberg table are named, and
+what lineage reads of the operator (:class:`LineageSource`).
 
 A table is named the way OpenLineage's Spark integration names Iceberg tables: by its physical
 location per the dataset naming spec (``file`` + absolute path, or ``s3://bucket`` + key), with a
@@ -15,17 +16,51 @@ catalog cannot be reached).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
+
+from airflow_provider_batchinfer.store.s3 import is_s3, split_uri
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.contract import Manifest
-    from airflow_provider_batchinfer.operators.batch_inference import BatchInferenceOperator
+    from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
 
 
 #: the namespace of a table named by its catalog when the catalog has no usable URI
 UNNAMED_CATALOG = "iceberg"
+
+
+class LineageSource(Protocol):
+    """What lineage reads of the operator: its rendered fields, its hook and its run directory. The
+    operator satisfies it; lineage names this, not the operator class that mixes lineage in."""
+
+    model: str
+    version: str
+    input: str | list[str] | None
+    sql: str | None
+    conn_id: str | None
+    stage_location: str | None
+    table: str | None
+
+    @property
+    def hook(self) -> ModelServiceHook: ...
+
+    def resolve_run_directory(self, context: Any) -> str: ...
+
+
+def dataset_name(location: str) -> tuple[str, str]:
+    """``(namespace, name)`` of a location, per OpenLineage's dataset naming spec."""
+    from openlineage.client.naming.dataset import S3, LocalFileSystem
+
+    if is_s3(location):
+        bucket, key = split_uri(location)
+        naming: Any = S3(bucket_name=bucket, object_key=key or "/")
+    else:
+        path = location[len("file://") :] if location.startswith("file://") else location
+        naming = LocalFileSystem(path=os.path.normpath(os.path.abspath(path)))
+    return naming.get_namespace(), naming.get_name()
 
 
 def catalog_namespace(uri: str) -> str:
@@ -63,11 +98,10 @@ def _symlinks(catalog: Mapping[str, str], identifier: str) -> Any:
     return SymlinksDatasetFacet(identifiers=[Identifier(namespace=namespace, name=identifier, type="TABLE")])
 
 
-def table_dataset(operator: BatchInferenceOperator, identifier: str, output: bool, manifest: Manifest | None) -> Any:
+def table_dataset(operator: LineageSource, identifier: str, output: bool, manifest: Manifest | None) -> Any:
     """An ``InputDataset``/``OutputDataset`` for ``identifier``, with its statistics once committed."""
     from airflow.providers.common.compat.openlineage.facet import InputDataset, OutputDataset
 
-    from airflow_provider_batchinfer.operators.lineage import dataset_name
     from airflow_provider_batchinfer.store.iceberg.catalog import open_catalog, planned_location, public_catalog
     from airflow_provider_batchinfer.store.iceberg.read import load_table
 
@@ -98,7 +132,7 @@ def table_dataset(operator: BatchInferenceOperator, identifier: str, output: boo
     return OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=output_facets)
 
 
-def table_manifest(operator: BatchInferenceOperator, task_instance: Any) -> Manifest | None:
+def table_manifest(operator: LineageSource, task_instance: Any) -> Manifest | None:
     """The committed run's manifest (from the table's snapshot), or None."""
     from airflow_provider_batchinfer.contract.specs.tables import run_location
     from airflow_provider_batchinfer.operators.table_io import run_key

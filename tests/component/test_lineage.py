@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from airflow_provider_batchinfer.operators.lineage import RUN_FACET, dataset_name
+from airflow_provider_batchinfer.operators.lineage import RUN_FACET
+from airflow_provider_batchinfer.operators.lineage_tables import dataset_name
 from tests.conftest import REPO
 
 
