@@ -115,6 +115,25 @@ MOVED.update(
     }
 )
 
+_CONTRACT_NAMES = ("ERRORS_DIR", "INPUT_DIR", "JOB_SPEC_FILE", "MANIFEST_FORMAT", "SUCCESS_MARKER", "ManifestError")
+_LOCATION_NAMES = ("StageError", "sanitize_run_key", "check_relative_path", "is_uri", "resolve_location", "join")
+_MARKER_NAMES = ("as_manifest", "committed_files", "dead_letter_files", "file_sha256", "validate_manifest")
+
+# old path -> {name: the module it lives in now}, for names that left their module when it moved
+# (an old path with a row here is a module of its own that forwards to the new ones)
+MOVED_NAMES: dict[str, dict[str, str]] = {
+    "stage": {
+        **dict.fromkeys(_CONTRACT_NAMES, "contract"),
+        **dict.fromkeys(("attempt_of", "is_part_name", "new_attempt_id", "part_name"), "contract"),
+        **dict.fromkeys(_LOCATION_NAMES, "store.locations"),
+        **dict.fromkeys(_MARKER_NAMES, "store.commit.markers"),
+        **dict.fromkeys(("read_committed", "read_valid_manifest"), "store.committed"),
+    },
+    "markers": dict.fromkeys(("read_committed", "read_valid_manifest"), "store.committed"),
+    "verdicts": {"normalized_location": "store.locations"},
+    "fence": {"claims_for": "store.commit.claims"},
+}
+
 
 def _caller_level() -> int:
     """The ``stacklevel`` that points the warning at the import statement, past the import machinery
@@ -130,8 +149,30 @@ def _caller_level() -> int:
     return level
 
 
+class _Forwarding(ModuleType):
+    """An old path whose module lost some names to other modules: the new module's names, and each
+    moved name from where it lives now, with a warning naming that place."""
+
+    def __init__(self, name: str, module: ModuleType, names: dict[str, str]) -> None:
+        super().__init__(name, module.__doc__)
+        self._module = module
+        self._names = names
+
+    def __getattr__(self, attr: str) -> object:
+        new = self._names.get(attr)
+        if new is None:
+            return getattr(self._module, attr)
+        warnings.warn(
+            f"{self.__name__}.{attr} moved to {_PACKAGE}.{new}; import it from there (the old path goes in the next "
+            "release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(f"{_PACKAGE}.{new}"), attr)
+
+
 class _Alias(importlib.abc.Loader):
-    """Loads an old name as the module already imported under its new one."""
+    """Loads an old name as the module already imported under its new one (or its forwarding module)."""
 
     def __init__(self, module: ModuleType) -> None:
         self.module = module
@@ -141,8 +182,9 @@ class _Alias(importlib.abc.Loader):
         return self.module
 
     def exec_module(self, module: ModuleType) -> None:
-        # the import system has just set the old name's spec on the module: it keeps its own
-        module.__spec__ = self.spec
+        # the import system has just set the old name's spec on the module: a real one keeps its own
+        if not isinstance(module, _Forwarding):
+            module.__spec__ = self.spec
 
 
 class MovedModules(importlib.abc.MetaPathFinder):
@@ -160,7 +202,9 @@ class MovedModules(importlib.abc.MetaPathFinder):
             DeprecationWarning,
             stacklevel=_caller_level(),
         )
-        return importlib.machinery.ModuleSpec(fullname, _Alias(module), is_package=hasattr(module, "__path__"))
+        names = MOVED_NAMES.get(fullname[len(_PACKAGE) + 1 :])
+        loaded = module if names is None else _Forwarding(fullname, module, names)
+        return importlib.machinery.ModuleSpec(fullname, _Alias(loaded), is_package=hasattr(module, "__path__"))
 
 
 def install() -> None:

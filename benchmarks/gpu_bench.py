@@ -63,7 +63,7 @@ def _raw_encode(st_dir: str, texts: list[str], device: str) -> dict[str, Any]:
 def _job(name: str, version: str, input_dir: str, out_dir: str, **job: Any) -> dict[str, Any]:
     """One provider job as a task runs it: resolve, verify, write ``_job.json``, launch, wait."""
     from airflow_provider_batchinfer import BatchInferenceOperator, InputSpec, JobSpec, OutputSpec, SaveMode
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     params = job.pop("params", {})
     op = BatchInferenceOperator(
@@ -180,7 +180,7 @@ def mlp(work: Path, rows: int) -> list[dict[str, Any]]:
 def _completion_tokens(out_dir: str) -> int:
     import pyarrow.parquet as pq
 
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     manifest = read_valid_manifest(out_dir)
     assert manifest is not None

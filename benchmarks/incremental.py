@@ -73,7 +73,7 @@ def _changed_features(src: Path, dst: Path) -> Path:
 
 def _run(name: str, version: str, input_dir: Path, base: str, run_id: str, reuse: str | None) -> dict:
     from airflow_provider_batchinfer import BatchInferenceOperator, InputSpec, JobSpec, OutputSpec, SaveMode
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     op = BatchInferenceOperator(
         task_id="bench",

@@ -211,7 +211,7 @@ def run_sampled(spec: str, env: dict[str, str]) -> tuple[float, int, int]:
 def one_job(
     base: Path, inputs: Path, files: list[str], model: Any, registry_root: Path, path: str, job: str, plant: str
 ) -> dict:
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     run_dir = base / f"run-{path}-{job}"
     shutil.rmtree(run_dir, ignore_errors=True)

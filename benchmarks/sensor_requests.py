@@ -32,8 +32,8 @@ MODES = {"footers": False, "checksums": True}
 
 def look(proxy, run_dir: str, verify_checksums: bool) -> dict:
     """One look as the sensor's poke takes it: its requests by kind and its seconds."""
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
     from airflow_provider_batchinfer.store.commit.verdicts import PROCESS_VERDICTS
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
     from tests.e2e.test_sensor_requests import kind, options
 
     seen = len(proxy.requests())

@@ -82,8 +82,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="leave the output in --dir")
     args = parser.parse_args()
 
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
     from airflow_provider_batchinfer.store.commit.verdicts import Verdicts
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     run_dir = Path(args.dir) / "run"
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -187,7 +187,7 @@ def provider(cfg: dict) -> None:
     t0 = time.monotonic()
     xcom = op.execute({"ti": ti})
     wall = time.monotonic() - t0
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     manifest = read_valid_manifest(cfg["out_dir"])
     assert manifest is not None, f"no _SUCCESS in {cfg['out_dir']}"

@@ -118,7 +118,7 @@ def provider(cfg: dict) -> None:
         {"conn_type": "batchinfer", "extra": {"stage_root": cfg["stage_root"], "registry_root": cfg["registry_root"]}}
     )
     from airflow_provider_batchinfer import BatchInferenceOperator, JobSpec, OutputSpec, SaveMode
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     op = BatchInferenceOperator(
         task_id="bench",

@@ -81,7 +81,8 @@ def batchinfer_image_labels():
 
         from airflow_provider_batchinfer import ModelServiceHook
         from airflow_provider_batchinfer.registry.demo_models import COLORS, color_image
-        from airflow_provider_batchinfer.store.stage import Stage, sanitize_run_key
+        from airflow_provider_batchinfer.store.locations import sanitize_run_key
+        from airflow_provider_batchinfer.store.stage import Stage
 
         rng = random.Random(zlib.crc32(run_id.encode()))
         hook = ModelServiceHook()
@@ -136,7 +137,8 @@ def batchinfer_image_labels():
         from airflow_provider_batchinfer import ModelServiceHook
         from airflow_provider_batchinfer.contract import Manifest
         from airflow_provider_batchinfer.store.commit.markers import committed_files
-        from airflow_provider_batchinfer.store.stage import Stage, sanitize_run_key
+        from airflow_provider_batchinfer.store.locations import sanitize_run_key
+        from airflow_provider_batchinfer.store.stage import Stage
 
         committed = Manifest.from_dict(manifest)  # the sensor's XCom: the manifest's dict
         table = pq.read_table(committed_files(committed))

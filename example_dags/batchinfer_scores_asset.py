@@ -69,7 +69,7 @@ def batchinfer_risk_scores():
         import pyarrow.parquet as pq
 
         from airflow_provider_batchinfer import ModelServiceHook
-        from airflow_provider_batchinfer.store.stage import sanitize_run_key
+        from airflow_provider_batchinfer.store.locations import sanitize_run_key
 
         n = int(params["num_customers"])
         rng = np.random.default_rng(zlib.crc32(run_id.encode()))

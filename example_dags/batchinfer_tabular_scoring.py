@@ -76,7 +76,7 @@ def batchinfer_tabular_scoring():
         import pyarrow.parquet as pq
 
         from airflow_provider_batchinfer import ModelServiceHook
-        from airflow_provider_batchinfer.store.stage import sanitize_run_key
+        from airflow_provider_batchinfer.store.locations import sanitize_run_key
 
         n = int(params["num_customers"])
         rng = np.random.default_rng(zlib.crc32(run_id.encode()))
@@ -118,7 +118,7 @@ def batchinfer_tabular_scoring():
         import pyarrow.csv as pacsv
 
         from airflow_provider_batchinfer import ModelServiceHook
-        from airflow_provider_batchinfer.store.stage import sanitize_run_key
+        from airflow_provider_batchinfer.store.locations import sanitize_run_key
 
         hook = ModelServiceHook()
         table = hook.read_committed(manifest)  # only the files _SUCCESS lists, checksums verified

@@ -83,7 +83,7 @@ def batchinfer_ticket_embeddings():
         import pyarrow.parquet as pq
 
         from airflow_provider_batchinfer import ModelServiceHook
-        from airflow_provider_batchinfer.store.stage import sanitize_run_key
+        from airflow_provider_batchinfer.store.locations import sanitize_run_key
 
         rng = random.Random(zlib.crc32(run_id.encode()))
         n = int(params["num_tickets"])
@@ -126,7 +126,7 @@ def batchinfer_ticket_embeddings():
 
         from airflow_provider_batchinfer import ModelServiceHook
         from airflow_provider_batchinfer.contract import Manifest
-        from airflow_provider_batchinfer.store.stage import sanitize_run_key
+        from airflow_provider_batchinfer.store.locations import sanitize_run_key
 
         committed = Manifest.from_dict(manifest)  # the sensor's XCom: the manifest's dict
         hook = ModelServiceHook()

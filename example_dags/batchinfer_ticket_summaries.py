@@ -100,7 +100,8 @@ def batchinfer_ticket_summaries():
 
         from airflow_provider_batchinfer import ModelServiceHook
         from airflow_provider_batchinfer.contract.chat import text_to_messages
-        from airflow_provider_batchinfer.store.stage import Stage, sanitize_run_key
+        from airflow_provider_batchinfer.store.locations import sanitize_run_key
+        from airflow_provider_batchinfer.store.stage import Stage
 
         rng = random.Random(zlib.crc32(run_id.encode()))
         n = int(params["num_tickets"])
@@ -151,7 +152,8 @@ def batchinfer_ticket_summaries():
         from airflow_provider_batchinfer import ModelServiceHook
         from airflow_provider_batchinfer.contract import Manifest
         from airflow_provider_batchinfer.store.commit.markers import committed_files
-        from airflow_provider_batchinfer.store.stage import Stage, sanitize_run_key
+        from airflow_provider_batchinfer.store.locations import sanitize_run_key
+        from airflow_provider_batchinfer.store.stage import Stage
 
         committed = Manifest.from_dict(manifest)  # the sensor's XCom: the manifest's dict
         table = pq.read_table(committed_files(committed))

@@ -54,8 +54,8 @@ def main() -> int:
         return code
     base = REPO / ".batchinfer" / "stage" / "embeddings" / "tickets"
     run_dir = max(base.iterdir(), key=lambda p: p.stat().st_mtime)
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
-    from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER
+    from airflow_provider_batchinfer.contract import SUCCESS_MARKER
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     manifest = read_valid_manifest(str(run_dir))
     if manifest is None:

@@ -171,7 +171,7 @@ def write_job_file(job) -> str:
 def committed_manifest(location: str) -> dict | None:
     """The validated ``_SUCCESS`` of a run directory in its serialized form (what goes to XCom),
     or None while it has none."""
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     manifest = read_valid_manifest(location)
     return None if manifest is None else manifest.to_dict()

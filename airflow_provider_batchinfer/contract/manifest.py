@@ -172,7 +172,7 @@ class JobRecord:
 class Manifest:
     """The ``_SUCCESS`` marker: written last, lists every committed file with its size, rows and
     checksum; readers trust only listed files. ``from_dict`` checks the schema and that the counts
-    reconcile; checking the files themselves is the stage's job (``stage.validate_manifest``)."""
+    reconcile; checking the files themselves is the store's (``store/commit/markers.py``: ``validate_manifest``)."""
 
     run_dir: str
     files: tuple[FileEntry, ...]

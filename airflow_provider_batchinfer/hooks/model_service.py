@@ -25,9 +25,10 @@ from airflow_provider_batchinfer.hooks.service_config import (
 )
 from airflow_provider_batchinfer.launchers import LAUNCHER_NAMES, launcher_class
 from airflow_provider_batchinfer.registry import ModelRegistry, ModelVersion, verify_local_copy
-from airflow_provider_batchinfer.store.commit.markers import read_committed
+from airflow_provider_batchinfer.store.committed import read_committed
+from airflow_provider_batchinfer.store.locations import resolve_location
 from airflow_provider_batchinfer.store.s3 import DEFAULT_MAX_ATTEMPTS, credential_env, public_options
-from airflow_provider_batchinfer.store.stage import Stage, resolve_location
+from airflow_provider_batchinfer.store.stage import Stage
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection

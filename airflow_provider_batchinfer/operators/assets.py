@@ -153,7 +153,7 @@ def read_triggering_run(
     """The newest triggering run (:func:`triggering_runs`) and its ``_SUCCESS`` manifest, validated
     (every listed file present with its size and footer). Fails when the run directory no longer
     holds that commit: its marker is gone, or a later attempt re-committed it (the event is stale)."""
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     run = triggering_runs(context, asset)[-1]
     manifest = read_valid_manifest(run["run_dir"], storage_options)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from airflow_provider_batchinfer.contract import INPUT_DIR, JobFile, ModelRef, new_attempt_id
-from airflow_provider_batchinfer.store.stage import sanitize_run_key
+from airflow_provider_batchinfer.store.locations import sanitize_run_key
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.contract import RunOwner

@@ -12,8 +12,8 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER, ContractError, Manifest
 from airflow_provider_batchinfer.contract.tables import TABLE_MANIFEST_FILE
-from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
-from airflow_provider_batchinfer.store.stage import StageError, join
+from airflow_provider_batchinfer.store.committed import read_valid_manifest
+from airflow_provider_batchinfer.store.locations import StageError, join
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.launchers.base import TaskLog

@@ -31,8 +31,9 @@ from airflow_provider_batchinfer.operators.lineage_tables import (
     table_manifest,
 )
 from airflow_provider_batchinfer.registry import RegistryError
-from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
-from airflow_provider_batchinfer.store.stage import Stage, join
+from airflow_provider_batchinfer.store.committed import read_valid_manifest
+from airflow_provider_batchinfer.store.locations import join
+from airflow_provider_batchinfer.store.stage import Stage
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage

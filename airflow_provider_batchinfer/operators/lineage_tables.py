@@ -136,7 +136,7 @@ def table_manifest(operator: LineageSource, task_instance: Any) -> Manifest | No
     """The committed run's manifest (from the table's snapshot), or None."""
     from airflow_provider_batchinfer.contract.specs.tables import run_location
     from airflow_provider_batchinfer.operators.table_io import run_key
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     location = run_location(str(operator.table), run_key(task_instance))
     return read_valid_manifest(location, operator.hook.table_read_options())

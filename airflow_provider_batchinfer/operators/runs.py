@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import RunOwner
 from airflow_provider_batchinfer.contract.specs import OutputSpec
-from airflow_provider_batchinfer.store.stage import join, sanitize_run_key
+from airflow_provider_batchinfer.store.locations import join, sanitize_run_key
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook

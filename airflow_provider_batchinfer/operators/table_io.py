@@ -28,7 +28,8 @@ from airflow_provider_batchinfer.contract.tables import RUN_KEY_COLUMN, TableInp
 from airflow_provider_batchinfer.store.commit import rundir
 from airflow_provider_batchinfer.store.iceberg.catalog import CatalogError, open_catalog, public_catalog
 from airflow_provider_batchinfer.store.iceberg.read import load_table, pin_input, run_files
-from airflow_provider_batchinfer.store.stage import Stage, join, sanitize_run_key
+from airflow_provider_batchinfer.store.locations import join, sanitize_run_key
+from airflow_provider_batchinfer.store.stage import Stage
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook

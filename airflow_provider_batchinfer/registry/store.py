@@ -38,7 +38,9 @@ from airflow_provider_batchinfer.registry.versions import (
     check_name,
     hash_tree,
 )
-from airflow_provider_batchinfer.store.stage import Stage, join
+from airflow_provider_batchinfer.store.commit.rundir import clear_run_directory
+from airflow_provider_batchinfer.store.locations import join
+from airflow_provider_batchinfer.store.stage import Stage
 
 _log = logging.getLogger(__name__)
 
@@ -231,7 +233,7 @@ class ModelRegistry:
                 "immutable: log the new model under a new version"
             )
         if target.exists():
-            target.clear_run_directory()  # leftovers of a log that died before its manifest
+            clear_run_directory(target)  # leftovers of a log that died before its manifest
         for rel in files:
             src = staging / rel
             target.child(*rel.split("/")).write_bytes(src.read_bytes())

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_batchinfer.store.stage import StageError
+from airflow_provider_batchinfer.store.locations import StageError
 
 MODEL_MANIFEST = "MODEL.json"
 REGISTRY_FORMAT = "batchinfer.model/1"

@@ -18,8 +18,8 @@ import sys
 from airflow_provider_batchinfer.contract import JobFailure, JobResult
 from airflow_provider_batchinfer.runtime.errors import EMPTY_MARKERS, JobError, ModelBatchError, exception_chain
 from airflow_provider_batchinfer.store.inputs import InputError
+from airflow_provider_batchinfer.store.locations import StageError
 from airflow_provider_batchinfer.store.redact import scrub, scrubbed_output, secret_values
-from airflow_provider_batchinfer.store.stage import StageError
 
 log = logging.getLogger("batchinfer.runtime")
 

@@ -22,10 +22,10 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
-from airflow_provider_batchinfer.contract import SUCCESS_MARKER, Manifest
-from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER, Manifest, ManifestError
 from airflow_provider_batchinfer.store.commit.verdicts import PROCESS_VERDICTS
-from airflow_provider_batchinfer.store.stage import ManifestError, StageError
+from airflow_provider_batchinfer.store.committed import read_valid_manifest
+from airflow_provider_batchinfer.store.locations import StageError
 from airflow_provider_batchinfer.triggers.base import WatchStatus, validate_event
 from airflow_provider_batchinfer.triggers.success_marker import SuccessMarkerTrigger, storage_options_for
 

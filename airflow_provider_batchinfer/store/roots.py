@@ -19,8 +19,8 @@ import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from airflow_provider_batchinfer.store.commit.verdicts import normalized_location
-from airflow_provider_batchinfer.store.stage import Stage, StageError, check_relative_path, is_uri
+from airflow_provider_batchinfer.store.locations import StageError, check_relative_path, is_uri, normalized_location
+from airflow_provider_batchinfer.store.stage import Stage
 
 __all__ = ["Placed", "Refused", "Roots", "check_local", "open_placed", "place", "shown"]
 

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_batchinfer.store.stage import StageError
+from airflow_provider_batchinfer.store.locations import StageError
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs

@@ -1,4 +1,6 @@
-"""Stage locations, run keys and the commit protocol's marker.
+"""A location opened: the filesystem and path a location string names, and what is read and written
+there. The string rules (joining, run keys, ``StageError``) are ``locations.py``; the claim, the
+marker and the run directory's lifecycle are ``commit/``.
 
 Shared by both sides (the operator checks and clears a run directory; the runtime writes parts and
 the marker), so it imports neither Airflow nor Ray. Files go through pyarrow's filesystem layer,
@@ -18,112 +20,18 @@ Layout of one run directory::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
-import re
 import uuid
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-# the layout names and the manifest live in the contract; re-exported here for existing imports
-from airflow_provider_batchinfer.contract import (
-    ERRORS_DIR,
-    INPUT_DIR,
-    JOB_SPEC_FILE,
-    MANIFEST_FORMAT,
-    SUCCESS_MARKER,
-    ManifestError,
-    attempt_of,
-    is_part_name,
-    new_attempt_id,
-    part_name,
-)
+from airflow_provider_batchinfer.store import s3
+from airflow_provider_batchinfer.store.locations import is_uri, join
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
-
-__all__ = [
-    "ERRORS_DIR",
-    "INPUT_DIR",
-    "JOB_SPEC_FILE",
-    "MANIFEST_FORMAT",
-    "SUCCESS_MARKER",
-    "ManifestError",
-    "Stage",
-    "StageError",
-    "attempt_of",
-    "check_relative_path",
-    "is_part_name",
-    "is_uri",
-    "join",
-    "new_attempt_id",
-    "part_name",
-    "resolve_location",
-    "sanitize_run_key",
-]
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-class StageError(RuntimeError):
-    """A stage location is unusable or a run directory is in a state we must not touch."""
-
-
-def sanitize_run_key(run_id: str, max_len: int = 120) -> str:
-    """Turn an Airflow run_id into one safe path segment, stable across tries of the same run.
-
-    ``manual__2026-11-23T01:18:23.440778+00:00`` holds ``:`` and ``+``, which object stores and
-    shells mangle. Replaced characters could make two run_ids collide, so whenever the text changes
-    a short hash of the original is appended: distinct run_ids always get distinct directories.
-    """
-    if not isinstance(run_id, str) or not run_id.strip():
-        raise StageError(f"cannot derive a run key from run_id={run_id!r}")
-    clean = _UNSAFE.sub("_", run_id.strip()).strip("._-") or "run"
-    if clean != run_id or len(clean) > max_len:
-        digest = hashlib.sha1(run_id.encode("utf-8")).hexdigest()[:8]
-        clean = f"{clean[: max_len - 9]}-{digest}"
-    return clean
-
-
-def check_relative_path(path: str, what: str) -> str:
-    """Refuse ``..`` segments and absolute paths where a path must stay below a root."""
-    if not isinstance(path, str) or not path:
-        raise StageError(f"{what} must be a non-empty path, got {path!r}")
-    parts = path.replace("\\", "/").split("/")
-    if ".." in parts:
-        raise StageError(f"{what}={path!r} contains '..'; paths may not climb out of their root")
-    return path
-
-
-def is_uri(location: str) -> bool:
-    return "://" in location
-
-
-def resolve_location(location: str, root: str | None) -> str:
-    """Absolute paths and URIs stay as they are; a relative path is placed under ``root``.
-
-    Every form refuses ``..`` segments, so a templated value cannot climb out of the stage root.
-    """
-    check_relative_path(location, "location")
-    if is_uri(location) or location.startswith("/"):
-        return location.rstrip("/") or "/"
-    if not root:
-        raise StageError(
-            f"location {location!r} is relative but no stage root is configured; give an absolute path or "
-            "URI, or set stage_root in the batchinfer connection's extras"
-        )
-    return join(root, location)
-
-
-def join(location: str, *parts: str) -> str:
-    for part in parts:
-        check_relative_path(part, "path segment")
-    if is_uri(location):
-        scheme, rest = location.split("://", 1)
-        return f"{scheme}://{posixpath.join(rest.rstrip('/'), *parts)}"
-    return posixpath.join(location, *parts)
 
 
 @dataclass(frozen=True)
@@ -141,8 +49,6 @@ class Stage:
         if is_uri(location) and not location.startswith("file://"):
             scheme = location.split("://", 1)[0]
             if scheme.lower() in ("s3", "s3a"):
-                from airflow_provider_batchinfer.store import s3
-
                 return cls(location, s3.filesystem(storage_options), location.split("://", 1)[1].rstrip("/"))
             fs, path = pafs.FileSystem.from_uri(location)
             return cls(location, fs, path.rstrip("/"))
@@ -156,9 +62,7 @@ class Stage:
         """Object-store errors become a StageError naming bucket, key and operation; local ones pass."""
         if self.fs.type_name != "s3":
             return nullcontext()
-        from airflow_provider_batchinfer.store.s3 import translate_errors
-
-        return translate_errors(self.location, operation)
+        return s3.translate_errors(self.location, operation)
 
     # --- queries ---------------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -233,46 +137,10 @@ class Stage:
             elif info.type == pafs.FileType.Directory:
                 self.fs.delete_dir(self.path)
 
-    def clear_run_directory(self) -> int:
-        """Empty a run directory for OVERWRITE: the claim is revoked first, so no earlier attempt
-        can commit from then on (``fence``; one that committed before is removed next); then
-        ``_SUCCESS``, so a reader never sees an old marker beside new parts; then every other file.
-        Returns how many files were removed.
-
-        On S3 pyarrow lists ``<key>/`` (so ``run1`` never touches ``run10/``) and deletes in
-        DeleteObjects batches of up to 1,000 keys; nothing relies on a rename."""
+    def delete_contents(self) -> None:
+        """Remove everything below this location, keeping the directory (gone or absent: nothing)."""
         import pyarrow.fs as pafs
 
-        from airflow_provider_batchinfer.store.commit.fence import claims_for
-
-        removed = len(self.list_files())
-        claims_for(self).revoke()
-        marker = self.child(SUCCESS_MARKER)
-        if marker.exists():
-            marker.delete()
         with self._io("delete the contents of"):
             if self.fs.get_file_info(self.path).type == pafs.FileType.Directory:
                 self.fs.delete_dir_contents(self.path, missing_dir_ok=True)
-        return removed
-
-
-# reading and checking committed markers lives in markers.py; these names stay importable from here
-_MARKER_NAMES = frozenset(
-    {
-        "as_manifest",
-        "committed_files",
-        "dead_letter_files",
-        "file_sha256",
-        "read_committed",
-        "read_valid_manifest",
-        "validate_manifest",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MARKER_NAMES:
-        from airflow_provider_batchinfer.store.commit import markers
-
-        return getattr(markers, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,11 +14,12 @@ from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
+from airflow_provider_batchinfer.contract import ManifestError
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
-from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
 from airflow_provider_batchinfer.store.commit.verdicts import PROCESS_VERDICTS
+from airflow_provider_batchinfer.store.committed import read_valid_manifest
+from airflow_provider_batchinfer.store.locations import StageError
 from airflow_provider_batchinfer.store.s3 import is_s3
-from airflow_provider_batchinfer.store.stage import ManifestError, StageError
 from airflow_provider_batchinfer.triggers.base import WatchStatus, WatchTrigger, make_event
 
 

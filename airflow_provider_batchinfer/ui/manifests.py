@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import ERRORS_DIR, SUCCESS_MARKER, Manifest, ManifestError
 from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
+from airflow_provider_batchinfer.store.locations import join
 from airflow_provider_batchinfer.store.roots import Refused, Roots, open_placed
-from airflow_provider_batchinfer.store.stage import Stage, join
+from airflow_provider_batchinfer.store.stage import Stage
 from airflow_provider_batchinfer.ui.views import RunRow, manifest_view
 
 if TYPE_CHECKING:

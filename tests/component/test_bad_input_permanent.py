@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_batchinfer.contract import JOB_SPEC_FILE
 from airflow_provider_batchinfer.contract.specs import InputSpec
 from airflow_provider_batchinfer.store.inputs import InputError
-from airflow_provider_batchinfer.store.stage import JOB_SPEC_FILE
 from tests.models import job_file, write_job_file
 
 

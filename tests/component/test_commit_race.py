@@ -25,7 +25,8 @@ import pytest
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, FileEntry, Manifest, part_name
 from airflow_provider_batchinfer.store.commit import rundir
 from airflow_provider_batchinfer.store.commit.fence import CLAIMS_DIR, PAUSE_ENV
-from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+from airflow_provider_batchinfer.store.commit.rundir import clear_run_directory
+from airflow_provider_batchinfer.store.committed import read_valid_manifest
 from airflow_provider_batchinfer.store.stage import Stage
 from tests.runs import OWNER, job_file, manifest_for, parquet_bytes
 
@@ -126,7 +127,7 @@ def write_attempt(run: Stage, attempt: str, ids: list[int], owner=OWNER) -> Mani
 def newer_try(run: Stage, commit: bool) -> Manifest:
     """What the newer try does while the zombie is stopped: OVERWRITE's clean-up (as
     ``rundir.prepare`` does it), its claim, its parts, and unless told otherwise its commit."""
-    run.clear_run_directory()
+    clear_run_directory(run)
     manifest = write_attempt(run, "t02newer", [10, 11, 12, 13], owner=NEWER_OWNER)
     if commit:
         rundir.commit(run, manifest)
@@ -260,7 +261,8 @@ def test_on_s3_only_the_claims_holder_replaces_a_marker_it_finds(s3_server, s3_b
     run.child(SUCCESS_MARKER).write_bytes(late.to_json().encode())  # the zombie's marker, landed unchecked
     rundir.commit(run, newer)
     assert Manifest.from_json(run.child(SUCCESS_MARKER).read_bytes()) == newer
-    from airflow_provider_batchinfer.store.commit.fence import ClaimLost, claims_for
+    from airflow_provider_batchinfer.store.commit.claims import claims_for
+    from airflow_provider_batchinfer.store.commit.fence import ClaimLost
 
     with pytest.raises(ClaimLost, match="a marker is there already and the claim moved"):
         claims_for(run).write_marker(zombie, late.to_json().encode())

@@ -22,10 +22,11 @@ from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, 
 from airflow_provider_batchinfer.contract.specs import SaveMode
 from airflow_provider_batchinfer.contract.tables import TableOutput
 from airflow_provider_batchinfer.store.commit import rundir
-from airflow_provider_batchinfer.store.commit.fence import claims_for
-from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+from airflow_provider_batchinfer.store.commit.claims import claims_for
 from airflow_provider_batchinfer.store.commit.verdicts import Verdicts
-from airflow_provider_batchinfer.store.stage import Stage, StageError
+from airflow_provider_batchinfer.store.committed import read_valid_manifest
+from airflow_provider_batchinfer.store.locations import StageError
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.component.test_commit_race import NEWER_OWNER, contents, write_attempt
 from tests.runs import OWNER, job_file
 from tests.s3_proxy import FaultProxy

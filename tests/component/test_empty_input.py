@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER
 from airflow_provider_batchinfer.contract.specs import InputSpec
 from airflow_provider_batchinfer.store.inputs import InputError
-from airflow_provider_batchinfer.store.stage import JOB_SPEC_FILE, SUCCESS_MARKER
 from tests.models import committed_manifest, job_file, write_job_file
 
 

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_batchinfer.contract import handover
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER, handover
 from airflow_provider_batchinfer.contract.specs import InputSpec
 from airflow_provider_batchinfer.launchers.base import SUCCEEDED, LaunchError
 from airflow_provider_batchinfer.launchers.embedded import embedded_ray, state_dirs, warm_runtime
 from airflow_provider_batchinfer.launchers.local import LocalLauncher
 from airflow_provider_batchinfer.store import private_dir
-from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER
 from tests.models import WhereLength, job_file, write_job_file, write_tickets
 
 NOBODY = 65534

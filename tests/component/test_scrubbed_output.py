@@ -11,11 +11,10 @@ import subprocess
 import sys
 import textwrap
 
-from airflow_provider_batchinfer.contract import JobFailure, parse_runtime_line
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER, JobFailure, parse_runtime_line
 from airflow_provider_batchinfer.contract.lines import EMBEDDED_RAY_ENV
 from airflow_provider_batchinfer.launchers.base import FAILED, JobHandle
 from airflow_provider_batchinfer.launchers.local import LocalLauncher
-from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER
 from tests.conftest import REPO
 from tests.models import job_file, write_job_file, write_tickets
 

@@ -15,13 +15,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.contract import handover
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER, handover
 from airflow_provider_batchinfer.contract.specs import InputSpec
 from airflow_provider_batchinfer.launchers.base import FAILED, SUCCEEDED, TIMEOUT
 from airflow_provider_batchinfer.launchers.embedded import warm_runtime
 from airflow_provider_batchinfer.launchers.embedded.procs import proc_alive
 from airflow_provider_batchinfer.launchers.local import LocalLauncher
-from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER
 from tests.models import SlowLength, WhereLength, job_file, write_job_file, write_tickets
 
 LOG = logging.getLogger("test_warm_runtime")

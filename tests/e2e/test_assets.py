@@ -19,7 +19,7 @@ from airflow_provider_batchinfer.operators.assets import (
     stage_asset,
     triggering_runs,
 )
-from airflow_provider_batchinfer.store.stage import sanitize_run_key
+from airflow_provider_batchinfer.store.locations import sanitize_run_key
 from tests.conftest import run_dag, xcom_value
 from tests.models import committed_manifest, write_tickets
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER
 from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec
-from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER
 from tests.corrupt_inputs import damage
 from tests.models import write_tickets
 from tests.task_context import TaskInstanceStandIn

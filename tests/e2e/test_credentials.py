@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from airflow.sdk import Connection
 
+from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER
 from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec, SaveMode
 from airflow_provider_batchinfer.hooks.s3_credentials import (
     LIFETIME_MARGIN_S,
@@ -37,7 +38,7 @@ from airflow_provider_batchinfer.store.s3 import (
     role_settings,
     worker_env,
 )
-from airflow_provider_batchinfer.store.stage import JOB_SPEC_FILE, SUCCESS_MARKER, Stage
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.conftest import _free_port
 from tests.task_context import TaskInstanceStandIn
 

@@ -20,12 +20,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER
 from airflow_provider_batchinfer.contract.specs import JobSpec
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.launchers.embedded import embedded_ray, ray_head, state_dirs
 from airflow_provider_batchinfer.launchers.embedded.procs import group_cmdlines, proc_alive, proc_start_time
 from airflow_provider_batchinfer.launchers.local import PARENT_PID_ENV, LocalLauncher
-from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER
 from tests.conftest import REPO
 from tests.models import committed_manifest, write_tickets
 

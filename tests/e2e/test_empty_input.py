@@ -11,8 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER
 from airflow_provider_batchinfer.contract.specs import InputSpec, OutputSpec
-from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER, sanitize_run_key
+from airflow_provider_batchinfer.store.locations import sanitize_run_key
 from tests.conftest import run_dag, xcom_value
 from tests.task_context import TaskInstanceStandIn
 

@@ -9,9 +9,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.contract import JobFile, ModelRef, RunOwner
+from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, JobFile, ModelRef, RunOwner
 from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec
-from airflow_provider_batchinfer.store.stage import JOB_SPEC_FILE, SUCCESS_MARKER
 from tests.conftest import run_dag
 from tests.models import committed_manifest, write_tickets
 

@@ -24,19 +24,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.contract import Counts, FileEntry, JobRecord, Manifest, ModelRef
-from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
-from airflow_provider_batchinfer.runtime.errors import BadRowError, check_batch
-from airflow_provider_batchinfer.store.inputs import InputError
-from airflow_provider_batchinfer.store.stage import (
+from airflow_provider_batchinfer.contract import (
     JOB_SPEC_FILE,
     SUCCESS_MARKER,
-    Stage,
-    StageError,
-    resolve_location,
-    sanitize_run_key,
-    validate_manifest,
+    Counts,
+    FileEntry,
+    JobRecord,
+    Manifest,
+    ModelRef,
 )
+from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec, SaveMode, SpecError
+from airflow_provider_batchinfer.runtime.errors import BadRowError, check_batch
+from airflow_provider_batchinfer.store.commit.markers import validate_manifest
+from airflow_provider_batchinfer.store.inputs import InputError
+from airflow_provider_batchinfer.store.locations import StageError, resolve_location, sanitize_run_key
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.models import PidLength, SlowLength, committed_manifest, job_file, write_job_file, write_tickets
 from tests.task_context import TaskInstanceStandIn as _StandIn
 

@@ -20,7 +20,7 @@ import pytest
 from airflow_provider_batchinfer.contract.specs import InputSpec
 from airflow_provider_batchinfer.registry import ModelRegistry, RegistryError, TamperedModelError
 from airflow_provider_batchinfer.store.inputs import InputError
-from airflow_provider_batchinfer.store.stage import sanitize_run_key
+from airflow_provider_batchinfer.store.locations import sanitize_run_key
 from tests import hf_support as hf
 from tests.models import committed_manifest
 

@@ -139,7 +139,7 @@ def _catalog(world):
 @slow
 def test_a_run_commits_one_snapshot_that_every_reader_sees(world):
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     op = operator(TABLE, world["inputs"])
     xcom = op.execute({"ti": ti("run1")})

@@ -81,7 +81,7 @@ def test_a_table_with_an_s3_warehouse_commits_one_snapshot(s3_world):
 def _manifest(xcom: dict) -> dict:
     """The committed manifest of the run, as the sensor pushes it to XCom."""
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
 
     manifest = read_valid_manifest(
         xcom["output_location"], ModelServiceHook().table_read_options(), verify_checksums=True

@@ -12,11 +12,10 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.contract import placement
+from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, placement
 from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, SpecError
 from airflow_provider_batchinfer.runtime.engine import in_driver
 from airflow_provider_batchinfer.runtime.errors import JobError, ModelBatchError
-from airflow_provider_batchinfer.store.stage import JOB_SPEC_FILE, SUCCESS_MARKER
 from tests.e2e.test_embedded_ray import _starts, ray_dir  # noqa: F401  (ray_dir: a fixture, this test's own embedded Ray)
 from tests.models import committed_manifest, job_file, write_job_file, write_tickets
 

@@ -401,7 +401,7 @@ REUSED = ROWS - len(DELETED) - CHANGED  # the rest of day 2's rows
 
 
 def _read(manifest: dict) -> pa.Table:
-    from airflow_provider_batchinfer.store.commit.markers import read_committed
+    from airflow_provider_batchinfer.store.committed import read_committed
 
     return read_committed(manifest).sort_by("product_id")
 
@@ -539,7 +539,7 @@ def test_an_s3_stage_through_dag_test_reuses_and_dead_letters(
 ):
     from airflow_provider_batchinfer import BatchInferenceOperator
     from airflow_provider_batchinfer.registry import ModelRegistry
-    from airflow_provider_batchinfer.store.commit.markers import read_committed, read_valid_manifest
+    from airflow_provider_batchinfer.store.committed import read_committed, read_valid_manifest
     from tests.conftest import run_dag, xcom_value
     from tests.e2e.test_s3 import KEY_ID, SECRET, options
 

@@ -15,9 +15,9 @@ import uuid
 
 import pytest
 
-from airflow_provider_batchinfer.contract import JOB_SPEC_FILE
+from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER
 from airflow_provider_batchinfer.contract.specs import JobSpec, OutputSpec
-from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER, Stage
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.conftest import _free_port
 from tests.task_context import TaskInstanceStandIn
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.contract import ERROR_PREFIX
+from airflow_provider_batchinfer.contract import ERROR_PREFIX, SUCCESS_MARKER
 from airflow_provider_batchinfer.contract.chat import response_columns, sampling_params, text_to_messages
 from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, SpecError
 from airflow_provider_batchinfer.registry.demo_models import (
@@ -38,7 +38,8 @@ from airflow_provider_batchinfer.runtime.model.dereference import (
     normalize_roots,
     read_location,
 )
-from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER, Stage, sanitize_run_key
+from airflow_provider_batchinfer.store.locations import sanitize_run_key
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.models import committed_manifest, job_file, write_job_file
 
 

@@ -18,9 +18,9 @@ from unittest import mock
 import psutil
 import pytest
 
+from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER
 from airflow_provider_batchinfer.launchers.embedded import embedded_ray, warm_runtime
 from airflow_provider_batchinfer.launchers.local import LocalLauncher
-from airflow_provider_batchinfer.store.stage import JOB_SPEC_FILE, SUCCESS_MARKER
 from tests.conftest import REPO
 from tests.e2e import test_reattach
 from tests.e2e.test_reattach import gated_tickets

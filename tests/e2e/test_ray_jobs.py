@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER
 from airflow_provider_batchinfer.launchers.ray_jobs import RayJobsLauncher
-from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER
 from tests.conftest import run_dag
 from tests.models import SlowLength, write_tickets
 from tests.task_context import TaskInstanceStandIn

@@ -19,16 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.contract import FileEntry, RunOwner, part_name
+from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, FileEntry, RunOwner, part_name
 from airflow_provider_batchinfer.registry.fetch import cached_copy
+from airflow_provider_batchinfer.store.commit.rundir import clear_run_directory
+from airflow_provider_batchinfer.store.committed import read_valid_manifest
+from airflow_provider_batchinfer.store.locations import sanitize_run_key
 from airflow_provider_batchinfer.store.s3 import S3StageError, check_bucket
-from airflow_provider_batchinfer.store.stage import (
-    JOB_SPEC_FILE,
-    SUCCESS_MARKER,
-    Stage,
-    read_valid_manifest,
-    sanitize_run_key,
-)
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.conftest import run_dag, xcom_value
 from tests.runs import job_file, manifest_for, parquet_bytes
 
@@ -144,7 +141,7 @@ def test_run1_and_run10_never_touch_each_other(s3_server, s3_bucket):
             put(s3_server, f"s3://{s3_bucket}/out/{run}/{name}", b"x")
     run1 = Stage.open(f"s3://{s3_bucket}/out/run1", options(s3_server))
     assert [n for n, _ in run1.list_files()] == [SUCCESS_MARKER, JOB_SPEC_FILE, "part-00000-t01a.parquet"]
-    assert run1.clear_run_directory() == 3
+    assert clear_run_directory(run1) == 3
     assert keys(s3_server, f"s3://{s3_bucket}/out/run1") == []
     assert keys(s3_server, f"s3://{s3_bucket}/out/run10") == [SUCCESS_MARKER, JOB_SPEC_FILE, "part-00000-t01a.parquet"]
 

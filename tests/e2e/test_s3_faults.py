@@ -22,10 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER
 from airflow_provider_batchinfer.registry.fetch import cached_copy
-from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+from airflow_provider_batchinfer.store.committed import read_valid_manifest
 from airflow_provider_batchinfer.store.s3 import S3StageError
-from airflow_provider_batchinfer.store.stage import JOB_SPEC_FILE, SUCCESS_MARKER, Stage
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.s3_proxy import FaultProxy
 
 KEY_ID, SECRET = "AKIDFAULTTEST", "fault-secret"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_batchinfer.store.commit.markers import read_committed
-from airflow_provider_batchinfer.store.stage import SUCCESS_MARKER, ManifestError
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER, ManifestError
+from airflow_provider_batchinfer.store.committed import read_committed
 from tests.conftest import run_dag, xcom_value
 from tests.runs import committed_run, parquet_bytes
 
@@ -160,8 +160,8 @@ def test_a_marker_beside_a_newer_claim_fails_the_sensor(tmp_path):
 def test_an_iceberg_runs_files_are_hashed_once_per_snapshot_manifest(tmp_path, monkeypatch):
     """The table side: the snapshot's manifest is the marker. The catalog lookup is stood in for (the
     Iceberg tests run it for real); what is checked here is the hashing and its verdict."""
-    from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
     from airflow_provider_batchinfer.store.commit.verdicts import Verdicts
+    from airflow_provider_batchinfer.store.committed import read_valid_manifest
     from airflow_provider_batchinfer.store.iceberg import read as table_read
     from tests.damage import count_reads, flip_data_page_byte
 

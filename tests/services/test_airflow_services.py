@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_batchinfer.store.stage import sanitize_run_key
+from airflow_provider_batchinfer.store.locations import sanitize_run_key
 from tests.airflow_services import AirflowServices, services_env
 from tests.conftest import REPO, _free_port
 from tests.models import SlowLength, TextLength, committed_manifest, write_tickets

@@ -23,7 +23,7 @@ def _forget(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
 @pytest.mark.parametrize(
     ("old", "new"),
     [
-        ("stage", "store.stage"),
+        ("s3", "store.s3"),
         ("rundir", "store.commit.rundir"),
         ("specs", "contract.specs"),
         ("tables.catalog", "store.iceberg.catalog"),
@@ -55,11 +55,41 @@ def test_names_imported_from_an_old_path_are_the_same_objects(monkeypatch: pytes
     assert {w.filename for w in seen} == {__file__}
 
 
+def test_names_that_left_their_module_are_found_from_its_old_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stage`` lent the marker readers, the layout names and the location helpers; ``markers`` the
+    readers of a committed run: each is found from the old path, where it lives now, with a warning
+    naming that place; the module's own names are the new module's."""
+    _forget(monkeypatch, "airflow_provider_batchinfer.stage", "airflow_provider_batchinfer.markers")
+    with pytest.warns(DeprecationWarning) as seen:
+        from airflow_provider_batchinfer.markers import read_valid_manifest, validate_manifest
+        from airflow_provider_batchinfer.stage import SUCCESS_MARKER, Stage, StageError, committed_files
+    from airflow_provider_batchinfer import contract
+    from airflow_provider_batchinfer.store import committed, locations, stage
+    from airflow_provider_batchinfer.store.commit import markers
+
+    assert read_valid_manifest is committed.read_valid_manifest and validate_manifest is markers.validate_manifest
+    assert committed_files is markers.committed_files and SUCCESS_MARKER == contract.SUCCESS_MARKER
+    assert Stage is stage.Stage and StageError is locations.StageError
+    said = [str(w.message) for w in seen]
+    assert (
+        "airflow_provider_batchinfer.stage.committed_files moved to airflow_provider_batchinfer.store.commit.markers; "
+        "import it from there (the old path goes in the next release)"
+    ) in said
+    assert any(m.startswith("airflow_provider_batchinfer.markers.read_valid_manifest moved to ") for m in said)
+    assert {w.filename for w in seen} == {__file__}
+    with pytest.raises(ImportError, match="nothing_here"):
+        from airflow_provider_batchinfer.stage import nothing_here  # noqa: F401
+
+
 def test_every_old_path_leads_to_a_module_and_no_file_is_left_at_it() -> None:
     for old, new in _moved.MOVED.items():
         assert not (PACKAGE / f"{old.replace('.', '/')}.py").exists(), old
         assert not (PACKAGE / old.replace(".", "/") / "__init__.py").exists(), old
         importlib.import_module(f"airflow_provider_batchinfer.{new}")
+    for old, names in _moved.MOVED_NAMES.items():
+        assert old in _moved.MOVED, old
+        for name, new in names.items():
+            assert hasattr(importlib.import_module(f"airflow_provider_batchinfer.{new}"), name), (old, name)
 
 
 def test_paths_that_did_not_move_import_without_a_warning(recwarn: pytest.WarningsRecorder) -> None:

@@ -18,7 +18,6 @@ from airflow_provider_batchinfer.contract import (
     part_name,
 )
 from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, SaveMode
-from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
 from airflow_provider_batchinfer.store.commit.rundir import (
     FencedError,
     ForeignRunDirectoryError,
@@ -33,8 +32,10 @@ from airflow_provider_batchinfer.store.commit.rundir import (
     prepare,
     read_claim,
 )
+from airflow_provider_batchinfer.store.committed import read_valid_manifest
 from airflow_provider_batchinfer.store.identity import result_identity
-from airflow_provider_batchinfer.store.stage import Stage, StageError
+from airflow_provider_batchinfer.store.locations import StageError
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.runs import MODEL, OWNER, committed_run, job_file, manifest_for, write_part
 
 SHA = MODEL.sha256

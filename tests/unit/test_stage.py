@@ -5,20 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_batchinfer.contract import Manifest
-from airflow_provider_batchinfer.store.stage import (
-    SUCCESS_MARKER,
-    ManifestError,
-    Stage,
-    StageError,
-    committed_files,
-    dead_letter_files,
-    read_committed,
-    read_valid_manifest,
-    resolve_location,
-    sanitize_run_key,
-    validate_manifest,
-)
+from airflow_provider_batchinfer.contract import SUCCESS_MARKER, Manifest, ManifestError
+from airflow_provider_batchinfer.store.commit.markers import committed_files, dead_letter_files, validate_manifest
+from airflow_provider_batchinfer.store.commit.rundir import clear_run_directory
+from airflow_provider_batchinfer.store.committed import read_committed, read_valid_manifest
+from airflow_provider_batchinfer.store.locations import StageError, resolve_location, sanitize_run_key
+from airflow_provider_batchinfer.store.stage import Stage
 from tests.runs import manifest_for, parquet_bytes, write_part
 
 
@@ -51,7 +43,7 @@ def test_clear_run_directory_removes_marker_and_everything_else(tmp_path):
     run.child("part-00000-a.parquet").write_bytes(b"x")
     run.child("_input", "part-00000.parquet").write_bytes(b"y")
     run.child(SUCCESS_MARKER).write_bytes(b"{}")
-    assert run.clear_run_directory() == 3
+    assert clear_run_directory(run) == 3
     assert run.is_empty()
 
 

@@ -25,8 +25,9 @@ import pytest
 from airflow_provider_batchinfer.contract import ManifestError
 from airflow_provider_batchinfer.runtime.output.table_commit import commit_table
 from airflow_provider_batchinfer.store.commit import rundir
-from airflow_provider_batchinfer.store.commit.markers import read_valid_manifest
+from airflow_provider_batchinfer.store.commit.rundir import clear_run_directory
 from airflow_provider_batchinfer.store.commit.verdicts import Verdicts
+from airflow_provider_batchinfer.store.committed import read_valid_manifest
 from airflow_provider_batchinfer.store.iceberg.catalog import embedded_catalog
 from airflow_provider_batchinfer.store.iceberg.read import CATALOG_OPTION, ROOTS_OPTION, WAREHOUSE_ROOT, read_roots
 from airflow_provider_batchinfer.store.roots import Refused
@@ -79,7 +80,7 @@ def test_a_snapshot_whose_attempt_the_claim_does_not_name_does_not_pass(committe
 
 def test_a_snapshot_whose_claim_is_gone_does_not_pass(committed):
     _, claim_dir, read = committed
-    claim_dir.clear_run_directory()  # what a newer try's clean-up does before it claims
+    clear_run_directory(claim_dir)  # what a newer try's clean-up does before it claims
     with pytest.raises(
         ManifestError, match=r"committed by attempt t01first under the claim .*_job.json, which is gone"
     ):

@@ -31,7 +31,8 @@ from airflow_provider_batchinfer.contract import (
 from airflow_provider_batchinfer.contract.reuse import KEY_SCHEME
 from airflow_provider_batchinfer.runtime.errors import JobError
 from airflow_provider_batchinfer.runtime.incremental.keys import context_digest
-from airflow_provider_batchinfer.store.stage import Stage, StageError, sanitize_run_key
+from airflow_provider_batchinfer.store.locations import StageError, sanitize_run_key
+from airflow_provider_batchinfer.store.stage import Stage
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -41,7 +41,8 @@ from airflow_provider_batchinfer.runtime.errors import JobError
 from airflow_provider_batchinfer.store.commit import rundir
 from airflow_provider_batchinfer.store.iceberg.catalog import CatalogError, open_catalog
 from airflow_provider_batchinfer.store.iceberg.read import load_table, run_files
-from airflow_provider_batchinfer.store.stage import Stage, StageError, join
+from airflow_provider_batchinfer.store.locations import StageError, join
+from airflow_provider_batchinfer.store.stage import Stage
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -53,8 +53,9 @@ import signal
 from dataclasses import dataclass
 
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, JobFile
+from airflow_provider_batchinfer.store.locations import StageError
 from airflow_provider_batchinfer.store.s3 import S3StageError
-from airflow_provider_batchinfer.store.stage import Stage, StageError
+from airflow_provider_batchinfer.store.stage import Stage
 
 __all__ = [
     "CLAIMS_DIR",
@@ -66,7 +67,6 @@ __all__ = [
     "ConditionalWritesUnsupported",
     "Hold",
     "WithdrawalFailed",
-    "claims_for",
     "pause_for_test",
 ]
 
@@ -264,16 +264,3 @@ class S3Claims(ClaimStore):
             except s3_objects.PreconditionFailed:
                 continue
         raise StageError(f"{self.marker.location} kept changing while it was written; not committed")
-
-
-def claims_for(run_dir: Stage) -> ClaimStore:
-    """The claim protocol for the store ``run_dir`` is on."""
-    import pyarrow.fs as pafs
-
-    if isinstance(run_dir.fs, pafs.LocalFileSystem):
-        from airflow_provider_batchinfer.store.commit.fence_local import LocalClaims
-
-        return LocalClaims(run_dir)
-    if run_dir.fs.type_name == "s3":
-        return S3Claims(run_dir)
-    return ClaimStore(run_dir)

@@ -18,7 +18,7 @@ import stat
 
 from airflow_provider_batchinfer.contract import SUCCESS_MARKER
 from airflow_provider_batchinfer.store.commit.fence import CLAIMS_DIR, ClaimLost, ClaimStore, Hold, pause_for_test
-from airflow_provider_batchinfer.store.stage import StageError
+from airflow_provider_batchinfer.store.locations import StageError
 
 __all__ = ["LocalClaims"]
 

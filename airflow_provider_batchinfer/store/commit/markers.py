@@ -3,7 +3,8 @@
 A ``_SUCCESS`` is trusted only when it is a valid :class:`~airflow_provider_batchinfer.contract.Manifest`
 (one schema for the validator and every reader) and describes the files beside it: each listed file
 present with its size and a Parquet footer holding its row count; with ``verify_checksums`` also
-the sha256 of its bytes. ``read_committed`` hashes each file as it reads it.
+the sha256 of its bytes. ``read_directory_rows`` hashes each file as it reads it. Reading any
+committed run (a run directory or an Iceberg table's snapshot) starts in ``store/committed.py``.
 
 Checking every part costs requests in proportion to the parts (one or two per part on S3), so a
 reader that looks at the same marker again (a sensor's next poke, another sensor or trigger on the
@@ -23,11 +24,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_batchinfer.contract import JOB_SPEC_FILE, SUCCESS_MARKER, FileEntry, Manifest, ManifestError
-from airflow_provider_batchinfer.contract.tables import TABLE_SCHEME
 from airflow_provider_batchinfer.store.commit.fence import CLAIM_METADATA
 from airflow_provider_batchinfer.store.commit.part_bytes import compare_sha256, footer_rows, hashed_rows, sha256_of
-from airflow_provider_batchinfer.store.commit.verdicts import Verdicts, normalized_location
-from airflow_provider_batchinfer.store.stage import Stage, check_relative_path, join
+from airflow_provider_batchinfer.store.commit.verdicts import Verdicts
+from airflow_provider_batchinfer.store.locations import check_relative_path, join, normalized_location
+from airflow_provider_batchinfer.store.stage import Stage
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -252,20 +253,17 @@ def _read_object(stage: Stage, with_version: bool) -> tuple[bytes, str | None, M
     return None if found is None else (found.body, found.etag, found.metadata)
 
 
-def read_valid_manifest(
+def read_directory_manifest(
     location: str,
     storage_options: dict[str, Any] | None = None,
     *,
     verify_checksums: bool = False,
     verdicts: Verdicts | None = None,
 ) -> Manifest | None:
-    """The validated manifest of a run directory, or None while it has no marker. An
-    ``iceberg://<table>/<run key>`` location: the run's snapshot in the table (its manifest). With
+    """The validated manifest of a run directory, or None while it has no marker. With
     ``verdicts``, files already checked for these very marker bytes, in either mode for
     ``verify_checksums=False`` and with checksums for ``True``, are not read again: the look costs
     the marker's read and one listing (names, sizes and times against the verdict's seal)."""
-    if location.startswith(TABLE_SCHEME):
-        return _read_table_manifest(location, storage_options, verify_checksums, verdicts)
     run_dir = Stage.open(location, storage_options)
     marker = run_dir.child(SUCCESS_MARKER)
     found = _read_object(marker, with_version=True)
@@ -296,25 +294,6 @@ def read_valid_manifest(
     return manifest
 
 
-def _read_table_manifest(
-    location: str, options: dict[str, Any] | None, verify_checksums: bool, verdicts: Verdicts | None
-) -> Manifest | None:
-    """The Iceberg side of :func:`read_valid_manifest`: the snapshot's manifest (its JSON) is the marker."""
-    from airflow_provider_batchinfer.store.iceberg.read import open_run_dir, read_table_manifest, split_options
-
-    if verdicts is None or not verify_checksums:
-        return read_table_manifest(location, options, verify_checksums=verify_checksums)
-    manifest = read_table_manifest(location, options, verify_checksums=False)
-    if manifest is None:
-        return None
-    storage = split_options(options)[1]
-    key = verdicts.key(location, manifest.to_json().encode(), storage, verify_checksums=True)
-    if not verdicts.holds(key):
-        verify_contents(open_run_dir(manifest, options), manifest)  # from the root it was placed below
-        verdicts.add(key)
-    return manifest
-
-
 def committed_files(manifest: ManifestLike) -> list[str]:
     """Full locations of the files a manifest commits: what ``publish`` should read, and nothing else."""
     m = as_manifest(manifest)
@@ -327,27 +306,18 @@ def dead_letter_files(manifest: ManifestLike) -> list[str]:
     return [join(m.run_dir, *entry.name.split("/")) for entry in m.error_files]
 
 
-def read_committed(
+def read_directory_rows(
     manifest: ManifestLike,
     storage_options: dict[str, Any] | None = None,
     columns: list[str] | None = None,
     verify_checksums: bool = True,
 ) -> pa.Table:
-    """The committed predictions as one ``pyarrow.Table``: exactly the files the manifest lists, read
-    through the stage's own filesystem, so an ``s3://`` run directory on a custom endpoint (MinIO,
-    R2) reads with the connection's settings (``ModelServiceHook.read_committed`` passes them).
-
-    With ``verify_checksums`` (the default) each file is read once, hashed and parsed from the same
-    bytes, so what is returned is exactly what was committed; a file that changed raises
-    ManifestError. A format-1 manifest has no checksums: read it with ``verify_checksums=False``."""
+    """The rows of a run directory's committed files (``committed.read_committed``), hashed and parsed
+    from the same bytes when ``verify_checksums``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     m = as_manifest(manifest)
-    if m.table is not None:  # the run's rows in the snapshot that committed them
-        from airflow_provider_batchinfer.store.iceberg.read import read_run_rows
-
-        return read_run_rows(m, storage_options, columns)
     run_dir = Stage.open(m.run_dir, storage_options)
     if not m.files:
         raise ManifestError(f"{run_dir.location}/{SUCCESS_MARKER} commits no files; there is nothing to read")

@@ -35,7 +35,8 @@ from airflow_provider_batchinfer.contract import (
     RunOwner,
 )
 from airflow_provider_batchinfer.contract.specs import SaveMode
-from airflow_provider_batchinfer.store.commit.fence import ClaimLost, Hold, claims_for
+from airflow_provider_batchinfer.store.commit.claims import claims_for
+from airflow_provider_batchinfer.store.commit.fence import ClaimLost, Hold
 from airflow_provider_batchinfer.store.commit.markers import validate_manifest
 from airflow_provider_batchinfer.store.commit.rundir_resume import (
     Preparation,
@@ -43,7 +44,8 @@ from airflow_provider_batchinfer.store.commit.rundir_resume import (
     confirm_requeried_input,
     resumable,
 )
-from airflow_provider_batchinfer.store.stage import Stage, StageError
+from airflow_provider_batchinfer.store.locations import StageError
+from airflow_provider_batchinfer.store.stage import Stage
 
 __all__ = [
     "FencedError",
@@ -316,10 +318,27 @@ def _apply_save_mode(run_dir: Stage, owner: RunOwner, mode: SaveMode, messages: 
         messages.append(
             f"Removing the uncommitted files of an earlier try (try {recorded.try_number}) of this task and run"
         )
-    removed = run_dir.clear_run_directory()
+    removed = clear_run_directory(run_dir)
     what = "SaveMode.OVERWRITE" if mode is SaveMode.OVERWRITE else "retry clean-up"
     if SUCCESS_MARKER in names:
         messages.append(f"{what}: removed {SUCCESS_MARKER} then {removed - 1} other file(s) from {run_dir.location}")
     else:
         messages.append(f"{what}: removed {removed} file(s) (no {SUCCESS_MARKER}) from {run_dir.location}")
     return Preparation(resume=False, removed_files=removed, messages=tuple(messages))
+
+
+def clear_run_directory(run_dir: Stage) -> int:
+    """Empty a run directory for OVERWRITE: the claim is revoked first, so no earlier attempt
+    can commit from then on (``fence``; one that committed before is removed next); then
+    ``_SUCCESS``, so a reader never sees an old marker beside new parts; then every other file.
+    Returns how many files were removed.
+
+    On S3 pyarrow lists ``<key>/`` (so ``run1`` never touches ``run10/``) and deletes in
+    DeleteObjects batches of up to 1,000 keys; nothing relies on a rename."""
+    removed = len(run_dir.list_files())
+    claims_for(run_dir).revoke()
+    marker = run_dir.child(SUCCESS_MARKER)
+    if marker.exists():
+        marker.delete()
+    run_dir.delete_contents()
+    return removed

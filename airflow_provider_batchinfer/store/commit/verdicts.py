@@ -9,25 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import posixpath
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["PROCESS_VERDICTS", "Verdicts", "normalized_location"]
+from airflow_provider_batchinfer.store.locations import normalized_location
 
-
-def normalized_location(location: str) -> str:
-    """One spelling per location: no ``file://``, no trailing or doubled slashes, ``s3a`` as ``s3``."""
-    if location.startswith("file://"):
-        location = location[len("file://") :]
-    if "://" in location:
-        scheme, rest = location.split("://", 1)
-        scheme = "s3" if scheme.lower() == "s3a" else scheme.lower()
-        return f"{scheme}://{posixpath.normpath('/' + rest).lstrip('/')}"
-    return posixpath.normpath(location)
+__all__ = ["PROCESS_VERDICTS", "Verdicts"]
 
 
 class Verdicts:

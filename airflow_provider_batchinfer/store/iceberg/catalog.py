@@ -27,8 +27,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_batchinfer.store.locations import StageError, is_uri, join
 from airflow_provider_batchinfer.store.redact import MASK, redact_uri, scrub, uri_secrets
-from airflow_provider_batchinfer.store.stage import StageError, is_uri, join
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -27,10 +27,12 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_batchinfer.contract import Manifest, ManifestError
 from airflow_provider_batchinfer.contract.specs.tables import parse_run_location
 from airflow_provider_batchinfer.contract.tables import RUN_KEY_COLUMN, SUMMARY_PREFIX, TableInput
+from airflow_provider_batchinfer.store.commit.markers import check_claim, validate_manifest
 from airflow_provider_batchinfer.store.iceberg.catalog import CatalogError, open_catalog
+from airflow_provider_batchinfer.store.locations import is_uri
 from airflow_provider_batchinfer.store.redact import redact_uri
 from airflow_provider_batchinfer.store.roots import Refused, Roots, open_placed, place
-from airflow_provider_batchinfer.store.stage import Stage, is_uri
+from airflow_provider_batchinfer.store.stage import Stage
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -152,7 +154,6 @@ def read_table_manifest(
 ) -> Manifest | None:
     """The validated manifest of a committed run (``iceberg://<table>/<run key>``), with the
     snapshot that committed it; None while the table or the run's snapshot does not exist."""
-    from airflow_provider_batchinfer.store.commit.markers import check_claim, validate_manifest
 
     identifier, run_key = parse_run_location(location)
     catalog_props, storage = split_options(options)
