@@ -112,6 +112,7 @@ MOVED: dict[str, str] = {
 MOVED.update(
     {
         "operators.lineage_methods": "operators.lineage",
+        "operators.sql_input": "operators.build_job",
     }
 )
 

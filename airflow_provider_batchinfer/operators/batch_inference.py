@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.configuration import conf
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_batchinfer.contract import (
     JOB_SPEC_FILE,
@@ -33,30 +33,29 @@ from airflow_provider_batchinfer.contract import (
 )
 from airflow_provider_batchinfer.contract.specs import InputSpec, JobSpec, OutputSpec
 from airflow_provider_batchinfer.contract.specs.tables import is_table_input
-from airflow_provider_batchinfer.contract.sql_input import SqlInput
 from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
 from airflow_provider_batchinfer.launchers.base import LaunchError
 from airflow_provider_batchinfer.launchers.job_env import job_locations
 from airflow_provider_batchinfer.links.ray_dashboard import XCOM_KEY as RAY_JOB_URL_KEY
 from airflow_provider_batchinfer.links.ray_dashboard import RayJobLink
 from airflow_provider_batchinfer.operators import assets, table_io
-from airflow_provider_batchinfer.operators.build_job import build_job_file
+from airflow_provider_batchinfer.operators.build_job import (
+    bind_sql,
+    build_job_file,
+    input_locations_of,
+    sql_job_secrets,
+)
 from airflow_provider_batchinfer.operators.errors import (
     airflow_error,
     check_arguments,
     fail_on_s3_errors,
-    input_error,
     job_failed,
 )
 from airflow_provider_batchinfer.operators.finalize import committed_result
 from airflow_provider_batchinfer.operators.lineage import OpenLineageMethods
-from airflow_provider_batchinfer.operators.runs import run_directory, run_owner
-from airflow_provider_batchinfer.operators.sql_input import job_secrets as sql_job_secrets
-from airflow_provider_batchinfer.registry import RegistryError
+from airflow_provider_batchinfer.operators.runs import resolve, run_directory, run_owner
 from airflow_provider_batchinfer.store.commit import rundir
 from airflow_provider_batchinfer.store.identity import input_fingerprint, job_identity, result_identity
-from airflow_provider_batchinfer.store.inputs import InputError, list_input_files
-from airflow_provider_batchinfer.store.s3 import check_bucket, is_s3
 from airflow_provider_batchinfer.store.stage import Stage
 from airflow_provider_batchinfer.triggers.base import WatchStatus, event_log_offset, job_trigger, validate_event
 
@@ -187,50 +186,17 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
             return self._tables().claim_directory(context["ti"])
         return run_directory(self.hook, self.stage_location, self.base_stage_location, context["ti"])
 
-    def _resolve(self, context: Context) -> tuple[ModelVersion, Stage]:
-        try:
-            mv = self.hook.get_model(self.model, self.version)
-        except RegistryError as exc:
-            raise AirflowFailException(str(exc)) from exc
-        location = self.resolve_run_directory(context)
-        run_dir = self.hook.open_stage(location)
-        if is_s3(location):
-            check_bucket(run_dir.fs, location)
-        self.log.info(
-            "Model %s/%s (%s, sha256 %s) -> run directory %s [%s]",
-            mv.name,
-            mv.version,
-            mv.flavor,
-            mv.sha256[:12],
-            location,
-            self.save_mode.name,
-        )
-        return mv, run_dir
-
-    def _input_locations(self) -> list[str] | None:
-        """The Parquet input, resolved and checked (None: a SQL input, materialized later)."""
-        if self.input is None or is_table_input(self.input):  # a table: the job reads its snapshot
-            return None
-        raw = [self.input] if isinstance(self.input, str) else list(self.input)
-        locations = [self.hook.resolve_location(loc) for loc in raw]
-        try:
-            list_input_files(locations, self.hook.storage_options)
-        except InputError as exc:  # an empty one may skip the task, or go on to commit 0 rows
-            error = input_error(exc, self.input_spec.on_empty)
-            if error is not None:
-                raise error from exc
-        return locations
-
     # --- the flow --------------------------------------------------------------------------------------
     @assets.emits_asset_event
     @fail_on_s3_errors
     def execute(self, context: Context) -> dict[str, Any]:
         owner = run_owner(context["ti"])
         self.hook.check_credential_lifetime(self.job_timeout)
-        mv, run_dir = self._resolve(context)
+        location = self.resolve_run_directory(context)
+        mv, run_dir = resolve(self.hook, self.model, self.version, location, self.save_mode.name, self.log)
         launcher = self._launcher = self.hook.get_launcher()
         launcher.job_timeout = self.job_timeout  # what a job's derived S3 session is bounded by
-        # a SQL input: the job connects to the database itself (operators/sql_input.py)
+        # a SQL input: the job connects to the database itself (operators/build_job.py)
         launcher.job_secrets = sql_job_secrets(self.conn_id) if self.sql is not None and self.conn_id else {}
         try:
             handle = self._handle = self._launch(launcher, owner, mv, run_dir)
@@ -256,7 +222,7 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
         the launcher still sees it running (a try whose worker died: the run directory and its
         ``_job.json`` stay as they are, the job fences on the attempt recorded there); else clear
         the way, prepare the run directory and start a new job."""
-        input_locations = self._input_locations()
+        input_locations = input_locations_of(self.hook, self.input, self.input_spec.on_empty)
         result = result_identity(
             input_fingerprint=input_fingerprint(  # an iceberg:// input counts by its URI (its snapshot is pinned)
                 input_locations, self.sql or str(self.input), self.conn_id, self.hook.storage_options
@@ -348,7 +314,16 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
         # what decided these rows (a RESUME compares it) and whose parts a RESUME may keep
         job = dataclasses.replace(job, result=result, resumable=prep.lineage(job.attempt))
         job = tables.bind(job, run_dir, pinned)  # table input snapshot, table output
-        job = self._bind_sql(job, prep.input_digest)
+        if self.sql is not None and self.conn_id:  # the query, read by the job itself
+            job = bind_sql(
+                job,
+                self.sql,
+                self.conn_id,
+                self.materialize_chunk_rows,
+                self.shard_column,
+                self.shard_hash_fn,
+                prep.input_digest,
+            )
         # claimed before anything else is written into it (so a retry recognizes whatever this
         # attempt leaves behind as its own) and before the submit (so a retry finds the job even
         # when this worker dies right after submitting it)
@@ -360,24 +335,6 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
                 "Input: the query on %s, read by the job (runtime/inputs/sql_input.py)", job.sql_input.conn_id
             )
         return job
-
-    def _bind_sql(self, job: JobFile, kept_digest: str | None) -> JobFile:
-        """The job file with its query (``kept_digest``: a RESUME's earlier result, which the job
-        compares with the result it reads); unchanged for any other input."""
-        if self.sql is None or not self.conn_id:
-            return job
-        try:
-            query = SqlInput(
-                query=self.sql,
-                conn_id=self.conn_id,
-                chunk_rows=self.materialize_chunk_rows,
-                shard_column=self.shard_column,
-                shard_hash_fn=self.shard_hash_fn,
-                kept_digest=kept_digest,
-            )
-        except ContractError as exc:
-            raise AirflowFailException(str(exc)) from exc
-        return dataclasses.replace(job, sql_input=query)
 
     def _defer(self, launcher: Launcher, handle: JobHandle) -> NoReturn:
         deadline = None if self.job_timeout is None else time.time() + self.job_timeout

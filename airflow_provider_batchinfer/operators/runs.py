@@ -1,16 +1,24 @@
 """Which run a task instance is and where its rows go: the owner recorded in ``_job.json`` and the
-run directory, both derived from the task instance alone so that every try of a run agrees."""
+run directory, both derived from the task instance alone so that every try of a run agrees; and
+the model and run directory a try resolves before anything has a side effect."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow.sdk.exceptions import AirflowFailException
+
 from airflow_provider_batchinfer.contract import RunOwner
 from airflow_provider_batchinfer.contract.specs import OutputSpec
+from airflow_provider_batchinfer.registry import RegistryError
 from airflow_provider_batchinfer.store.locations import join, sanitize_run_key
+from airflow_provider_batchinfer.store.s3 import check_bucket, is_s3
 
 if TYPE_CHECKING:
     from airflow_provider_batchinfer.hooks.model_service import ModelServiceHook
+    from airflow_provider_batchinfer.launchers.base import TaskLog
+    from airflow_provider_batchinfer.registry import ModelVersion
+    from airflow_provider_batchinfer.store.stage import Stage
 
 
 def run_owner(ti: Any) -> RunOwner:
@@ -37,3 +45,27 @@ def run_directory(hook: ModelServiceHook, stage_location: str | None, base_stage
     if map_index is not None and map_index >= 0:
         location = join(location, f"map-{map_index}")
     return location
+
+
+def resolve(
+    hook: ModelServiceHook, model: str, version: str, location: str, save_mode: str, log: TaskLog
+) -> tuple[ModelVersion, Stage]:
+    """The model version (a registry error fails the task, no retry) and the opened run directory
+    (an S3 bucket that does not exist fails before anything is written)."""
+    try:
+        mv = hook.get_model(model, version)
+    except RegistryError as exc:
+        raise AirflowFailException(str(exc)) from exc
+    run_dir = hook.open_stage(location)
+    if is_s3(location):
+        check_bucket(run_dir.fs, location)
+    log.info(
+        "Model %s/%s (%s, sha256 %s) -> run directory %s [%s]",
+        mv.name,
+        mv.version,
+        mv.flavor,
+        mv.sha256[:12],
+        location,
+        save_mode,
+    )
+    return mv, run_dir

@@ -83,7 +83,7 @@ def test_the_job_reads_the_query_in_shards_and_no_listing_log_or_file_holds_the_
 ):
     from airflow_provider_batchinfer import BatchInferenceOperator
     from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV, SqlInput
-    from airflow_provider_batchinfer.operators.sql_input import database_url
+    from airflow_provider_batchinfer.operators.build_job import database_url
     from airflow_provider_batchinfer.runtime.inputs.sql_input import stream
     from airflow_provider_batchinfer.store.stage import Stage
 
@@ -157,7 +157,7 @@ def test_the_job_reads_the_query_in_shards_and_no_listing_log_or_file_holds_the_
 def test_a_connection_that_is_not_sql_fails_before_any_job(batchinfer_home, tmp_path, monkeypatch):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from airflow_provider_batchinfer.operators.sql_input import database_url
+    from airflow_provider_batchinfer.operators.build_job import database_url
 
     monkeypatch.setenv("AIRFLOW_CONN_BI_NOT_SQL", json.dumps({"conn_type": "fs", "extra": {"path": "/tmp"}}))
     with pytest.raises(AirflowFailException, match="connection 'bi_not_sql' is not a SQL connection"):
@@ -215,7 +215,7 @@ def test_a_database_that_cannot_hash_the_column_is_streamed_by_the_driver(
     import dataclasses
 
     from airflow_provider_batchinfer.contract.sql_input import SQL_URL_ENV, SqlInput
-    from airflow_provider_batchinfer.operators.sql_input import database_url
+    from airflow_provider_batchinfer.operators.build_job import database_url
     from airflow_provider_batchinfer.runtime.inputs.sql_input import read_sql_input
     from tests.runs import job_file
 

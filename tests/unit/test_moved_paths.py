@@ -36,9 +36,12 @@ def _forget(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
 def test_an_old_path_is_the_new_module_and_warns(monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> None:
     old_name, new_name = f"airflow_provider_batchinfer.{old}", f"airflow_provider_batchinfer.{new}"
     _forget(monkeypatch, old_name)
+    # imported first: a module that imports Airflow would otherwise install Airflow's own warnings
+    # hook (the warning then goes to its log) while the old path is being answered
+    new_module = importlib.import_module(new_name)
     with pytest.warns(DeprecationWarning, match=rf"{old_name} moved to {new_name}; import it from there") as seen:
         module = importlib.import_module(old_name)
-    assert module is importlib.import_module(new_name)
+    assert module is new_module
     assert module.__name__ == new_name
     assert module.__spec__ is not None and module.__spec__.name == new_name
     assert seen[0].filename == __file__
