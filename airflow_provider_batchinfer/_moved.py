@@ -113,6 +113,7 @@ MOVED.update(
     {
         "operators.lineage_methods": "operators.lineage",
         "operators.sql_input": "operators.build_job",
+        "registry.private_dir": "registry.fetch",
     }
 )
 

@@ -1,4 +1,11 @@
-"""A version's files on the node that uses them: fetched once per node, re-hashed before use."""
+"""A version's files on the node that uses them: fetched once per node, re-hashed before use.
+
+The node's model cache is a directory only this user may change (``store/private_dir.py``): a
+model is checked and then loaded (imported, unpickled), and whoever can write the directory in
+between can swap it. So the cache is private, created 0700, and a directory that is a symbolic link,
+belongs to another user or is writable by others is refused, never followed or repaired. The levels
+below the cache root may be readable by others (copies keep their files' modes), never writable.
+"""
 
 from __future__ import annotations
 
@@ -13,22 +20,47 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_batchinfer.registry.digest import check_version
-from airflow_provider_batchinfer.registry.private_dir import check_own_dir, private_dir
 from airflow_provider_batchinfer.registry.versions import (
     MODEL_MANIFEST,
     RegistryError,
     TamperedModelError,
     hash_tree,
 )
+from airflow_provider_batchinfer.store import private_dir as private
 from airflow_provider_batchinfer.store.stage import Stage
 
 MODEL_CACHE_ENV = "BATCHINFER_MODEL_CACHE"
 
 
+def _refusal(what: str, why: object) -> RegistryError:
+    return RegistryError(
+        f"{what} {why}; refusing to use it: remove it, or point BATCHINFER_MODEL_CACHE at a directory of your own"
+    )
+
+
+def check_own_dir(path: Path, what: str = "model cache directory") -> os.stat_result:
+    """``path`` is a real directory (not a link), owned by this user, that no one else can write."""
+    try:
+        return private.check(path, others_may_read=True)
+    except FileNotFoundError:
+        raise _refusal(what, f"{path} does not exist") from None
+    except private.UnsafeDirectory as exc:
+        raise _refusal(what, exc) from None
+
+
+def private_dir(path: Path, what: str = "model cache") -> Path:
+    """``path``, created 0700 when missing, once it is this user's own; one of ours that others
+    could only read (made by an older provider) is tightened to 0700."""
+    try:
+        return private.ensure(path, tighten=True)
+    except private.UnsafeDirectory as exc:
+        raise _refusal(what, exc) from None
+
+
 def model_cache_dir(cache_dir: str | None = None) -> Path:
     """Where object-store models are cached on this node: ``$BATCHINFER_MODEL_CACHE``, else
     ``<tmp>/batchinfer-models``; created 0700, and refused when another user could change what is in
-    it (``registry/private_dir.py``): a model is checked there and then loaded from there."""
+    it (:func:`private_dir`): a model is checked there and then loaded from there."""
     return private_dir(
         Path(cache_dir or os.environ.get(MODEL_CACHE_ENV) or Path(tempfile.gettempdir()) / "batchinfer-models")
     )
