@@ -134,6 +134,9 @@ MOVED_NAMES: dict[str, dict[str, str]] = {
     "markers": dict.fromkeys(("read_committed", "read_valid_manifest"), "store.committed"),
     "verdicts": {"normalized_location": "store.locations"},
     "fence": {"claims_for": "store.commit.claims"},
+    "tables": dict.fromkeys(
+        ("iceberg_input", "is_run_location", "is_table_input", "run_location"), "contract.specs.tables"
+    ),
 }
 
 

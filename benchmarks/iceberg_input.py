@@ -72,7 +72,7 @@ def _tables(rows: dict[str, int]) -> None:
 def _task(name: str) -> None:
     """One task process: score ``raw.<name>`` and print its rows and peak RSS as JSON (last line)."""
     from airflow_provider_batchinfer import BatchInferenceOperator, InputSpec, JobSpec, OutputSpec, SaveMode
-    from airflow_provider_batchinfer.store.iceberg import iceberg_input
+    from airflow_provider_batchinfer.contract.specs import iceberg_input
 
     op = BatchInferenceOperator(
         task_id="bench",

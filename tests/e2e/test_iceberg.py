@@ -20,9 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_batchinfer.contract import JobFile, Manifest
-from airflow_provider_batchinfer.contract.specs import OutputSpec, SaveMode, SpecError
+from airflow_provider_batchinfer.contract.specs import OutputSpec, SaveMode, SpecError, iceberg_input
 from airflow_provider_batchinfer.contract.tables import SUMMARY_PREFIX, TableInput, TableOutput
-from airflow_provider_batchinfer.store.iceberg import iceberg_input
 from airflow_provider_batchinfer.store.iceberg.catalog import public_catalog
 from tests.iceberg_support import SIGNATURE, data_files, operator, read_in_fresh_process
 from tests.runs import job_file, manifest_for
