@@ -53,7 +53,7 @@ from airflow_provider_batchinfer.operators.errors import (
 )
 from airflow_provider_batchinfer.operators.finalize import committed_result
 from airflow_provider_batchinfer.operators.lineage import OpenLineageMethods
-from airflow_provider_batchinfer.operators.runs import resolve, run_directory, run_owner
+from airflow_provider_batchinfer.operators.runs import claim_for_reattach, resolve, run_directory, run_owner
 from airflow_provider_batchinfer.store.commit import rundir
 from airflow_provider_batchinfer.store.identity import input_fingerprint, job_identity, result_identity
 from airflow_provider_batchinfer.store.stage import Stage
@@ -243,7 +243,7 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
             job_spec=self.job_spec,
             save_mode=self.save_mode,
         )
-        claim = self._claim_for_reattach(run_dir)
+        claim = claim_for_reattach(run_dir, self.log)
         if claim is not None and claim.identity == identity:
             existing = launcher.existing_job(claim)
             if existing is not None:
@@ -261,15 +261,6 @@ class BatchInferenceOperator(OpenLineageMethods, BaseOperator):
         launcher.before_start(owner, self.log, identity)
         job = self._prepare(launcher, owner, mv, run_dir, input_locations, identity, result)
         return launcher.start(job, run_dir.child(JOB_SPEC_FILE).location, self.log)
-
-    def _claim_for_reattach(self, run_dir: Stage) -> JobFile | None:
-        """The run directory's claim; None (nothing to re-attach to) when it cannot be read:
-        ``rundir.prepare`` decides what such a directory may become."""
-        try:
-            return rundir.read_claim(run_dir)
-        except ContractError as exc:
-            self.log.warning("Not re-attaching: %s", exc)
-            return None
 
     def _prepare(
         self,

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_batchinfer.contract import RunOwner
+from airflow_provider_batchinfer.contract import ContractError, JobFile, RunOwner
 from airflow_provider_batchinfer.contract.specs import OutputSpec
 from airflow_provider_batchinfer.registry import RegistryError
+from airflow_provider_batchinfer.store.commit import rundir
 from airflow_provider_batchinfer.store.locations import join, sanitize_run_key
 from airflow_provider_batchinfer.store.s3 import check_bucket, is_s3
 
@@ -69,3 +70,13 @@ def resolve(
         save_mode,
     )
     return mv, run_dir
+
+
+def claim_for_reattach(run_dir: Stage, log: TaskLog) -> JobFile | None:
+    """The run directory's claim; None (nothing to re-attach to) when it cannot be read:
+    ``rundir.prepare`` decides what such a directory may become."""
+    try:
+        return rundir.read_claim(run_dir)
+    except ContractError as exc:
+        log.warning("Not re-attaching: %s", exc)
+        return None
